@@ -1,0 +1,184 @@
+"""The batch contract (SPEC §1): per-sequence tensors, validated once at the boundary.
+
+Layout: prompts are left-padded ``[B, P]``, responses right-padded ``[B, T]``; ``attention_mask`` covers
+both ``[B, P + T]``; ``response_mask`` ``[B, T]`` says which response tokens count in the loss (multi-turn
+masks allowed, but only on real tokens). Per-token tensors are ``[B, T]``; advantages may be ``[B]``
+(one scalar per sequence, broadcast). ``seq_ids`` are the canonical sequence keys (default: row index).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import torch
+from torch import Tensor
+
+
+class BatchError(ValueError):
+    """Bad input. ``field`` names the offending tensor; ``sequence`` the canonical id, when one applies."""
+
+    def __init__(self, field: str, message: str, sequence: int | None = None):
+        where = f" (sequence {sequence})" if sequence is not None else ""
+        super().__init__(f"{field}{where}: {message}")
+        self.field = field
+        self.sequence = sequence
+
+
+def _seq_label(seq_ids: Tensor | None, row: int) -> int:
+    return int(seq_ids[row]) if seq_ids is not None else row
+
+
+def check_binary_mask(name: str, mask: Tensor, seq_ids: Tensor | None = None) -> Tensor:
+    """Return ``mask`` as bool, or raise naming the first sequence with a value other than 0/1."""
+    if mask.dtype == torch.bool:
+        return mask
+    if mask.is_floating_point() or mask.is_complex():
+        bad = ~((mask == 0) | (mask == 1))
+    else:
+        bad = (mask != 0) & (mask != 1)
+    if bad.any():
+        row = int(bad.nonzero()[0, 0])
+        raise BatchError(name, "must contain only 0 and 1", _seq_label(seq_ids, row))
+    return mask.bool()
+
+
+def check_finite_on(name: str, values: Tensor, valid: Tensor, seq_ids: Tensor | None = None) -> None:
+    """Raise if ``values`` is non-finite where ``valid``; padding positions may hold anything."""
+    bad = valid & ~torch.isfinite(values)
+    if bad.any():
+        row = int(bad.nonzero()[0, 0])
+        raise BatchError(name, "non-finite value on a valid response token", _seq_label(seq_ids, row))
+
+
+def check_policy_tensors(
+    log_prob: Tensor | None,
+    old_log_prob: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    ref_log_prob: Tensor | None = None,
+    rollout_is_weights: Tensor | None = None,
+    entropy: Tensor | None = None,
+    seq_ids: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Validate the per-token policy inputs. Returns ``(response_mask as bool, advantages as [B, T])``."""
+    if response_mask.dim() != 2:
+        raise BatchError("response_mask", f"must be [B, T], got shape {tuple(response_mask.shape)}")
+    shape = response_mask.shape
+    if seq_ids is not None and tuple(seq_ids.shape) != (shape[0],):
+        raise BatchError("seq_ids", f"must be [B] = [{shape[0]}], got shape {tuple(seq_ids.shape)}")
+    mask = check_binary_mask("response_mask", response_mask, seq_ids)
+    per_token = {"old_log_prob": old_log_prob, "log_prob": log_prob, "ref_log_prob": ref_log_prob,
+                 "rollout_is_weights": rollout_is_weights, "entropy": entropy}
+    for name, value in per_token.items():
+        if value is not None and value.shape != shape:
+            raise BatchError(name, f"shape {tuple(value.shape)} does not match response_mask {tuple(shape)}")
+        if value is not None and not value.is_floating_point():
+            raise BatchError(name, f"must be a floating-point tensor, got {value.dtype}")
+    if advantages.shape == shape[:1]:
+        advantages = advantages[:, None].expand(shape)
+    elif advantages.shape != shape:
+        raise BatchError("advantages", f"shape {tuple(advantages.shape)} must be [B] or [B, T] = {tuple(shape)}")
+    if not advantages.is_floating_point():
+        raise BatchError("advantages", f"must be a floating-point tensor, got {advantages.dtype}")
+    for name, value in list(per_token.items()) + [("advantages", advantages)]:
+        if value is not None:
+            check_finite_on(name, value.detach(), mask, seq_ids)
+    if rollout_is_weights is not None:
+        negative = mask & (rollout_is_weights < 0)
+        if negative.any():
+            row = int(negative.nonzero()[0, 0])
+            raise BatchError("rollout_is_weights", "must be >= 0 on valid tokens", _seq_label(seq_ids, row))
+    if int(mask.sum()) == 0:
+        raise BatchError("response_mask", "empty minibatch: no valid response token (N = 0)")
+    return mask, advantages
+
+
+@dataclass
+class RolloutBatch:
+    """Every sequence of one RL step, as the engine consumes it."""
+
+    prompts: Tensor  # [B, P] token ids, left-padded
+    responses: Tensor  # [B, T] token ids, right-padded
+    attention_mask: Tensor  # [B, P + T], 1 on real tokens
+    response_mask: Tensor  # [B, T], 1 on response tokens that count in the loss
+    old_log_probs: Tensor  # [B, T]
+    advantages: Tensor  # [B, T] or [B]
+    ref_log_probs: Tensor | None = None  # [B, T]
+    rollout_is_weights: Tensor | None = None  # [B, T]
+    seq_ids: Tensor | None = None  # [B] canonical keys; default arange(B)
+
+    def __post_init__(self) -> None:
+        if self.seq_ids is None:
+            self.seq_ids = torch.arange(self.prompts.shape[0], device=self.prompts.device)
+
+    def __len__(self) -> int:
+        return self.prompts.shape[0]
+
+    @property
+    def prompt_width(self) -> int:
+        return self.prompts.shape[1]
+
+    @property
+    def response_width(self) -> int:
+        return self.responses.shape[1]
+
+    @property
+    def input_ids(self) -> Tensor:
+        return torch.cat([self.prompts, self.responses], dim=1)
+
+    def token_lengths(self) -> Tensor:
+        """Real (unpadded) tokens per sequence, prompt + response: what a token budget counts."""
+        return self.attention_mask.sum(dim=1)
+
+    def select(self, rows: Tensor | list[int]) -> "RolloutBatch":
+        """The sub-batch of the given rows, in that order (keys travel with the rows)."""
+        rows = torch.as_tensor(rows, dtype=torch.long, device=self.prompts.device)
+        picked = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            picked[f.name] = None if value is None else value.index_select(0, rows)
+        return RolloutBatch(**picked)
+
+    def to(self, device: torch.device | str) -> "RolloutBatch":
+        return replace(self, **{f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device))
+                                for f in fields(self)})
+
+    def validate(self, vocab_size: int | None = None) -> "RolloutBatch":
+        """Check the whole contract; return the batch with bool masks and [B, T] advantages."""
+        b = self.prompts.shape[0]
+        if self.prompts.dim() != 2 or self.responses.dim() != 2:
+            raise BatchError("prompts" if self.prompts.dim() != 2 else "responses", "must be [B, length]")
+        if self.responses.shape[0] != b:
+            raise BatchError("responses", f"has {self.responses.shape[0]} rows, prompts have {b}")
+        for name in ("prompts", "responses"):
+            ids = getattr(self, name)
+            if ids.is_floating_point() or ids.dtype == torch.bool:
+                raise BatchError(name, f"token ids must be an integer tensor, got {ids.dtype}")
+        if self.seq_ids.shape != (b,):
+            raise BatchError("seq_ids", f"must be [B] = [{b}], got shape {tuple(self.seq_ids.shape)}")
+        if torch.unique(self.seq_ids).numel() != b:
+            raise BatchError("seq_ids", "canonical sequence ids must be unique")
+        expected = (b, self.prompt_width + self.response_width)
+        if tuple(self.attention_mask.shape) != expected:
+            raise BatchError("attention_mask", f"shape {tuple(self.attention_mask.shape)}, expected {expected}")
+        attention = check_binary_mask("attention_mask", self.attention_mask, self.seq_ids)
+        if tuple(self.response_mask.shape) != tuple(self.responses.shape):
+            raise BatchError("response_mask", f"shape {tuple(self.response_mask.shape)} does not match responses {tuple(self.responses.shape)}")
+        mask, advantages = check_policy_tensors(
+            None, self.old_log_probs, self.advantages, self.response_mask,
+            ref_log_prob=self.ref_log_probs, rollout_is_weights=self.rollout_is_weights, seq_ids=self.seq_ids,
+        )
+        outside = mask & ~attention[:, self.prompt_width:]
+        if outside.any():
+            row = int(outside.nonzero()[0, 0])
+            raise BatchError("response_mask", "marks a token that attention_mask says is padding", int(self.seq_ids[row]))
+        if vocab_size is not None:
+            for name, ids, att in (("prompts", self.prompts, attention[:, :self.prompt_width]),
+                                   ("responses", self.responses, attention[:, self.prompt_width:])):
+                bad = att & ((ids < 0) | (ids >= vocab_size))
+                if bad.any():
+                    row = int(bad.nonzero()[0, 0])
+                    raise BatchError(name, f"token id {int(ids[bad][0])} outside the model's vocabulary [0, {vocab_size})",
+                                     int(self.seq_ids[row]))
+        return replace(self, attention_mask=attention, response_mask=mask, advantages=advantages)

@@ -1,0 +1,1 @@
+"""The update engine: minibatch schedule, microbatches, log-probs, gradient accumulation and the step."""

@@ -1,0 +1,139 @@
+"""Per-token log-probs (and entropy) of the response tokens under a causal LM.
+
+A microbatch is trimmed to its own real width first (all-padding prompt columns on the left, all-padding
+response columns on the right), and logits are computed only for the positions that predict response
+tokens. With ``position_ids = cumsum(attention_mask) - 1`` a row's result does not depend on which
+other rows share its microbatch (exactly so in float64 with sdpa attention).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from splitproof.batch import BatchError, RolloutBatch
+from splitproof.config import ConfigError
+from splitproof.engine.microbatch import budget_microbatches, fixed_microbatches
+from splitproof.models import unwrap
+
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+_accepts_logits_to_keep: dict[type, bool] = {}
+
+
+def _takes_logits_to_keep(model: nn.Module) -> bool:
+    """Whether the unwrapped module's forward names a ``logits_to_keep`` parameter (cached per class)."""
+    cls = type(unwrap(model))
+    if cls not in _accepts_logits_to_keep:
+        try:
+            params = inspect.signature(cls.forward).parameters
+        except (TypeError, ValueError):
+            params = {}
+        _accepts_logits_to_keep[cls] = "logits_to_keep" in params
+    return _accepts_logits_to_keep[cls]
+
+
+def _param_dtype(model: nn.Module) -> torch.dtype:
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.get_default_dtype()
+
+
+def _logits_of(out) -> Tensor:
+    if isinstance(out, Tensor):
+        return out
+    if hasattr(out, "logits"):
+        return out.logits
+    return out[0]
+
+
+def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: float = 1.0,
+                       with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """log pi(response token) as [b, T] (zeros past each row's response), and the entropy of the
+    temperature-scaled distribution [b, T] when ``with_entropy``. Differentiable."""
+    if not temperature > 0:
+        raise ConfigError("temperature", f"must be > 0, got {temperature}")
+    b, P, T = len(batch), batch.prompt_width, batch.response_width
+    dtype = _param_dtype(model)
+    out_dtype = torch.float32 if dtype in _LOW_PRECISION else dtype
+    device = batch.responses.device
+    if b == 0:
+        empty = torch.zeros(0, T, dtype=out_dtype, device=device)
+        return empty, (empty.clone() if with_entropy else None)
+
+    attention = batch.attention_mask.bool()
+    prompt_att, resp_att = attention[:, :P], attention[:, P:]
+    # Trim: leading prompt columns and trailing response columns that are padding in every row.
+    prompt_cols = prompt_att.any(dim=0).nonzero()
+    p0 = int(prompt_cols[0]) if len(prompt_cols) else P
+    resp_cols = resp_att.any(dim=0).nonzero()
+    t1 = int(resp_cols[-1]) + 1 if len(resp_cols) else 0
+    if t1 == 0:
+        zeros = torch.zeros(b, T, dtype=out_dtype, device=device)
+        return zeros, (zeros.clone() if with_entropy else None)
+    no_prompt = resp_att.any(dim=1) & ~prompt_att.any(dim=1)
+    if no_prompt.any():
+        row = int(no_prompt.nonzero()[0, 0])
+        raise BatchError("prompts", "a sequence with response tokens needs at least one prompt token",
+                         int(batch.seq_ids[row]))
+
+    input_ids = torch.cat([batch.prompts[:, p0:], batch.responses[:, :t1]], dim=1)
+    mask = torch.cat([prompt_att[:, p0:], resp_att[:, :t1]], dim=1)
+    input_ids = torch.where(mask, input_ids, torch.zeros_like(input_ids))  # pad ids may be out of vocabulary
+    mask = mask.long()
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    kwargs = dict(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
+    if _takes_logits_to_keep(model):
+        kwargs["logits_to_keep"] = t1 + 1
+    logits = _logits_of(model(**kwargs))
+    # Last t1 + 1 positions: position j predicts response token j; the final one predicts nothing.
+    logits = logits[:, -(t1 + 1):-1]
+    z = logits.float() if logits.dtype in _LOW_PRECISION else logits
+    z = z / temperature
+
+    lse = torch.logsumexp(z, dim=-1)
+    valid = resp_att[:, :t1]
+    tokens = input_ids[:, -t1:].long()
+    logp = z.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - lse
+    logp = F.pad(torch.where(valid, logp, torch.zeros_like(logp)), (0, T - t1))
+    entropy = None
+    if with_entropy:
+        h = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
+        entropy = F.pad(torch.where(valid, h, torch.zeros_like(h)), (0, T - t1))
+    return logp, entropy
+
+
+@torch.no_grad()
+def compute_log_probs(model: nn.Module, batch: RolloutBatch, *, micro_batch_size: int | None = None,
+                      max_token_len: int | None = None, temperature: float = 1.0,
+                      with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """No-grad log-probs (and entropy) of the whole ``batch`` as [B, T], in the original row order.
+
+    Split into fixed microbatches of ``micro_batch_size`` rows or under a ``max_token_len`` padded-token
+    budget: exactly one of the two. This is the "old log-probs" pass.
+    """
+    if (micro_batch_size is None) == (max_token_len is None):
+        raise BatchError("log_prob_micro_batch_size_per_gpu",
+                         "give exactly one of micro_batch_size or max_token_len (log_prob_max_token_len_per_gpu)")
+    rows = list(range(len(batch)))
+    if micro_batch_size is not None:
+        microbatches = fixed_microbatches(rows, micro_batch_size)
+    else:
+        lengths = batch.token_lengths().tolist()
+        microbatches = budget_microbatches(rows, lengths, max_token_len, seq_ids=batch.seq_ids.tolist())
+    dtype = _param_dtype(model)
+    out_dtype = torch.float32 if dtype in _LOW_PRECISION else dtype
+    device = batch.responses.device
+    shape = (len(batch), batch.response_width)
+    logp = torch.zeros(shape, dtype=out_dtype, device=device)
+    entropy = torch.zeros(shape, dtype=out_dtype, device=device) if with_entropy else None
+    for mb in microbatches:
+        lp, h = response_log_probs(model, batch.select(mb), temperature=temperature, with_entropy=with_entropy)
+        index = torch.as_tensor(mb, dtype=torch.long, device=device)
+        logp[index] = lp.to(out_dtype)
+        if with_entropy:
+            entropy[index] = h.to(out_dtype)
+    return logp, entropy

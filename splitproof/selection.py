@@ -1,0 +1,154 @@
+"""Batch-coupled token selection for KL-Cov and Clip-Cov (SPEC §4), made once per minibatch.
+
+c_j = (A_j − Ā)(log π_j − L̄) with Ā, L̄ token means over every valid token of the minibatch (sums in
+float64, reduced over ranks). Both losses take a "global top-k under a deterministic order":
+KL-Cov the k largest c_j, Clip-Cov the k candidates with the smallest priority hash(seed, step, key);
+ties are broken by the canonical key (sequence id, position). Each rank proposes its local top-k,
+the proposals are gathered (O(k·D)), merged, and each rank marks its own chosen tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .collective import LOCAL
+from .config import LossConfig
+from .losses.common import PolicyInputs
+from .losses.cov import clip_cov_base
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x: Tensor, const: int) -> Tensor:
+    """(x · const) mod 2^32 for int64 tensors in [0, 2^32), without int64 overflow."""
+    low, high = const & 0xFFFF, const >> 16
+    return (x * low + (((x * high) & 0xFFFF) << 16)) & _MASK32
+
+
+def _mix32(x: Tensor) -> Tensor:
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def priority_hash(seed: int, step: int, seq_ids: Tensor, positions: Tensor) -> Tensor:
+    """A 32-bit hash of (seed, step, sequence id, position): Clip-Cov's reproducible random order."""
+    h = _mix32(torch.tensor(seed & _MASK32, dtype=torch.int64))
+    h = _mix32(h ^ (step & _MASK32))
+    h = _mix32(h ^ (seq_ids.to(torch.int64) & _MASK32))
+    return _mix32(h ^ (positions.to(torch.int64) & _MASK32))
+
+
+@dataclass(frozen=True)
+class CovSums:
+    """Σ A, Σ log π and N over valid tokens; mergeable by addition (float64)."""
+
+    adv_sum: float
+    logp_sum: float
+    num_tokens: int
+
+    def __add__(self, other: "CovSums") -> "CovSums":
+        return CovSums(self.adv_sum + other.adv_sum, self.logp_sum + other.logp_sum, self.num_tokens + other.num_tokens)
+
+
+def cov_sums(advantages: Tensor, log_prob: Tensor, mask: Tensor) -> CovSums:
+    zero = torch.zeros((), dtype=torch.float64, device=mask.device)
+    adv = torch.where(mask, advantages.detach().double(), zero).sum()
+    logp = torch.where(mask, log_prob.detach().double(), zero).sum()
+    return CovSums(float(adv), float(logp), int(mask.sum()))
+
+
+def reduce_cov_sums(sums: CovSums, collective=LOCAL) -> CovSums:
+    packed = torch.tensor([sums.adv_sum, sums.logp_sum, float(sums.num_tokens)], dtype=torch.float64)
+    adv, logp, n = collective.sum(packed).tolist()
+    return CovSums(adv, logp, int(round(n)))
+
+
+def cov_scores(advantages: Tensor, log_prob: Tensor, sums: CovSums) -> Tensor:
+    """c_j = (A_j − Ā)(log π_j − L̄) in float64, log π detached."""
+    mean_adv = sums.adv_sum / sums.num_tokens
+    mean_logp = sums.logp_sum / sums.num_tokens
+    return (advantages.detach().double() - mean_adv) * (log_prob.detach().double() - mean_logp)
+
+
+def quota(num_tokens: int, ratio: float) -> int:
+    """k = max(1, ⌊N·ratio⌋)."""
+    return max(1, math.floor(num_tokens * ratio))
+
+
+def _local_proposals(primary: Tensor, eligible: Tensor, seq_ids: Tensor, k: int) -> list[tuple]:
+    """This part's k best (primary, seq_id, position) keys, smallest first, ties included then cut."""
+    rows, cols = eligible.nonzero(as_tuple=True)
+    if rows.numel() == 0:
+        return []
+    values = primary[rows, cols]
+    if values.numel() > k:
+        threshold = torch.kthvalue(values, k).values
+        keep = values <= threshold
+        rows, cols, values = rows[keep], cols[keep], values[keep]
+    ids = seq_ids[rows]
+    keys = sorted(zip(values.tolist(), ids.tolist(), cols.tolist()))
+    return keys[:k]
+
+
+def propose(x: PolicyInputs, config: LossConfig, seq_ids: Tensor, sums: CovSums, step: int = 0) -> tuple[int, list[tuple]]:
+    """The quota k and this part's k best candidate keys (primary, seq_id, position), smallest first.
+
+    ``sums`` are the minibatch's CovSums (all parts, all ranks): the scores, and so the proposals, of a
+    token do not depend on which part holds it.
+    """
+    scores = cov_scores(x.advantages, x.log_prob, sums)
+    if config.loss_mode == "kl_cov":
+        k = quota(sums.num_tokens, config.kl_cov_ratio)
+        primary, eligible = -scores, x.mask
+    else:
+        k = quota(sums.num_tokens, config.clip_cov_ratio)
+        with torch.no_grad():
+            _, clipped = clip_cov_base(x, config)
+        eligible = x.mask & ~clipped & (scores > config.clip_cov_lb) & (scores < config.clip_cov_ub)
+        positions = torch.arange(x.mask.shape[1], device=x.mask.device).expand_as(x.mask)
+        primary = priority_hash(config.seed, step, seq_ids[:, None].expand_as(x.mask), positions).double()
+    return k, _local_proposals(primary, eligible, seq_ids, k)
+
+
+def merge_proposals(proposals: list[list[tuple]], k: int) -> list[tuple]:
+    """The global top-k: the k smallest keys over every part's proposals."""
+    return sorted(key for part in proposals for key in part)[:k]
+
+
+def mark(chosen: list[tuple], seq_ids: Tensor, shape: torch.Size, device=None) -> Tensor:
+    """Bool mask of the chosen (·, seq_id, position) keys that belong to the rows ``seq_ids``."""
+    selection = torch.zeros(shape, dtype=torch.bool, device=device)
+    row_of = {s: r for r, s in enumerate(seq_ids.tolist())}
+    for _, seq, pos in chosen:
+        row = row_of.get(seq)
+        if row is not None:
+            selection[row, pos] = True
+    return selection
+
+
+def select_tokens(
+    x: PolicyInputs,
+    config: LossConfig,
+    seq_ids: Tensor,
+    *,
+    step: int = 0,
+    sums: CovSums | None = None,
+    collective=LOCAL,
+) -> Tensor:
+    """The bool [B, T] mask of this rank's tokens chosen over the whole minibatch.
+
+    ``x`` holds this rank's share of the minibatch (all its microbatches). ``sums`` are the minibatch's
+    CovSums over all ranks; computed and reduced here when not given.
+    """
+    if sums is None:
+        sums = reduce_cov_sums(cov_sums(x.advantages, x.log_prob, x.mask), collective)
+    k, proposals = propose(x, config, seq_ids, sums, step)
+    chosen = merge_proposals(collective.gather_objects(proposals), k)
+    return mark(chosen, seq_ids, x.mask.shape, x.mask.device)
