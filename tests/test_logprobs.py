@@ -146,3 +146,29 @@ def test_low_precision_model_gives_float32():
     logp, ent = response_log_probs(model, batch, with_entropy=True)
     assert logp.dtype == torch.float32 and ent.dtype == torch.float32
     assert torch.isfinite(logp).all()
+
+
+# ---- models (the inputs of everything above) ----
+
+def test_tiny_models_deterministic_and_rng_untouched():
+    from splitproof.models import vocab_size_of
+    state = torch.get_rng_state()
+    a, b = tiny_causal_lm("qwen3", seed=1), tiny_causal_lm("qwen3", seed=1)
+    assert torch.equal(state, torch.get_rng_state())
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
+    assert not torch.equal(a.lm_head.weight, tiny_causal_lm("qwen3", seed=2).lm_head.weight)
+    assert a.lm_head.weight.data_ptr() != a.model.embed_tokens.weight.data_ptr()
+    assert vocab_size_of(a) == 256 and a.config.use_cache is False
+    with pytest.raises(ValueError, match="arch"):
+        tiny_causal_lm("gpt9")
+
+
+def test_load_causal_lm_roundtrip(tmp_path):
+    from splitproof.models import load_causal_lm
+    model = tiny_causal_lm("llama", dtype=torch.float64)
+    model.save_pretrained(tmp_path / "ckpt")
+    loaded = load_causal_lm(tmp_path / "ckpt", dtype=torch.float64)
+    batch = make_batch()
+    assert torch.equal(response_log_probs(model, batch)[0], response_log_probs(loaded, batch)[0])
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        load_causal_lm(tmp_path / "nowhere")

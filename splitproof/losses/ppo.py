@@ -29,7 +29,7 @@ def gspo(x: PolicyInputs, cfg: LossConfig) -> LossTerms:
 def sapo(x: PolicyInputs, cfg: LossConfig) -> LossTerms:
     """ℓ = −f(ρ)·A with the soft gate f(ρ) = σ(τ(ρ−1))·4/τ, τ = tau_pos (A > 0) or tau_neg."""
     delta = log_ratio(x, clamp=True)
-    tau = torch.where(x.advantages > 0, cfg.tau_pos, cfg.tau_neg).to(delta.dtype)
+    tau = torch.where(x.advantages > 0, torch.full_like(delta, cfg.tau_pos), torch.full_like(delta, cfg.tau_neg))
     gate = torch.sigmoid(tau * (delta.exp() - 1.0)) * (4.0 / tau)
     zero = zeros_like_mask(x)
     return LossTerms(-gate * x.advantages, None, zero, zero, -delta)

@@ -1,0 +1,49 @@
+"""The whole update planned before anything runs: minibatches, this rank's shard, its microbatches.
+
+Every rank holds the rollout batch and computes the same plan for all ranks, so the microbatch count
+is agreed without communication and bad input (a sequence over the token budget) fails on every rank
+before any forward, gradient or weight is touched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..batch import RolloutBatch
+from .config import UpdateConfig
+from .microbatch import budget_microbatches, fixed_microbatches, minibatch_schedule, pad_microbatches, shard_rows
+
+
+@dataclass(frozen=True)
+class MinibatchPlan:
+    rows: list[int]  # the minibatch, rows of the rollout batch
+    shard: list[int]  # this rank's rows
+    microbatches: list[list[int]]  # this rank's; padded with [] to the same count on every rank
+    dummy_row: int  # a row run with an all-zero mask where a rank has an empty microbatch
+
+
+def split_rows(rows: list[int], lengths: list[int], seq_ids: list[int], config: UpdateConfig) -> list[list[int]]:
+    """Cut rows into microbatches: a token budget, a fixed size, or one microbatch."""
+    if not rows:
+        return []
+    if config.use_dynamic_bsz:
+        return budget_microbatches(rows, [lengths[r] for r in rows], config.ppo_max_token_len_per_gpu,
+                                   seq_ids=[seq_ids[r] for r in rows])
+    if config.ppo_micro_batch_size_per_gpu is not None:
+        return fixed_microbatches(rows, config.ppo_micro_batch_size_per_gpu)
+    return [list(rows)]
+
+
+def plan_update(batch: RolloutBatch, config: UpdateConfig, world_size: int, rank: int) -> list[MinibatchPlan]:
+    """Every optimizer step of the update, from this rank's point of view."""
+    lengths = batch.token_lengths().tolist()
+    seq_ids = batch.seq_ids.tolist()
+    plans = []
+    for rows in minibatch_schedule(len(batch), config.minibatch_sequences, epochs=config.ppo_epochs,
+                                   shuffle=config.shuffle, seed=config.data_loader_seed):
+        shards = shard_rows(rows, [lengths[r] for r in rows], world_size)
+        per_rank = [split_rows(shard, lengths, seq_ids, config) for shard in shards]
+        count = max(len(m) for m in per_rank)
+        plans.append(MinibatchPlan(rows, shards[rank], pad_microbatches(per_rank[rank], count),
+                                   dummy_row=(shards[rank] or rows)[0]))
+    return plans

@@ -1,0 +1,252 @@
+"""The update engine: one RL policy update of a causal LM from a rollout batch (SPEC §5).
+
+Per optimizer minibatch: statistics over the whole minibatch (all ranks) → for KL-Cov/Clip-Cov the
+minibatch-wide selection → forward/backward of each microbatch's share of J(ℬ) → one gradient reduction
+over ranks → clip by total norm → step (or skip on a non-finite norm). Splitting and DP only change how
+the sum J(ℬ) is computed, never its value.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor, nn
+
+from ..batch import BatchError, RolloutBatch
+from ..collective import LOCAL, default_collective
+from ..config import LossConfig
+from ..models import vocab_size_of
+from ..objective import correction_share, merge_metric_shares, minibatch_share, policy_inputs
+from ..selection import cov_sums, quota, reduce_cov_sums, select_tokens
+from ..stats import MinibatchStats
+from .config import UpdateConfig
+from .distributed import gradient_sync, needs_lockstep
+from .logprobs import response_log_probs
+from .plan import MinibatchPlan, plan_update, split_rows
+
+# A correction over fewer than this share of the sequences costs less than a no-grad forward over all
+# of them (a forward is about a third of a forward+backward).
+DEFERRED_MAX_TOUCHED_SHARE = 1 / 3
+
+
+@dataclass
+class StepResult:
+    """One optimizer step: its metrics (global over ℬ) and whether the weights moved."""
+
+    metrics: dict[str, float]
+    skipped: bool
+    cov_strategy: str | None = None
+
+
+def update_policy(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    config: UpdateConfig,
+    *,
+    collective=None,
+    step: int = 0,
+    on_gradients: Callable[[nn.Module], None] | None = None,
+) -> list[StepResult]:
+    """Run every optimizer step of one update over ``batch`` (the same rollout batch on every rank).
+
+    ``step`` numbers the first optimizer step (Clip-Cov's hash input); ``on_gradients`` sees the model
+    after accumulation, before clipping (the diagnosis reads the accumulated gradient there).
+    """
+    collective = collective or default_collective(_device_of(model))
+    if collective.world_size > 1 and not needs_lockstep(model):
+        raise ValueError("model: with several ranks, wrap the model with DDP or FSDP2 (splitproof.engine.wrap_model)")
+    batch = batch.validate(vocab_size_of(model)).to(_device_of(model))
+    plans = plan_update(batch, config, collective.world_size, collective.rank)
+    for index, plan in enumerate(plans):
+        if not batch.response_mask[plan.rows].any():
+            raise BatchError("response_mask", f"minibatch {index} has no valid response token (N = 0)")
+    if config.loss.is_cov and config.cov_strategy == "microbatch" and config.statistics_scope == "minibatch":
+        warnings.warn("cov_strategy 'microbatch' selects tokens per microbatch: the update then depends on "
+                      "the split (kept for the diagnosis's comparison only)", stacklevel=2)
+    return [train_minibatch(model, optimizer, batch, plan, config, collective=collective, step=step + i,
+                            on_gradients=on_gradients) for i, plan in enumerate(plans)]
+
+
+def train_minibatch(model, optimizer, batch: RolloutBatch, plan: MinibatchPlan, config: UpdateConfig, *,
+                    collective=LOCAL, step: int = 0, on_gradients=None) -> StepResult:
+    """One optimizer step over the minibatch ``plan.rows``; ``batch`` is validated."""
+    loss_config = config.loss
+    world = collective.world_size
+    stats = _reduce_stats(MinibatchStats.of(batch.response_mask[plan.shard], batch.response_width), collective)
+    strategy = _cov_strategy(model, config, stats) if loss_config.is_cov else None
+    with_entropy = loss_config.entropy_coeff != 0
+    optimizer.zero_grad(set_to_none=True)
+    metric_sums: dict[str, Tensor] = {}
+    try:
+        selection = _prepass_selection(model, batch, plan, config, collective, step) if strategy == "prepass" else None
+        kept = torch.zeros_like(batch.old_log_probs) if strategy == "deferred" else None
+        last = len(plan.microbatches) - 1
+        for i, rows in enumerate(plan.microbatches):
+            part, live = _part(batch, rows, plan, model)
+            if part is None:
+                continue
+            with gradient_sync(model, enabled=(i == last and strategy != "deferred")):
+                log_prob, entropy = response_log_probs(model, part, temperature=config.temperature,
+                                                       with_entropy=with_entropy)
+                part_selection = None if selection is None else selection[rows] if live else torch.zeros_like(part.response_mask)
+                if strategy == "microbatch" or (loss_config.is_cov and config.statistics_scope == "microbatch"):
+                    part_selection = _local_selection(part, log_prob, loss_config, step)
+                part_stats = stats if config.statistics_scope == "minibatch" else MinibatchStats.of(part.response_mask)
+                share, shares = _share(part, log_prob, entropy, loss_config, part_stats, part_selection)
+                (share * world).backward()
+            merge_metric_shares(metric_sums, shares)
+            if kept is not None and live:
+                kept[rows] = log_prob.detach()
+        if strategy == "deferred":
+            _deferred_correction(model, batch, plan, config, collective, stats, kept, step, metric_sums)
+        metrics = _reduce_metrics(metric_sums, collective)
+        if on_gradients is not None:
+            on_gradients(model)
+        grad_norm = _clip(model, config.grad_clip)
+    except BaseException:
+        optimizer.zero_grad(set_to_none=True)  # a failed step leaves weights and optimizer state as they were
+        raise
+    metrics["grad_norm"] = grad_norm
+    skipped = not torch.isfinite(torch.tensor(grad_norm))
+    if skipped:
+        optimizer.zero_grad(set_to_none=True)
+        warnings.warn(f"non-finite gradient norm ({grad_norm}) at step {step}: step skipped, weights untouched", stacklevel=2)
+    else:
+        optimizer.step()
+    metrics["step_skipped"] = float(skipped)
+    return StepResult(metrics, skipped, strategy)
+
+
+def _part(batch: RolloutBatch, rows: list[int], plan: MinibatchPlan, model) -> tuple[RolloutBatch | None, bool]:
+    """The microbatch to run; an empty one runs a masked-out dummy row when ranks must stay in lockstep."""
+    if rows:
+        return batch.select(rows), True
+    if not needs_lockstep(model):
+        return None, False
+    dummy = batch.select([plan.dummy_row])
+    return replace(dummy, response_mask=torch.zeros_like(dummy.response_mask)), False
+
+
+def _share(part: RolloutBatch, log_prob, entropy, config: LossConfig, stats: MinibatchStats, selection):
+    if stats.num_tokens == 0:  # legacy scope on an all-padding microbatch: nothing to add
+        zero = (log_prob * 0).sum()
+        return zero, {}
+    return minibatch_share(log_prob, part.old_log_probs, part.advantages, part.response_mask, config, stats,
+                           ref_log_prob=part.ref_log_probs, rollout_is_weights=part.rollout_is_weights,
+                           entropy=entropy, selection=selection)
+
+
+def _reduce_stats(stats: MinibatchStats, collective) -> MinibatchStats:
+    total = collective.sum(stats.as_tensor())
+    return MinibatchStats(int(total[0]), int(total[1]), stats.response_width)
+
+
+def _reduce_metrics(sums: dict[str, Tensor], collective) -> dict[str, float]:
+    names = sorted(sums)
+    if not names:
+        return {}
+    packed = collective.sum(torch.stack([sums[n].detach().double().cpu() for n in names]))
+    return {n: float(v) for n, v in zip(names, packed.tolist())}
+
+
+def _clip(model: nn.Module, max_norm: float) -> float:
+    params = [p for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def active_dropout(model: nn.Module) -> bool:
+    """True if a forward in the current mode is random (the `deferred` strategy needs it deterministic)."""
+    if not model.training:
+        return False
+    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
+        return True
+    config = getattr(getattr(model, "module", model), "config", None)
+    names = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop")
+    return any(float(getattr(config, n, 0.0) or 0.0) > 0 for n in names)
+
+
+def _cov_strategy(model: nn.Module, config: UpdateConfig, stats: MinibatchStats) -> str:
+    """`auto`: deferred when its correction touches few sequences and the forward is deterministic."""
+    chosen = config.cov_strategy
+    if config.statistics_scope == "microbatch":
+        return "microbatch"
+    if chosen == "deferred" and active_dropout(model):
+        raise ValueError("cov_strategy: 'deferred' needs a deterministic forward, but the model has active "
+                         "dropout; use 'prepass' or 'auto', or call model.eval()")
+    if chosen != "auto":
+        return chosen
+    if active_dropout(model):
+        return "prepass"
+    ratio = config.loss.kl_cov_ratio if config.loss.loss_mode == "kl_cov" else config.loss.clip_cov_ratio
+    touched = min(quota(stats.num_tokens, ratio), stats.num_sequences)
+    return "deferred" if touched < DEFERRED_MAX_TOUCHED_SHARE * stats.num_sequences else "prepass"
+
+
+def _local_selection(part: RolloutBatch, log_prob: Tensor, config: LossConfig, step: int) -> Tensor:
+    """Per-microbatch selection (other frameworks' behaviour): the microbatch's own means and quota."""
+    if not part.response_mask.any():
+        return torch.zeros_like(part.response_mask)
+    x = policy_inputs(log_prob.detach(), part.old_log_probs, part.advantages, part.response_mask)
+    return select_tokens(x, config, part.seq_ids, step=step, collective=LOCAL)
+
+
+def _select_shard(batch, plan, log_probs: Tensor, config: LossConfig, collective, step: int) -> Tensor:
+    """The minibatch-wide selection from this rank's shard log-probs, as a [B_rollout, T] mask."""
+    shard = plan.shard
+    selection = torch.zeros_like(batch.response_mask)
+    x = policy_inputs(log_probs[shard], batch.old_log_probs[shard], batch.advantages[shard],
+                      batch.response_mask[shard])
+    sums = reduce_cov_sums(cov_sums(x.advantages, x.log_prob, x.mask), collective)
+    selection[shard] = select_tokens(x, config, batch.seq_ids[shard], step=step, sums=sums, collective=collective)
+    return selection
+
+
+@torch.no_grad()
+def _prepass_selection(model, batch, plan, config: UpdateConfig, collective, step) -> Tensor:
+    """`prepass`: a no-grad forward over the same microbatches, then select."""
+    log_probs = torch.zeros_like(batch.old_log_probs)
+    for rows in plan.microbatches:
+        part, live = _part(batch, rows, plan, model)
+        if part is None:
+            continue
+        log_prob, _ = response_log_probs(model, part, temperature=config.temperature)
+        if live:
+            log_probs[rows] = log_prob
+    return _select_shard(batch, plan, log_probs, config.loss, collective, step)
+
+
+def _deferred_correction(model, batch, plan, config: UpdateConfig, collective, stats, kept, step, metric_sums):
+    """`deferred`: select from the kept log-probs, then forward/backward only the sequences it touches."""
+    selection = _select_shard(batch, plan, kept, config.loss, collective, step)
+    touched = [r for r in plan.shard if selection[r].any()]
+    lengths = batch.token_lengths().tolist()
+    microbatches = split_rows(touched, lengths, batch.seq_ids.tolist(), config)
+    count = collective.max_int(len(microbatches))
+    if needs_lockstep(model):
+        count = max(count, 1)  # the step's gradient reduction happens in the last backward
+    microbatches += [[] for _ in range(count - len(microbatches))]
+    for i, rows in enumerate(microbatches):
+        part, live = _part(batch, rows, plan, model)
+        if part is None:
+            continue
+        with gradient_sync(model, enabled=(i == count - 1)):
+            log_prob, _ = response_log_probs(model, part, temperature=config.temperature)
+            part_selection = selection[rows] if live else torch.zeros_like(part.response_mask)
+            share, shares = correction_share(log_prob, part.old_log_probs, part.advantages, part.response_mask,
+                                             config.loss, stats, part_selection,
+                                             rollout_is_weights=part.rollout_is_weights)
+            (share * collective.world_size).backward()
+        merge_metric_shares(metric_sums, shares)
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    for p in model.parameters():
+        return p.device if not hasattr(p, "to_local") else p.to_local().device
+    return torch.device("cpu")
