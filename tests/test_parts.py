@@ -179,3 +179,11 @@ def test_klcov_seed_one_token_however_cut(cuts):
     assert selected == 1
     _, metrics = objective(log_prob, log_prob, mb_adv, mask, config)
     assert metrics["cov_selected"] == 1.0
+
+
+@pytest.mark.parametrize("loss_mode,agg_mode", ALL_MODES)
+def test_one_sequence_parts_in_reverse_order(loss_mode, agg_mode):
+    mb = prepared(1234, 6, 7, quantized=True)
+    config = config_for(loss_mode, agg_mode, use_kl_loss=True, entropy_coeff=0.05, kl_cov_ratio=0.2, clip_cov_ratio=0.2)
+    parts = [[i] for i in reversed(range(6))]
+    assert_same_update(run_whole(mb, config, step=1), run_parts(mb, config, parts, step=1))
