@@ -1,0 +1,696 @@
+"""Audit a third-party policy-loss function for split invariance (issue 5, item 3).
+
+The function follows verl's calling convention::
+
+    fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+        -> (pg_loss, metrics)
+
+It is called the way verl's FSDP engine calls it: once per microbatch, on padded ``[B_μ, T]`` tensors of
+that microbatch only, with ``config.global_batch_info`` holding the *minibatch's* figures (``dp_size``,
+``batch_num_tokens`` N, ``global_batch_size`` G, ``loss_scale_factor``), and ``backward()`` on each returned
+loss. Under data parallelism the gradients of the ranks are averaged, as DDP/FSDP do.
+
+The audit compares, at the level of the gradient w.r.t. ``log_prob``, the gradient accumulated over a
+split with the gradient of one call on the whole minibatch. No model is needed: the log-probs are leaf
+tensors, and the chain rule from them to the parameters is the same for every split, so equal gradients
+w.r.t. the log-probs mean equal parameter gradients.
+
+Everything runs in float64. A control — a token-mean PPO-clip loss known to be split-invariant, run on
+the same data and splits — measures the floating-point floor; a split passes when the candidate's
+relative difference is within ``max(16 × control, 1e-12)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from splitproof.config import AGG_MODES, LossConfig
+
+CONVENTIONS = ("verl",)
+TOLERANCE_FACTOR = 16.0
+TOLERANCE_FLOOR = 1e-12
+SPLIT_KINDS = ("uneven", "many_small", "token_budget", "dp2")
+
+
+class AuditError(ValueError):
+    """The audit cannot run: the loss function failed or returned something unusable on the whole minibatch."""
+
+
+# --------------------------------------------------------------------------------------------------------
+# Loading the function
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0].strip() if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def load_loss_fn(spec: str) -> Callable:
+    """Resolve ``"package.module:function"`` (or ``"path/to/file.py:function"``) to a callable.
+
+    The part after the colon may be dotted (``module:Class.method``). The current directory is importable,
+    as with ``python -m``. Raises ValueError with a one-line message when the spec is malformed, the module
+    cannot be imported, the attribute is missing or the object is not callable.
+    """
+    if not isinstance(spec, str) or spec.count(":") != 1:
+        raise ValueError(f"malformed loss function {spec!r}: expected 'package.module:function'")
+    module_name, attr_path = (part.strip() for part in spec.split(":"))
+    attrs = attr_path.split(".")
+    if not module_name or not attr_path or not all(a.isidentifier() for a in attrs):
+        raise ValueError(f"malformed loss function {spec!r}: expected 'package.module:function'")
+
+    if module_name.endswith(".py"):
+        module = _load_file(module_name, spec)
+    else:
+        if not all(part.isidentifier() for part in module_name.split(".")):
+            raise ValueError(f"malformed loss function {spec!r}: {module_name!r} is not a module name")
+        cwd = os.getcwd()
+        added = cwd not in sys.path and "" not in sys.path
+        if added:
+            sys.path.insert(0, cwd)
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # any failure while importing user code is a one-line user error
+            raise ValueError(f"cannot import module {module_name!r} for {spec!r}: {_one_line(exc)}") from None
+        finally:
+            if added:
+                try:
+                    sys.path.remove(cwd)
+                except ValueError:
+                    pass
+
+    obj: Any = module
+    for i, name in enumerate(attrs):
+        if not hasattr(obj, name):
+            where = module_name if i == 0 else f"{module_name}:{'.'.join(attrs[:i])}"
+            raise ValueError(f"{where!r} has no attribute {name!r} (from {spec!r})")
+        obj = getattr(obj, name)
+    if not callable(obj):
+        raise ValueError(f"{spec!r} is not callable (it is a {type(obj).__name__})")
+    return obj
+
+
+def _load_file(path: str, spec: str):
+    if not os.path.isfile(path):
+        raise ValueError(f"cannot import {spec!r}: no such file {path!r}")
+    name = "_splitproof_audit_" + os.path.splitext(os.path.basename(path))[0]
+    try:
+        file_spec = importlib.util.spec_from_file_location(name, path)
+        if file_spec is None or file_spec.loader is None:
+            raise ImportError(f"cannot load {path}")
+        module = importlib.util.module_from_spec(file_spec)
+        file_spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ValueError(f"cannot import {path!r} for {spec!r}: {_one_line(exc)}") from None
+    return module
+
+
+# --------------------------------------------------------------------------------------------------------
+# verl's actor config, as the loss function sees it
+
+
+class _ConfigAccess:
+    """Attribute access plus the read-only mapping protocol verl's configs offer (``.get``, ``[]``, ``in``)."""
+
+    def _keys(self) -> list[str]:
+        return [f.name for f in fields(self)]  # type: ignore[arg-type]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return getattr(self, key) if key in self._keys() else default
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._keys():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._keys()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return len(self._keys())
+
+    def keys(self) -> list[str]:
+        return self._keys()
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, getattr(self, k)) for k in self._keys()]
+
+    def values(self) -> list[Any]:
+        return [getattr(self, k) for k in self._keys()]
+
+    def to_dict(self) -> dict:
+        return asdict(self)  # type: ignore[call-overload]
+
+
+@dataclass
+class VerlRolloutCorrection(_ConfigAccess):
+    """``actor.policy_loss.rollout_correction`` (used by verl's ``bypass_mode`` only)."""
+
+    loss_type: str = "ppo_clip"
+    rollout_is: str | None = "sequence"
+    rollout_is_threshold: float | str = 2.0
+    rollout_is_batch_normalize: bool = False
+    rollout_rs: str | None = None
+    rollout_rs_threshold: float | str | None = None
+    bypass_mode: bool = False
+
+
+@dataclass
+class VerlPolicyLossConfig(_ConfigAccess):
+    """``actor.policy_loss`` with verl's defaults."""
+
+    loss_mode: str = "vanilla"
+    clip_cov_ratio: float = 2e-4
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 2e-4
+    ppo_kl_coef: float = 0.1
+    dro_beta: float | None = None
+    rollout_correction: VerlRolloutCorrection = field(default_factory=VerlRolloutCorrection)
+
+
+_POLICY_LOSS_FIELDS = {f.name for f in fields(VerlPolicyLossConfig)}
+
+
+@dataclass
+class VerlActorConfig(_ConfigAccess):
+    """The actor fields a verl policy-loss function may read, with verl's defaults.
+
+    ``global_batch_info`` is written per minibatch (per call) by the audit, as verl's engine does.
+    """
+
+    strategy: str = "fsdp"
+    ppo_mini_batch_size: int = 256
+    ppo_micro_batch_size: int | None = None
+    ppo_micro_batch_size_per_gpu: int | None = None
+    ppo_infer_micro_batch_size_per_gpu: int | None = None
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384
+    ppo_infer_max_token_len_per_gpu: int = 16384
+    rollout_n: int = 1
+    freeze_vision_tower: bool = False
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    data_loader_seed: int = 42
+    clip_ratio: float = 0.2
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    loss_agg_mode: str = "token-mean"
+    loss_scale_factor: float | None = None
+    entropy_coeff: float = 0.0
+    calculate_entropy: bool = False
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    calculate_sum_pi_squared: bool = False
+    use_torch_compile: bool = False
+    use_fused_kernels: bool = False
+    policy_loss: VerlPolicyLossConfig = field(default_factory=VerlPolicyLossConfig)
+    global_batch_info: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_loss_config(cls, cfg: LossConfig | None = None, **overrides: Any) -> "VerlActorConfig":
+        """Build from splitproof's LossConfig where the fields overlap, then apply ``overrides``.
+
+        ``overrides`` take verl's names, flat: actor fields and ``policy_loss`` fields alike
+        (``dro_beta=0.1`` lands in ``policy_loss``).
+        """
+        cfg = cfg or LossConfig()
+        config = cls(
+            clip_ratio=cfg.clip_ratio,
+            clip_ratio_low=cfg.eps_low,
+            clip_ratio_high=cfg.eps_high,
+            clip_ratio_c=cfg.clip_ratio_c,
+            tau_pos=cfg.tau_pos,
+            tau_neg=cfg.tau_neg,
+            loss_agg_mode=cfg.loss_agg_mode,
+            loss_scale_factor=cfg.loss_scale_factor,
+            entropy_coeff=cfg.entropy_coeff,
+            calculate_entropy=cfg.entropy_coeff != 0,
+            use_kl_loss=cfg.use_kl_loss,
+            kl_loss_coef=cfg.kl_loss_coef,
+            kl_loss_type=cfg.kl_loss_type,
+            policy_loss=VerlPolicyLossConfig(
+                loss_mode=cfg.loss_mode,
+                clip_cov_ratio=cfg.clip_cov_ratio,
+                clip_cov_lb=cfg.clip_cov_lb,
+                clip_cov_ub=cfg.clip_cov_ub,
+                kl_cov_ratio=cfg.kl_cov_ratio,
+                ppo_kl_coef=cfg.ppo_kl_coef,
+                dro_beta=cfg.dro_beta,
+            ),
+        )
+        config.update(**overrides)
+        return config
+
+    def update(self, **values: Any) -> "VerlActorConfig":
+        actor_fields = set(self._keys()) - {"policy_loss", "global_batch_info"}
+        for key, value in values.items():
+            if key in actor_fields:
+                setattr(self, key, value)
+            elif key in _POLICY_LOSS_FIELDS and key != "rollout_correction":
+                setattr(self.policy_loss, key, value)
+            else:
+                raise ValueError(f"unknown verl actor field {key!r}")
+        return self
+
+
+def native_verl_config(config: VerlActorConfig) -> Any:
+    """The same values in verl's own ``ActorConfig`` (for functions that check ``isinstance``).
+
+    Needs verl importable in the running environment; it is never a dependency of splitproof.
+    Raises ValueError when verl (or its config classes) cannot be imported or built.
+    """
+    try:
+        from verl.workers.config import ActorConfig, PolicyLossConfig  # type: ignore[import-not-found]
+    except Exception as exc:
+        raise ValueError(f"a native verl config needs verl importable: {_one_line(exc)}") from None
+    try:
+        from verl.trainer.config import RolloutCorrectionConfig  # type: ignore[import-not-found]
+    except Exception:
+        try:
+            from verl.trainer.config.algorithm import RolloutCorrectionConfig  # type: ignore[import-not-found]
+        except Exception:
+            RolloutCorrectionConfig = None
+
+    def build(cls, values: dict) -> Any:
+        accepted = {f.name for f in fields(cls) if f.init}
+        return cls(**{k: v for k, v in values.items() if k in accepted})
+
+    policy_values = {f.name: getattr(config.policy_loss, f.name) for f in fields(config.policy_loss)}
+    rc = config.policy_loss.rollout_correction
+    if RolloutCorrectionConfig is not None:
+        policy_values["rollout_correction"] = build(RolloutCorrectionConfig, {f.name: getattr(rc, f.name) for f in fields(rc)})
+    else:
+        policy_values.pop("rollout_correction")
+    actor_values = {f.name: getattr(config, f.name) for f in fields(config)}
+    actor_values["policy_loss"] = build(PolicyLossConfig, policy_values)
+    actor_values["global_batch_info"] = {}
+    if not actor_values["use_dynamic_bsz"] and actor_values["ppo_micro_batch_size"] is None \
+            and actor_values["ppo_micro_batch_size_per_gpu"] is None:
+        actor_values["ppo_micro_batch_size_per_gpu"] = 1  # verl requires one of them; unused by the losses
+    try:
+        return build(ActorConfig, actor_values)
+    except Exception as exc:
+        raise ValueError(f"cannot build verl's ActorConfig: {_one_line(exc)}") from None
+
+
+def _set_global_batch_info(config: Any, info: dict) -> None:
+    """Write the minibatch's figures as verl's engine does: into the config's dict, in place."""
+    current = getattr(config, "global_batch_info", None)
+    if isinstance(current, dict):
+        current.clear()
+        current.update(info)
+    else:
+        setattr(config, "global_batch_info", dict(info))
+
+
+# --------------------------------------------------------------------------------------------------------
+# The report
+
+
+@dataclass
+class AuditReport:
+    passed: bool
+    rows: list[dict]
+    settings: dict
+
+    def to_dict(self) -> dict:
+        return {"passed": self.passed, "rows": self.rows, "settings": self.settings}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, default=_json_default)
+
+    def format_table(self) -> str:
+        """A plain-text table, one line per split, and the verdict."""
+        head = f"{'split':<14}{'microbatches':>13}{'grad_rel_diff':>15}{'control':>11}  verdict"
+        lines = [head, "-" * len(head)]
+        for r in self.rows:
+            lines.append(f"{r['split']:<14}{r['microbatches']:>13}{_fmt(r['grad_rel_diff']):>15}"
+                         f"{_fmt(r['control_rel_diff']):>11}  {r['verdict']}"
+                         + (f" ({r['error']})" if r.get("error") else ""))
+        fn = self.settings.get("loss_fn", "loss function")
+        lines.append(f"{fn}: {'PASS' if self.passed else 'FAIL'} "
+                     f"(pass: grad_rel_diff <= max({TOLERANCE_FACTOR:g} x control, {TOLERANCE_FLOOR:g}))")
+        return "\n".join(lines)
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    return f"{x:.2e}"
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, Tensor):
+        return obj.tolist()
+    return str(obj)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The synthetic minibatch and the splits
+
+
+@dataclass
+class _Minibatch:
+    old_log_prob: Tensor  # [B, T] float64
+    log_prob: Tensor
+    advantages: Tensor
+    response_mask: Tensor  # [B, T] bool
+    lengths: list[int]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(sum(self.lengths))
+
+
+def _make_minibatch(seed: int, sequences: int, response_length: int, group_size: int = 4) -> _Minibatch:
+    """Random lengths in [1, T] (one empty sequence), log-probs with noise, GRPO advantages per token."""
+    g = torch.Generator().manual_seed(seed)
+    B, T = sequences, response_length
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[int(torch.randint(0, B, (1,), generator=g))] = 0  # one empty sequence (multi-turn style mask)
+    lengths[int(torch.argmax(lengths))] = T  # and one full-width sequence
+    mask = torch.arange(T)[None, :] < lengths[:, None]
+    dtype = torch.float64
+    old = -(torch.rand(B, T, generator=g, dtype=dtype) * 3.0 + 0.05)
+    new = old + 0.25 * torch.randn(B, T, generator=g, dtype=dtype)  # ratios spread over the clip range
+    rewards = torch.randint(0, 2, (B,), generator=g).to(dtype) + 0.1 * torch.randn(B, generator=g, dtype=dtype)
+    adv = torch.zeros(B, dtype=dtype)
+    for start in range(0, B, group_size):
+        r = rewards[start:start + group_size]
+        std = r.std() if len(r) > 1 else torch.zeros((), dtype=dtype)
+        adv[start:start + group_size] = (r - r.mean()) / (std + 1e-6)
+    advantages = adv[:, None].expand(B, T).clone()
+    zero = torch.zeros((), dtype=dtype)
+    return _Minibatch(
+        old_log_prob=torch.where(mask, old, zero),
+        log_prob=torch.where(mask, new, zero),
+        advantages=torch.where(mask, advantages, zero),
+        response_mask=mask,
+        lengths=[int(n) for n in lengths],
+    )
+
+
+@dataclass
+class _Split:
+    name: str
+    ranks: list[list[list[int]]]  # rank -> microbatches -> sequence indices
+    description: str
+
+    @property
+    def dp_size(self) -> int:
+        return len(self.ranks)
+
+    def microbatches(self) -> list[list[int]]:
+        return [mb for rank in self.ranks for mb in rank]
+
+
+def _doubling_sizes(n: int) -> list[int]:
+    sizes, size = [], 1
+    while n > 0:
+        take = min(size, n)
+        sizes.append(take)
+        n -= take
+        size *= 2
+    return sizes
+
+
+def _cut(indices: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
+    out, start = [], 0
+    for s in sizes:
+        out.append(list(indices[start:start + s]))
+        start += s
+    return out
+
+
+def _token_budget_pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
+    """First-fit decreasing by length (ties by index): every microbatch holds <= budget valid tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    loads: list[int] = []
+    for i in order:
+        for b, load in enumerate(loads):
+            if load + lengths[i] <= budget:
+                bins[b].append(i)
+                loads[b] += lengths[i]
+                break
+        else:
+            bins.append([i])
+            loads.append(lengths[i])
+    return bins
+
+
+def _make_splits(mb: _Minibatch) -> tuple[list[_Split], int]:
+    B = len(mb.lengths)
+    idx = list(range(B))
+    uneven = _cut(idx, _doubling_sizes(B))
+    many_small = [[i] for i in idx]
+    budget = max(max(mb.lengths), math.ceil(mb.num_tokens / 4))
+    packed = _token_budget_pack(mb.lengths, budget)
+    half = (B + 1) // 2
+    r0, r1 = idx[:half], idx[half:]
+    rank0 = _cut(r0, [1, len(r0) - 1])
+    rank1 = _cut(r1, [len(r1) - len(r1) // 2, len(r1) // 2])
+    splits = [
+        _Split("uneven", [uneven], f"{len(uneven)} microbatches of {'/'.join(str(len(m)) for m in uneven)} sequences"),
+        _Split("many_small", [many_small], f"{B} microbatches of one sequence each"),
+        _Split("token_budget", [packed], f"{len(packed)} microbatches of <= {budget} valid tokens (first-fit decreasing)"),
+        _Split("dp2", [rank0, rank1], "2 ranks x 2 microbatches, gradients averaged over ranks"),
+    ]
+    return splits, budget
+
+
+# --------------------------------------------------------------------------------------------------------
+# The control: a token-mean PPO-clip loss in verl's convention, invariant by construction
+
+
+def control_token_mean(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                       config=None, rollout_is_weights=None):
+    """PPO clip, Σ_μ m·ℓ × D / N with the minibatch-global N and D from ``config.global_batch_info``."""
+    info = config.global_batch_info
+    eps_low, eps_high = config.clip_ratio_low, config.clip_ratio_high
+    ratio = torch.exp((log_prob - old_log_prob).clamp(-20.0, 20.0))
+    loss = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1.0 - eps_low, 1.0 + eps_high))
+    if rollout_is_weights is not None:
+        loss = loss * rollout_is_weights
+    mask = response_mask.bool()
+    total = torch.where(mask, loss, torch.zeros_like(loss)).sum()
+    return total * info["dp_size"] / info["batch_num_tokens"], {}
+
+
+# --------------------------------------------------------------------------------------------------------
+# Running the function
+
+
+def _extract_loss(out: Any) -> Tensor:
+    if isinstance(out, (tuple, list)):
+        if not out:
+            raise TypeError("the loss function returned an empty tuple")
+        out = out[0]
+    if not isinstance(out, Tensor):
+        raise TypeError(f"the loss function returned {type(out).__name__}, not a tensor loss")
+    if out.numel() != 1:
+        raise TypeError(f"the loss function returned a loss of shape {tuple(out.shape)}, not a scalar")
+    return out.reshape(())
+
+
+def _grad_of(loss_fn: Callable, mb: _Minibatch, rows: list[int], config: Any,
+             agg_mode: str, seed: int) -> tuple[Tensor, float]:
+    """Call ``loss_fn`` on the rows, backward; the gradient w.r.t. log_prob [len(rows), T] and the loss value."""
+    index = torch.tensor(rows, dtype=torch.long)
+    log_prob = mb.log_prob[index].clone().requires_grad_(True)
+    torch.manual_seed(seed)  # functions that draw from the global RNG see the same state on every call
+    out = loss_fn(
+        mb.old_log_prob[index].clone(),
+        log_prob,
+        mb.advantages[index].clone(),
+        mb.response_mask[index].clone(),
+        agg_mode,
+        config,
+        None,
+    )
+    loss = _extract_loss(out)
+    if loss.requires_grad:
+        loss.backward()
+    grad = log_prob.grad if log_prob.grad is not None else torch.zeros_like(log_prob)
+    return grad.detach(), float(loss.detach())
+
+
+def _global_info(mb: _Minibatch, dp_size: int, config: Any) -> dict:
+    return {
+        "dp_size": dp_size,
+        "batch_num_tokens": mb.num_tokens,
+        "global_batch_size": len(mb.lengths),
+        "loss_scale_factor": getattr(config, "loss_scale_factor", None),
+    }
+
+
+def _accumulate(loss_fn: Callable, mb: _Minibatch, split: _Split, config: Any,
+                agg_mode: str, seed: int) -> tuple[Tensor, float]:
+    """The gradient w.r.t. log_prob accumulated over the split's microbatches, averaged over ranks."""
+    total = torch.zeros_like(mb.log_prob)
+    loss_total = 0.0
+    for rank in split.ranks:
+        for rows in rank:
+            _set_global_batch_info(config, _global_info(mb, split.dp_size, config))
+            grad, loss = _grad_of(loss_fn, mb, rows, config, agg_mode, seed)
+            total[torch.tensor(rows, dtype=torch.long)] += grad / split.dp_size  # DDP: mean over ranks
+            loss_total += loss / split.dp_size
+    return total, loss_total
+
+
+def _compare(grad: Tensor, base: Tensor, mask: Tensor) -> tuple[float, float]:
+    """Max abs difference and its ratio to the max abs baseline gradient, on valid tokens."""
+    g, b = grad[mask], base[mask]
+    if not (torch.isfinite(g).all() and torch.isfinite(b).all()):
+        return math.inf, math.inf
+    diff = float((g - b).abs().max()) if g.numel() else 0.0
+    scale = float(b.abs().max()) if b.numel() else 0.0
+    if scale == 0.0:
+        return diff, (0.0 if diff == 0.0 else math.inf)
+    return diff, diff / scale
+
+
+def _verl_importable() -> bool:
+    try:
+        return importlib.util.find_spec("verl") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _fn_name(fn: Callable) -> str:
+    module = getattr(fn, "__module__", None) or "?"
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    return f"{module}:{name}"
+
+
+def run_audit(loss_fn: Callable, *, convention: str = "verl", loss_mode: str | None = None,
+              agg_mode: str = "token-mean", seed: int = 0, sequences: int = 16, response_length: int = 24,
+              loss_config: LossConfig | None = None, overrides: dict | None = None,
+              native_config: bool | None = None) -> AuditReport:
+    """Audit ``loss_fn`` (verl convention) for split invariance of its gradient w.r.t. the log-probs.
+
+    ``loss_mode`` sets ``config.policy_loss.loss_mode``; ``agg_mode`` is passed as ``loss_agg_mode`` and set
+    on the config. ``loss_config`` (splitproof's LossConfig) supplies the shared hyper-parameters;
+    ``overrides`` sets further verl fields by name (e.g. ``{"dro_beta": 0.1}``).
+
+    The config passed is a :class:`VerlActorConfig`, or — with ``native_config=True``, or by default when
+    the function lives in a ``verl`` module and verl is importable — the same values in verl's own
+    ``ActorConfig`` (some verl losses assert ``isinstance(config, ActorConfig)``).
+
+    Raises ValueError for an unsupported convention or bad settings, and AuditError (a ValueError) when
+    the function fails on the whole minibatch. A failure on a split is reported in that row (verdict
+    ``"error"``).
+    """
+    if convention not in CONVENTIONS:
+        raise ValueError(f"unsupported convention {convention!r}; supported: {', '.join(CONVENTIONS)}")
+    if agg_mode not in AGG_MODES:
+        raise ValueError(f"unknown aggregation mode {agg_mode!r}; expected one of {', '.join(AGG_MODES)}")
+    if loss_mode is not None and (not isinstance(loss_mode, str) or not loss_mode):
+        raise ValueError(f"loss_mode must be a non-empty string, got {loss_mode!r}")
+    if not isinstance(sequences, int) or sequences < 4:
+        raise ValueError(f"sequences must be an int >= 4, got {sequences!r}")
+    if not isinstance(response_length, int) or response_length < 2:
+        raise ValueError(f"response_length must be an int >= 2, got {response_length!r}")
+    if not callable(loss_fn):
+        raise ValueError(f"the loss function is not callable: {loss_fn!r}")
+
+    config = VerlActorConfig.from_loss_config(loss_config, **(overrides or {}))
+    config.loss_agg_mode = agg_mode
+    if loss_mode is not None:
+        config.policy_loss.loss_mode = loss_mode
+    if native_config is None:
+        module = getattr(loss_fn, "__module__", None) or ""
+        native_config = (module == "verl" or module.startswith("verl.")) and _verl_importable()
+    if native_config:
+        config = native_verl_config(config)
+    control_config = VerlActorConfig.from_loss_config(loss_config)
+
+    mb = _make_minibatch(seed, sequences, response_length)
+    splits, budget = _make_splits(mb)
+    whole = _Split("whole", [[list(range(sequences))]], "one microbatch")
+    mask = mb.response_mask
+
+    with torch.random.fork_rng(devices=[]):
+        try:
+            base, base_loss = _accumulate(loss_fn, mb, whole, config, agg_mode, seed)
+        except Exception as exc:
+            raise AuditError(f"{_fn_name(loss_fn)} failed on the whole minibatch: {_one_line(exc)}") from None
+        if not torch.isfinite(base[mask]).all():
+            raise AuditError(f"{_fn_name(loss_fn)} gives a non-finite gradient on the whole minibatch")
+        control_base, _ = _accumulate(control_token_mean, mb, whole, control_config, agg_mode, seed)
+
+        rows: list[dict] = []
+        for split in splits:
+            control_grad, _ = _accumulate(control_token_mean, mb, split, control_config, agg_mode, seed)
+            _, control_rel = _compare(control_grad, control_base, mask)
+            row = {
+                "split": split.name,
+                "microbatches": len(split.microbatches()),
+                "ranks": split.dp_size,
+                "sequences_per_microbatch": [len(m) for m in split.microbatches()],
+                "tokens_per_microbatch": [sum(mb.lengths[i] for i in m) for m in split.microbatches()],
+                "description": split.description,
+                "grad_max_abs_diff": None,
+                "grad_rel_diff": None,
+                "control_rel_diff": control_rel,
+                "tolerance": max(TOLERANCE_FACTOR * control_rel, TOLERANCE_FLOOR),
+                "loss_abs_diff": None,
+                "verdict": "error",
+                "error": None,
+            }
+            try:
+                grad, loss = _accumulate(loss_fn, mb, split, config, agg_mode, seed)
+            except Exception as exc:
+                row["error"] = _one_line(exc)
+            else:
+                abs_diff, rel_diff = _compare(grad, base, mask)
+                row["grad_max_abs_diff"] = abs_diff
+                row["grad_rel_diff"] = rel_diff
+                row["loss_abs_diff"] = abs(loss - base_loss)
+                row["verdict"] = "pass" if rel_diff <= row["tolerance"] else "fail"
+            rows.append(row)
+
+    settings = {
+        "loss_fn": _fn_name(loss_fn),
+        "convention": convention,
+        "loss_mode": config.policy_loss.loss_mode,
+        "agg_mode": agg_mode,
+        "seed": seed,
+        "sequences": sequences,
+        "response_length": response_length,
+        "dtype": "float64",
+        "batch_num_tokens": mb.num_tokens,
+        "global_batch_size": sequences,
+        "sequence_lengths": list(mb.lengths),
+        "token_budget": budget,
+        "baseline_grad_max_abs": float(base[mask].abs().max()),
+        "baseline_loss": base_loss,
+        "compared": "gradient w.r.t. log_prob on valid tokens, accumulated over microbatches (mean over ranks)",
+        "control": "token-mean PPO clip with the minibatch-global N (splitproof.diagnose.audit.control_token_mean)",
+        "tolerance": f"grad_rel_diff <= max({TOLERANCE_FACTOR:g} x control_rel_diff, {TOLERANCE_FLOOR:g})",
+        "overrides": dict(overrides or {}),
+        "config_class": f"{type(config).__module__}.{type(config).__qualname__}",
+    }
+    passed = all(r["verdict"] == "pass" for r in rows)
+    return AuditReport(passed=passed, rows=rows, settings=settings)
