@@ -92,7 +92,8 @@ def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: fl
     # Last t1 + 1 positions: position j predicts response token j; the final one predicts nothing.
     logits = logits[:, -(t1 + 1):-1]
     z = logits.float() if logits.dtype in _LOW_PRECISION else logits
-    z = z / temperature
+    if temperature != 1.0:  # x / 1.0 == x exactly: skip a full [b, T, V] pass (and its backward)
+        z = z / temperature
 
     lse = torch.logsumexp(z, dim=-1)
     valid = resp_att[:, :t1]

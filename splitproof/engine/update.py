@@ -50,11 +50,13 @@ def update_policy(
     collective=None,
     step: int = 0,
     on_gradients: Callable[[nn.Module], None] | None = None,
+    on_selection: Callable[[Tensor, Tensor], None] | None = None,
 ) -> list[StepResult]:
     """Run every optimizer step of one update over ``batch`` (the same rollout batch on every rank).
 
     ``step`` numbers the first optimizer step (Clip-Cov's hash input); ``on_gradients`` sees the model
-    after accumulation, before clipping (the diagnosis reads the accumulated gradient there).
+    after accumulation, before clipping (the diagnosis reads the accumulated gradient there);
+    ``on_selection(mask, seq_ids)`` sees every KL-Cov/Clip-Cov selection this rank makes.
     """
     collective = collective or default_collective(_device_of(model))
     if collective.world_size > 1 and not needs_lockstep(model):
@@ -68,11 +70,11 @@ def update_policy(
         warnings.warn("cov_strategy 'microbatch' selects tokens per microbatch: the update then depends on "
                       "the split (kept for the diagnosis's comparison only)", stacklevel=2)
     return [train_minibatch(model, optimizer, batch, plan, config, collective=collective, step=step + i,
-                            on_gradients=on_gradients) for i, plan in enumerate(plans)]
+                            on_gradients=on_gradients, on_selection=on_selection) for i, plan in enumerate(plans)]
 
 
 def train_minibatch(model, optimizer, batch: RolloutBatch, plan: MinibatchPlan, config: UpdateConfig, *,
-                    collective=LOCAL, step: int = 0, on_gradients=None) -> StepResult:
+                    collective=LOCAL, step: int = 0, on_gradients=None, on_selection=None) -> StepResult:
     """One optimizer step over the minibatch ``plan.rows``; ``batch`` is validated."""
     loss_config = config.loss
     world = collective.world_size
@@ -83,7 +85,9 @@ def train_minibatch(model, optimizer, batch: RolloutBatch, plan: MinibatchPlan, 
     metric_sums: dict[str, Tensor] = {}
     try:
         selection = _prepass_selection(model, batch, plan, config, collective, step) if strategy == "prepass" else None
-        kept = torch.zeros_like(batch.old_log_probs) if strategy == "deferred" else None
+        if selection is not None and on_selection is not None:
+            on_selection(selection, batch.seq_ids)
+        kept = _log_prob_buffer(batch) if strategy == "deferred" else None
         last = len(plan.microbatches) - 1
         for i, rows in enumerate(plan.microbatches):
             part, live = _part(batch, rows, plan, model)
@@ -95,14 +99,16 @@ def train_minibatch(model, optimizer, batch: RolloutBatch, plan: MinibatchPlan, 
                 part_selection = None if selection is None else selection[rows] if live else torch.zeros_like(part.response_mask)
                 if strategy == "microbatch" or (loss_config.is_cov and config.statistics_scope == "microbatch"):
                     part_selection = _local_selection(part, log_prob, loss_config, step)
+                    if on_selection is not None:
+                        on_selection(part_selection, part.seq_ids)
                 part_stats = stats if config.statistics_scope == "minibatch" else MinibatchStats.of(part.response_mask)
                 share, shares = _share(part, log_prob, entropy, loss_config, part_stats, part_selection)
                 (share * world).backward()
             merge_metric_shares(metric_sums, shares)
             if kept is not None and live:
-                kept[rows] = log_prob.detach()
+                kept[rows] = log_prob.detach().to(kept.dtype)
         if strategy == "deferred":
-            _deferred_correction(model, batch, plan, config, collective, stats, kept, step, metric_sums)
+            _deferred_correction(model, batch, plan, config, collective, stats, kept, step, metric_sums, on_selection)
         metrics = _reduce_metrics(metric_sums, collective)
         if on_gradients is not None:
             on_gradients(model)
@@ -211,20 +217,23 @@ def _select_shard(batch, plan, log_probs: Tensor, config: LossConfig, collective
 @torch.no_grad()
 def _prepass_selection(model, batch, plan, config: UpdateConfig, collective, step) -> Tensor:
     """`prepass`: a no-grad forward over the same microbatches, then select."""
-    log_probs = torch.zeros_like(batch.old_log_probs)
+    log_probs = _log_prob_buffer(batch)
     for rows in plan.microbatches:
         part, live = _part(batch, rows, plan, model)
         if part is None:
             continue
         log_prob, _ = response_log_probs(model, part, temperature=config.temperature)
         if live:
-            log_probs[rows] = log_prob
+            log_probs[rows] = log_prob.to(log_probs.dtype)
     return _select_shard(batch, plan, log_probs, config.loss, collective, step)
 
 
-def _deferred_correction(model, batch, plan, config: UpdateConfig, collective, stats, kept, step, metric_sums):
+def _deferred_correction(model, batch, plan, config: UpdateConfig, collective, stats, kept, step, metric_sums,
+                         on_selection=None):
     """`deferred`: select from the kept log-probs, then forward/backward only the sequences it touches."""
     selection = _select_shard(batch, plan, kept, config.loss, collective, step)
+    if on_selection is not None:
+        on_selection(selection, batch.seq_ids)
     touched = [r for r in plan.shard if selection[r].any()]
     lengths = batch.token_lengths().tolist()
     microbatches = split_rows(touched, lengths, batch.seq_ids.tolist(), config)
@@ -244,6 +253,12 @@ def _deferred_correction(model, batch, plan, config: UpdateConfig, collective, s
                                              rollout_is_weights=part.rollout_is_weights)
             (share * collective.world_size).backward()
         merge_metric_shares(metric_sums, shares)
+
+
+def _log_prob_buffer(batch: RolloutBatch) -> Tensor:
+    """[B, T] store for detached current log-probs, at least float32 (bf16 models return float32)."""
+    dtype = torch.promote_types(batch.old_log_probs.dtype, torch.float32)
+    return torch.zeros(batch.old_log_probs.shape, dtype=dtype, device=batch.old_log_probs.device)
 
 
 def _device_of(model: nn.Module) -> torch.device:

@@ -1,0 +1,76 @@
+"""Differences between two runs, and the verdict rule.
+
+Differences are taken in float64 over every parameter at once (as one flat vector):
+``*_max_abs_diff`` = max |a − b|, ``*_rel_diff`` = ‖a − b‖₂ / ‖b‖₂, for the accumulated gradient (before
+clipping) and for the parameter update (after − before, so the update difference is after_a − after_b).
+
+Verdict: a comparison passes iff, for the gradient and for the update,
+
+    rel_diff <= max(FACTOR × control rel_diff, FLOOR_EPS × eps(dtype))
+
+with FACTOR = 16 and FLOOR_EPS = 64: within a small multiple of the floating-point floor that the control
+measured on the same model, batch and split, and never stricter than 64 machine epsilons of the run's
+dtype (a relative bound, i.e. 64·eps·‖update‖ in absolute terms); and the split's objective is within
+the reference's own precision floor of the float64 reference (``Context.reference``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .run import RunResult
+
+FACTOR = 16.0
+FLOOR_EPS = 64.0
+DIFF_FIELDS = ("grad_max_abs_diff", "grad_rel_diff", "update_max_abs_diff", "update_rel_diff")
+
+
+def _diff(a: list[Tensor], b: list[Tensor], base: list[Tensor] | None = None) -> tuple[float, float]:
+    """(max |a − b|, ‖a − b‖ / ‖b − base‖) over all tensors, in float64."""
+    max_abs, num, den = 0.0, 0.0, 0.0
+    for i, (x, y) in enumerate(zip(a, b)):
+        x, y = x.double(), y.double()
+        d = x - y
+        if d.numel():
+            max_abs = max(max_abs, float(d.abs().max()))
+        num += float((d * d).sum())
+        ref = y if base is None else y - base[i].double().to(y.device)
+        den += float((ref * ref).sum())
+    if den == 0.0:
+        return max_abs, (0.0 if num == 0.0 else math.inf)
+    return max_abs, math.sqrt(num) / math.sqrt(den)
+
+
+def differences(candidate: RunResult, baseline: RunResult, before: list[Tensor]) -> dict[str, float]:
+    g_abs, g_rel = _diff(candidate.grads, baseline.grads)
+    u_abs, u_rel = _diff(candidate.params, baseline.params, before)
+    return {"grad_max_abs_diff": g_abs, "grad_rel_diff": g_rel, "update_max_abs_diff": u_abs, "update_rel_diff": u_rel}
+
+
+def eps_of(dtype: str | torch.dtype) -> float:
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    return float(torch.finfo(dtype).eps)
+
+
+def tolerance(control: dict[str, float], dtype) -> dict[str, float]:
+    """The bound each relative difference must stay under, from the control and the dtype."""
+    floor = FLOOR_EPS * eps_of(dtype)
+    return {name: max(FACTOR * control[name], floor) for name in ("grad_rel_diff", "update_rel_diff")}
+
+
+def verdict(figures: dict[str, float], bounds: dict[str, float]) -> str:
+    """"pass" iff every figure named in ``bounds`` is within its bound (NaN fails)."""
+    ok = all(figures[name] <= bound for name, bound in bounds.items())
+    return "pass" if ok else "fail"
+
+
+def mask_agreement(a: frozenset | None, b: frozenset | None) -> float | None:
+    """|a ∩ b| / |a ∪ b| (1.0 when both are empty); None when a mask is unknown."""
+    if a is None or b is None:
+        return None
+    union = a | b
+    return 1.0 if not union else len(a & b) / len(union)

@@ -1,0 +1,234 @@
+"""Run scenarios: plan every split first, then the baselines, the single-process runs, and the DP runs.
+
+Every run needed by any scenario is a *case* (context, loss, settings, split), deduplicated, so that the
+sweep's shared controls run once. Single-process cases run here; ``dp:D`` cases for one (D, wrapper) go
+into one :func:`run_data_parallel` call, whose workers compare against the baselines they inherit.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Callable
+
+from splitproof.config import LossConfig
+from splitproof.engine.launch import run_data_parallel
+
+from .compare import DIFF_FIELDS, differences, eps_of, mask_agreement, tolerance, verdict
+from .context import BatchSpec, Context, ModelSpec, build_model
+from .run import RunResult, RunSettings, run_update
+from .scenarios import Scenario
+from .splits import SplitError, SplitPlan, baseline_plan, parse_split, plan_split
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class Case:
+    batch: BatchSpec
+    loss: LossConfig
+    settings: RunSettings
+    split: str  # spec, or the baseline label
+
+
+def _outcome(result: RunResult, baseline: RunResult, before) -> dict:
+    out = differences(result, baseline, before)
+    out.update(objective=result.objective, metrics=result.metrics, selected=result.selected,
+               skipped=result.skipped, microbatches=result.microbatches, strategy=result.strategy)
+    return out
+
+
+def _dp_worker(jobs: list[tuple]) -> list[dict | None]:
+    """On each rank: run every job (all ranks in lockstep); rank 0 returns the comparisons."""
+    import torch.distributed as dist
+
+    outcomes = []
+    for model, batch, before, loss, settings, plan, baseline in jobs:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = run_update(model, batch, loss, plan, settings)
+        outcomes.append(_outcome(result, baseline, before) if dist.get_rank() == 0 else None)
+    return outcomes
+
+
+class Diagnosis:
+    """Plans and runs a list of scenarios on one model; ``results()`` per scenario and split."""
+
+    def __init__(self, scenarios: list[Scenario], model_spec: ModelSpec, *, progress: Progress | None = None,
+                 model=None):
+        self.scenarios = scenarios
+        self.model_spec = model_spec
+        self.progress = progress
+        self.model = model if model is not None else build_model(model_spec)
+        self.contexts: dict[BatchSpec, Context] = {}
+        self.plans: dict[tuple[BatchSpec, str], SplitPlan] = {}
+        self.outcomes: dict[Case, dict] = {}
+        self.baselines: dict[Case, RunResult] = {}
+        self._plan_all()
+
+    # ---------------------------------------------------------------------------------------- planning
+    def context(self, spec: BatchSpec) -> Context:
+        if spec not in self.contexts:
+            self.contexts[spec] = Context.create(self.model, spec)
+        return self.contexts[spec]
+
+    def _plan_all(self) -> None:
+        """Parse and plan every split of every scenario before anything runs (user errors first)."""
+        for sc in self.scenarios:
+            ctx = self.context(sc.batch)
+            for spec in sc.splits:
+                split = parse_split(spec)
+                if split.ranks > 1 and self.model_spec.device != "cpu":
+                    raise SplitError(f"split {split.spec!r}: dp runs on CPU processes (gloo); use --device cpu")
+                key = (sc.batch, split.spec)
+                if key not in self.plans:
+                    self.plans[key] = plan_split(split, ctx.batch)
+
+    def cases(self, sc: Scenario):
+        """(role, split spec, case, baseline case) for every comparison of a scenario."""
+        base = Case(sc.batch, sc.loss, sc.settings, "baseline")
+        control_base = Case(sc.batch, sc.control, sc.settings, "baseline")
+        for spec in sc.splits:
+            label = parse_split(spec).spec
+            yield "candidate", label, Case(sc.batch, sc.loss, sc.settings, label), base
+            yield "control", label, Case(sc.batch, sc.control, sc.settings, label), control_base
+            if sc.legacy:
+                yield "legacy", label, Case(sc.batch, sc.loss, sc.settings.with_(**sc.legacy), label), base
+
+    # ----------------------------------------------------------------------------------------- running
+    def run(self) -> "Diagnosis":
+        todo: dict[Case, Case] = {}
+        for sc in self.scenarios:
+            for _, _, case, base in self.cases(sc):
+                todo.setdefault(case, base)
+        bases = list(dict.fromkeys(todo.values()))
+        single = [c for c in todo if self.plans[(c.batch, c.split)].ranks == 1]
+        parallel = [c for c in todo if self.plans[(c.batch, c.split)].ranks > 1]
+        total, done = len(bases) + len(single) + len(parallel), 0
+
+        def tick(label: str, n: int = 1) -> None:
+            nonlocal done
+            done += n
+            if self.progress:
+                self.progress(done, total, label)
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # forced-aggregation and legacy-strategy warnings: documented
+            for case in bases:
+                ctx = self.context(case.batch)
+                self.baselines[case] = run_update(self.model, ctx.batch, case.loss, baseline_plan(ctx.batch),
+                                                  case.settings)
+                tick(f"baseline {case.loss.loss_mode}/{case.loss.loss_agg_mode}")
+            for case in single:
+                ctx = self.context(case.batch)
+                result = run_update(self.model, ctx.batch, case.loss, self.plans[(case.batch, case.split)],
+                                    case.settings)
+                self.outcomes[case] = _outcome(result, self.baselines[todo[case]], ctx.before)
+                tick(f"{case.loss.loss_mode}/{case.loss.loss_agg_mode} {case.split}")
+        groups: dict[tuple[int, str], list[Case]] = {}
+        for case in parallel:
+            key = (self.plans[(case.batch, case.split)].ranks, case.settings.wrapper)
+            groups.setdefault(key, []).append(case)
+        for (ranks, wrapper), cases in groups.items():
+            jobs = []
+            for case in cases:
+                ctx = self.context(case.batch)
+                jobs.append((self.model, ctx.batch, ctx.before, case.loss, case.settings,
+                             self.plans[(case.batch, case.split)], self.baselines[todo[case]]))
+            per_rank = run_data_parallel(_dp_worker, ranks, jobs, timeout=1800.0)
+            for case, outcome in zip(cases, per_rank[0]):
+                self.outcomes[case] = outcome
+            tick(f"{len(cases)} dp:{ranks} runs ({wrapper})", len(cases))
+        return self
+
+    # ----------------------------------------------------------------------------------------- results
+    def results(self, sc: Scenario) -> dict:
+        """One scenario's record: baseline, reference, and per split the comparison, control and legacy."""
+        ctx = self.context(sc.batch)
+        dtype = self.model_spec.dtype
+        base = self.baselines[Case(sc.batch, sc.loss, sc.settings, "baseline")]
+        control_base = self.baselines[Case(sc.batch, sc.control, sc.settings, "baseline")]
+        reference, objective_floor = ctx.reference(sc.loss)
+        control_reference, _ = ctx.reference(sc.control)
+        rows: dict[str, dict] = {}
+        for role, label, case, _ in self.cases(sc):
+            rows.setdefault(label, {})[role] = self.outcomes[case]
+        splits = []
+        for spec, column in zip(sc.splits, sc.columns or (None,) * len(sc.splits)):
+            label = parse_split(spec).spec
+            got = rows[label]
+            bounds = tolerance(got["control"], dtype)
+            bounds["objective_abs_diff"] = objective_floor
+            plan = self.plans[(sc.batch, label)]
+            entry = {"split": label}
+            if column:
+                entry["kind"] = column
+            entry.update(ranks=plan.ranks, microbatches=plan.microbatches, microbatch_sizes=plan.describe())
+            entry.update(_figures(got["candidate"], base, reference))
+            entry["verdict"] = verdict(entry, bounds)
+            entry["tolerance"] = bounds
+            if got["candidate"]["skipped"]:
+                entry["verdict"] = "fail"
+                entry["note"] = "non-finite gradient norm: the step was skipped"
+            entry["control"] = _figures(got["control"], control_base, control_reference)
+            if "legacy" in got:
+                entry["legacy"] = _figures(got["legacy"], base, reference)
+                entry["legacy"]["verdict"] = verdict(entry["legacy"], bounds)
+            for block, outcome in ((entry, got["candidate"]), (entry.get("legacy"), got.get("legacy"))):
+                if block is not None and sc.loss.is_cov:
+                    block["selected_tokens"] = {"baseline": _count(base.metrics), "split": _count(outcome["metrics"])}
+                    block["mask_agreement"] = mask_agreement(base.selected, outcome["selected"])
+            splits.append(entry)
+        record = {
+            "name": sc.name,
+            "title": sc.title,
+            "passed": all(s["verdict"] == "pass" for s in splits),
+            "settings": _settings(sc, ctx, dtype),
+            "baseline": {"split": "one microbatch, one rank", "objective": base.objective,
+                         "objective_reference": reference, "objective_tolerance": objective_floor,
+                         "metrics": base.metrics},
+            "control": sc.control_note,
+            "legacy": sc.legacy_note if sc.legacy else None,
+            "splits": splits,
+        }
+        if sc.loss.is_cov:
+            record["baseline"]["selected_tokens"] = _count(base.metrics)
+            record["baseline"]["cov_strategy"] = base.strategy
+        if sc.group:
+            record["group"] = sc.group
+        if sc.notes:
+            record["notes"] = list(sc.notes)
+        return record
+
+
+def _count(metrics: dict) -> int:
+    return int(round(metrics.get("cov_selected", 0.0)))
+
+
+def _figures(outcome: dict, baseline: RunResult, reference: float) -> dict:
+    out = {k: outcome[k] for k in DIFF_FIELDS}
+    out.update(objective=outcome["objective"], objective_baseline=baseline.objective,
+               objective_reference=reference, objective_abs_diff=abs(outcome["objective"] - reference))
+    return out
+
+
+def _settings(sc: Scenario, ctx: Context, dtype: str) -> dict:
+    return {
+        "loss": dict(sc.loss.__dict__),
+        "sequences": sc.batch.sequences,
+        "prompt_length": sc.batch.prompt_length,
+        "response_length": sc.batch.response_length,
+        "valid_tokens": ctx.valid_tokens,
+        "full_length": sc.batch.full_length,
+        "rollout_is_weights": sc.batch.with_is_weights,
+        "batch_seed": sc.batch.seed,
+        "dtype": dtype,
+        "eps": eps_of(dtype),
+        "optimizer": sc.settings.optimizer,
+        "lr": sc.settings.lr,
+        "grad_clip": sc.settings.grad_clip,
+        "cov_strategy": sc.settings.cov_strategy,
+        "statistics_scope": sc.settings.statistics_scope,
+        "dp_wrapper": sc.settings.wrapper,
+        "legacy_overrides": sc.legacy,
+    }

@@ -1,0 +1,209 @@
+"""`splitproof diagnose`: exit codes, the JSON record, user errors, the plot, the seed scenarios, audit."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from splitproof.cli import main
+from splitproof.diagnose.compare import tolerance, verdict
+from splitproof.diagnose.splits import SplitError, parse_split
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SPLIT_FIELDS = {"split", "grad_max_abs_diff", "grad_rel_diff", "update_max_abs_diff", "update_rel_diff", "objective",
+                "objective_reference", "verdict", "control"}
+DIFF_FIELDS = {"grad_max_abs_diff", "grad_rel_diff", "update_max_abs_diff", "update_rel_diff"}
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory):
+    """`splitproof diagnose` (gmpo + klcov) once, with --json and --plot."""
+    out = tmp_path_factory.mktemp("diagnose")
+    code = main(["diagnose", "--json", str(out / "d.json"), "--plot", str(out / "d.png"), "--no-progress"])
+    return code, json.loads((out / "d.json").read_text()), out / "d.png"
+
+
+def _scenario(record: dict, name: str) -> dict:
+    return next(s for s in record["scenarios"] if s["name"] == name)
+
+
+@pytest.mark.dist
+def test_default_run_passes_both_seeds(default_run):
+    code, record, _ = default_run
+    assert code == 0
+    assert record["passed"] is True
+    assert [s["name"] for s in record["scenarios"]] == ["gmpo", "klcov"]
+
+
+@pytest.mark.dist
+def test_json_schema(default_run):
+    _, record, _ = default_run
+    assert {"passed", "versions", "settings", "scenarios", "verdict_rule"} <= set(record)
+    assert {"splitproof", "torch", "transformers", "python"} <= set(record["versions"])
+    for scenario in record["scenarios"]:
+        assert {"name", "passed", "settings", "baseline", "splits"} <= set(scenario)
+        for split in scenario["splits"]:
+            assert SPLIT_FIELDS <= set(split)
+            assert split["verdict"] in ("pass", "fail")
+            assert DIFF_FIELDS <= set(split["control"])
+            assert DIFF_FIELDS | {"verdict"} <= set(split["legacy"])
+            assert isinstance(split["objective_reference"], float)
+
+
+@pytest.mark.dist
+def test_gmpo_seed(default_run):
+    _, record, _ = default_run
+    gmpo = _scenario(record, "gmpo")
+    assert gmpo["passed"]
+    assert gmpo["settings"]["valid_tokens"] == 128
+    splits = {s["split"]: s for s in gmpo["splits"]}
+    assert {"even:8", "sizes:3,5", "sizes:1,2,5", "dp:2"} <= set(splits)
+    assert splits["even:8"]["microbatches"] == 8
+    assert splits["dp:2"]["ranks"] == 2
+    for s in gmpo["splits"]:
+        assert s["verdict"] == "pass" and s["legacy"]["verdict"] == "fail"
+        assert s["objective"] == pytest.approx(s["objective_reference"], rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.dist
+def test_klcov_seed_selects_one_token_and_legacy_eight(default_run):
+    _, record, _ = default_run
+    klcov = _scenario(record, "klcov")
+    assert klcov["passed"]
+    assert klcov["settings"]["valid_tokens"] == 8192
+    split = klcov["splits"][0]
+    assert split["microbatches"] == 8 and split["ranks"] == 1
+    assert split["selected_tokens"] == {"baseline": 1, "split": 1}
+    assert split["mask_agreement"] == 1.0
+    assert split["legacy"]["selected_tokens"]["split"] == 8
+    assert split["legacy"]["verdict"] == "fail"
+    assert split["legacy"]["update_rel_diff"] > 100 * split["control"]["update_rel_diff"]
+
+
+@pytest.mark.dist
+def test_plot_writes_png(default_run):
+    _, _, png = default_run
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_failing_verdict_exits_1(tmp_path, capsys):
+    # the candidate itself selects per microbatch (the second seed's bug): it must fail
+    path = tmp_path / "f.json"
+    code = main(["diagnose", "--loss-mode", "kl_cov", "--cov-strategy", "microbatch", "--split", "even:4",
+                 "--json", str(path), "--no-progress"])
+    assert code == 1
+    record = json.loads(path.read_text())
+    assert record["passed"] is False
+    assert record["scenarios"][0]["splits"][0]["verdict"] == "fail"
+    assert "FAIL" in capsys.readouterr().out
+
+
+def test_legacy_statistics_scope_fails_and_scope_column(tmp_path):
+    path = tmp_path / "g.json"
+    assert main(["diagnose", "--loss-mode", "geo_mean", "--statistics-scope", "microbatch", "--split", "sizes:3,5",
+                 "--no-progress"]) == 1
+    assert main(["diagnose", "--loss-mode", "vanilla", "--agg-mode", "seq-mean-token-mean", "--split", "sizes:1,7",
+                 "--split", "tokens:48", "--scope", "microbatch", "--json", str(path), "--no-progress"]) == 0
+    splits = json.loads(path.read_text())["scenarios"][0]["splits"]
+    assert all(s["verdict"] == "pass" and s["legacy"]["verdict"] == "fail" for s in splits)
+
+
+def test_float64_is_exact(tmp_path):
+    path = tmp_path / "e.json"
+    assert main(["diagnose", "--dtype", "float64", "--loss-mode", "geo_mean", "--split", "even:8",
+                 "--split", "shuffle:3+sizes:5,3", "--json", str(path), "--no-progress"]) == 0
+    for s in json.loads(path.read_text())["scenarios"][0]["splits"]:
+        assert s["grad_rel_diff"] < 1e-12 and s["update_rel_diff"] < 1e-12
+        assert abs(s["objective"] - s["objective_reference"]) < 1e-12
+
+
+@pytest.mark.parametrize("argv", [
+    ["--loss-mode", "nope"],
+    ["--agg-mode", "token-median"],
+    ["--split", "even:"],
+    ["--split", "even:x"],
+    ["--split", "sizes:3,4"],
+    ["--split", "even:99"],
+    ["--split", "dp:2+dp:2"],
+    ["--split", "tokens:3"],
+    ["--model", "MISSING"],
+    ["nosuch"],
+    ["gmpo", "--loss-mode", "vanilla"],
+    ["--lr", "-1"],
+    ["--kl-cov-ratio", "2"],
+    ["audit"],
+], ids=lambda a: " ".join(a))
+def test_user_errors_exit_2_with_one_line(argv, tmp_path, capsys):
+    argv = [str(tmp_path / "missing-model") if a == "MISSING" else a for a in argv]
+    assert main(["diagnose", *argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("splitproof: error: ")
+
+
+def test_plot_without_matplotlib_is_a_usage_error(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["diagnose", "--split", "even:2", "--plot", str(tmp_path / "x.png"), "--no-progress"]) == 2
+    assert "matplotlib" in capsys.readouterr().err
+
+
+def test_help_exits_0(capsys):
+    assert main(["diagnose", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "sizes:a,b,c" in out and "klcov" in out
+
+
+def test_split_grammar():
+    assert parse_split(" dp:2 + tokens:512 ").spec == "dp:2+tokens:512"
+    s = parse_split("shuffle:7+sizes:1,2,5")
+    assert s.micro == ("sizes", (1, 2, 5)) and s.shuffle == 7 and s.ranks == 1
+    for bad in ("", "even", "even:0", "sizes:1,,2", "tokens:-3", "even:2+sizes:1,1", "foo:1"):
+        with pytest.raises(SplitError):
+            parse_split(bad)
+
+
+def test_verdict_rule():
+    control = {"grad_rel_diff": 1e-7, "update_rel_diff": 1e-6}
+    bounds = tolerance(control, "float32")
+    assert bounds["update_rel_diff"] == pytest.approx(1.6e-5)
+    assert bounds["grad_rel_diff"] == pytest.approx(64 * 2.0 ** -23)  # the dtype floor wins over 16 x 1e-7
+    assert verdict({"grad_rel_diff": 1e-6, "update_rel_diff": 1e-5}, bounds) == "pass"
+    assert verdict({"grad_rel_diff": 1e-6, "update_rel_diff": 1e-4}, bounds) == "fail"
+    assert verdict({"grad_rel_diff": float("nan"), "update_rel_diff": 0.0}, bounds) == "fail"
+
+
+@pytest.mark.parametrize("fn, code", [("correct_token_mean", 0), ("microbatch_mean", 1), ("microbatch_topk", 1)])
+def test_audit_exit_codes(fn, code, tmp_path, monkeypatch):
+    pytest.importorskip("splitproof.diagnose.audit")
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    path = tmp_path / "a.json"
+    assert main(["diagnose", "audit", "--loss-fn", f"tests.audit_examples:{fn}", "--convention", "verl",
+                 "--loss-mode", "kl_cov", "--json", str(path)]) == code
+    assert json.loads(path.read_text())["passed"] is (code == 0)
+
+
+def test_audit_bad_function_exits_2(capsys, monkeypatch):
+    pytest.importorskip("splitproof.diagnose.audit")
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    assert main(["diagnose", "audit", "--loss-fn", "tests.audit_examples:no_such_function"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_console_script():
+    exe = shutil.which("splitproof", path=str(Path(sys.executable).parent)) or shutil.which("splitproof")
+    if exe is None:
+        pytest.skip("the splitproof console script is not installed")
+    done = subprocess.run([exe, "diagnose", "--loss-mode", "gpg", "--split", "sizes:3,5", "--no-progress"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "overall: PASS" in done.stdout
+    bad = subprocess.run([exe, "diagnose", "--split", "even:x"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().startswith("splitproof: error:")
