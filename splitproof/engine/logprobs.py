@@ -95,13 +95,15 @@ def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: fl
     if temperature != 1.0:  # x / 1.0 == x exactly: skip a full [b, T, V] pass (and its backward)
         z = z / temperature
 
-    lse = torch.logsumexp(z, dim=-1)
     valid = resp_att[:, :t1]
     tokens = input_ids[:, -t1:].long()
-    logp = z.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - lse
+    # log_softmax, not z - logsumexp(z): one fused pass each way instead of ~6 full [b, T, V] passes
+    # (benchmarks/engine_overhead.py), and one saved [b, T, V] tensor less at the backward's peak.
+    logp = torch.log_softmax(z, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     logp = F.pad(torch.where(valid, logp, torch.zeros_like(logp)), (0, T - t1))
     entropy = None
     if with_entropy:
+        lse = torch.logsumexp(z, dim=-1)
         h = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
         entropy = F.pad(torch.where(valid, h, torch.zeros_like(h)), (0, T - t1))
     return logp, entropy

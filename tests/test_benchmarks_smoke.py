@@ -1,0 +1,138 @@
+"""Smoke test of benchmarks/: every script's main() in --quick mode, into a temporary docs file.
+
+No timing asserts: only that each script runs, returns its rows, reports finite positive ratios and
+writes its marked section (the real docs/benchmarks.md is never touched).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+SCRIPTS = ("engine_overhead", "cov_strategies", "token_budget", "memory", "scaling")
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"splitproof_bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+@pytest.fixture(scope="module")
+def docs(tmp_path_factory):
+    return tmp_path_factory.mktemp("bench") / "benchmarks.md"
+
+
+@pytest.fixture(scope="module")
+def results(docs):
+    """Run every script once (quick, CPU) and keep what main() returned."""
+    threads = torch.get_num_threads()
+    out = {}
+    try:
+        for name in SCRIPTS:
+            with warnings.catch_warnings():
+                out[name] = _load(name).main(["--quick", "--device", "cpu", "--docs", str(docs)])
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def test_engine_overhead(results):
+    r = results["engine_overhead"]
+    assert {(row["mode"], row["split"].split(",")[0].split(" ")[0]) for row in r["rows"]} == {
+        ("token-mean", "fixed"), ("token-mean", "token"), ("seq-mean-token-mean", "fixed"),
+        ("seq-mean-token-mean", "token")}
+    for row in r["rows"]:
+        assert row["microbatches"] >= 1
+        for key in ("engine_s", "plain_s", "engine_wall_s", "plain_wall_s", "ratio", "q1", "q3"):
+            assert _positive(row[key]), (key, row)
+    assert _positive(r["head"]["ratio"]) and _positive(r["head"]["engine_s"])
+    assert math.isfinite(r["head"]["step_share"])
+
+
+def test_cov_strategies(results):
+    r = results["cov_strategies"]
+    cells = {(row["loss"], row["ratio"]) for row in r["rows"]}
+    assert cells == {(loss, ratio) for loss in ("kl_cov", "clip_cov") for ratio in (2e-4, 2e-3, 2e-2)}
+    for row in r["rows"]:
+        assert set(row["ratios"]) == {"prepass", "deferred", "auto"}
+        assert all(_positive(v) for v in row["ratios"].values())
+        assert all(_positive(v) for v in row["times"].values())
+        assert row["auto_chose"] in ("prepass", "deferred")
+        assert row["selected_tokens"] >= 1 and 1 <= row["touched_sequences"] <= row["sequences"]
+        assert (row["deferred_ok"] is None) == (row["ratio"] != 2e-4)
+
+
+def test_token_budget(results):
+    r = results["token_budget"]
+    assert r["rows"][0]["split"] == "fixed" and len(r["rows"]) >= 2
+    real = r["rows"][0]["real"]
+    for row in r["rows"]:
+        assert row["real"] == real  # the same tokens, only split differently
+        assert row["computed"] >= row["real"]
+        assert 0 <= row["padding_share"] < 1 and 0 <= row["contiguous_share"] <= row["padding_share"] + 1e-12
+        assert _positive(row["throughput_ratio"]) and _positive(row["tokens_per_s"])
+    assert _positive(r["throughput_ratio"])
+
+
+def test_memory(results):
+    r = results["memory"]
+    sweeps = {row["sweep"] for row in r["rows"]}
+    assert sweeps == {"microbatch size", "minibatch size"}
+    for row in r["rows"]:
+        assert _positive(row["peak"]) and _positive(row["largest_activation"]) and _positive(row["relative"])
+    assert all(_positive(v) for v in r["flat"].values())
+    micro = [row for row in r["rows"] if row["sweep"] == "microbatch size"]
+    assert micro[-1]["largest_activation"] > micro[0]["largest_activation"]  # bigger microbatch, bigger logits
+
+
+def test_scaling(results):
+    r = results["scaling"]
+    assert len(r["rows"]) == 4
+    for row in r["rows"]:
+        assert _positive(row["step_s"]) and _positive(row["vs_linear"]) and _positive(row["per_sequence_s"])
+    assert math.isfinite(r["slope"]) and math.isfinite(r["r2"])
+    assert r["diagnose"]["status"] == "skipped"
+
+
+def test_docs_sections(results, docs):
+    text = docs.read_text()
+    for name in SCRIPTS:
+        begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+        assert text.count(begin) == 1 and text.count(end) == 1
+        body = text[text.index(begin):text.index(end)]
+        assert "| --- |" in body or "|---|" in body  # a generated table
+        assert "CPU:" in body and "torch " in body and "threads" in body  # the machine description
+
+
+def test_write_section_replaces_only_its_own_block(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(BENCH))
+    import benchlib
+
+    path = tmp_path / "b.md"
+    path.write_text("# T\n\nintro\n\n<!-- bench:a -->\nold a\n<!-- /bench:a -->\n\nprose about a\n")
+    benchlib.write_section(path, "a", "new a")
+    benchlib.write_section(path, "b", "new b")
+    benchlib.write_section(path, "b", "newer b")
+    text = path.read_text()
+    assert "old a" not in text and "new a" in text and "prose about a" in text and "intro" in text
+    assert text.count("<!-- bench:b -->") == 1 and "newer b" in text and "new b\n" not in text
+
+
+def test_run_all_rejects_unknown_names():
+    with pytest.raises(SystemExit) as err:
+        _load("run_all").main(["--only", "nope", "--no-docs"])
+    assert err.value.code == 2
