@@ -131,6 +131,10 @@ class RolloutBatch:
         """Real (unpadded) tokens per sequence, prompt + response: what a token budget counts."""
         return self.attention_mask.sum(dim=1)
 
+    def prompt_lengths(self) -> Tensor:
+        """Real prompt tokens per sequence."""
+        return self.attention_mask[:, :self.prompt_width].sum(dim=1)
+
     def select(self, rows: Tensor | list[int]) -> "RolloutBatch":
         """The sub-batch of the given rows, in that order (keys travel with the rows)."""
         rows = torch.as_tensor(rows, dtype=torch.long, device=self.prompts.device)

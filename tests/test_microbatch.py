@@ -162,3 +162,17 @@ def test_schedule_never_depends_on_dp_size(k, size, epochs, shuffle, seed):
         for m in a:
             shards = shard_rows(m, [r % 7 for r in m], dp_size)
             assert sorted(r for s in shards for r in s) == sorted(m)
+
+
+@settings(max_examples=60)
+@given(st.lists(st.tuples(st.integers(1, 20), st.integers(1, 40)), min_size=1, max_size=30), st.integers(60, 400))
+def test_budget_bounds_the_padded_tokens_computed(pairs, budget):
+    """With prompts left-padded and responses right-padded, a microbatch computes rows × (max p + max r)."""
+    rows = list(range(len(pairs)))
+    prompts = [p for p, _ in pairs]
+    lengths = [p + r for p, r in pairs]
+    micro = budget_microbatches(rows, lengths, budget, prompt_lengths=prompts)
+    assert sorted(r for mb in micro for r in mb) == rows
+    for mb in micro:
+        width = max(pairs[r][0] for r in mb) + max(pairs[r][1] for r in mb)
+        assert len(mb) * width <= budget

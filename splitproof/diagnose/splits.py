@@ -174,8 +174,10 @@ def plan_split(split: Split, batch: RolloutBatch) -> SplitPlan:
                 raise SplitError(f"split {spec!r}: sequence {int(view.seq_ids[longest])} has {lengths[longest]} tokens "
                                  f"(prompt + response), more than the budget {budget}; a sequence is never split")
             try:
+                prompts = view.prompt_lengths().tolist()
                 mbs = budget_microbatches(shard, [lengths[r] for r in shard], budget,
-                                          seq_ids=[int(view.seq_ids[r]) for r in shard])
+                                          seq_ids=[int(view.seq_ids[r]) for r in shard],
+                                          prompt_lengths=[prompts[r] for r in shard])
             except BatchError as exc:
                 raise SplitError(f"split {spec!r}: {exc}") from None
         per_rank.append(mbs)

@@ -126,7 +126,8 @@ def compute_log_probs(model: nn.Module, batch: RolloutBatch, *, micro_batch_size
         microbatches = fixed_microbatches(rows, micro_batch_size)
     else:
         lengths = batch.token_lengths().tolist()
-        microbatches = budget_microbatches(rows, lengths, max_token_len, seq_ids=batch.seq_ids.tolist())
+        microbatches = budget_microbatches(rows, lengths, max_token_len, seq_ids=batch.seq_ids.tolist(),
+                                           prompt_lengths=batch.prompt_lengths().tolist())
     dtype = _param_dtype(model)
     out_dtype = torch.float32 if dtype in _LOW_PRECISION else dtype
     device = batch.responses.device

@@ -81,29 +81,34 @@ def fixed_microbatches(rows: list[int], size: int) -> list[list[int]]:
 
 
 def budget_microbatches(rows: list[int], lengths: list[int], budget: int, *,
-                        seq_ids: list[int] | None = None) -> list[list[int]]:
-    """Microbatches under a budget on padded tokens: len(mb) * max length in mb <= ``budget``.
+                        seq_ids: list[int] | None = None, prompt_lengths: list[int] | None = None) -> list[list[int]]:
+    """Microbatches under a budget on the padded tokens a microbatch computes.
 
-    Rows sorted by (length desc, row) are cut greedily into contiguous runs, which keeps padding low.
-    No sequence is split; one longer than the budget is an error. Rows ascend inside each microbatch.
+    Cost of a microbatch: rows × its padded width. The width is the longest sequence, or — given
+    ``prompt_lengths`` (prompts left-padded, responses right-padded, as the engine lays them out) — the
+    longest prompt plus the longest response. Rows sorted by (length desc, row) are cut greedily into
+    contiguous runs, which keeps padding low. No sequence is split; one over the budget is an error.
+    Rows ascend inside each microbatch.
     """
     _check_parallel(rows, lengths, seq_ids)
     if budget < 1:
         raise BatchError("ppo_max_token_len_per_gpu", f"must be >= 1, got {budget}")
+    prompts = [0] * len(rows) if prompt_lengths is None else [int(p) for p in prompt_lengths]
+    responses = [int(n) - p for n, p in zip(lengths, prompts)]
     order = _longest_first(rows, lengths)
     if order and int(lengths[order[0]]) > budget:
         k = order[0]
         sid = seq_ids[k] if seq_ids is not None else rows[k]
         raise BatchError("ppo_max_token_len_per_gpu", f"sequence {sid} has {int(lengths[k])} tokens > budget "
                          f"{budget}; raise the budget (a sequence is never split)", sequence=int(sid))
-    microbatches, current, width = [], [], 0
+    microbatches, current, prompt_width, response_width = [], [], 0, 0
     for k in order:
-        if current and (len(current) + 1) * width > budget:
+        wider = max(prompt_width, prompts[k]) + max(response_width, responses[k])
+        if current and (len(current) + 1) * wider > budget:
             microbatches.append(sorted(current))
-            current = []
-        if not current:
-            width = int(lengths[k])  # longest first: the first row sets the padded width
+            current, prompt_width, response_width = [], 0, 0
         current.append(rows[k])
+        prompt_width, response_width = max(prompt_width, prompts[k]), max(response_width, responses[k])
     if current:
         microbatches.append(sorted(current))
     return microbatches

@@ -22,13 +22,14 @@ class MinibatchPlan:
     dummy_row: int  # a row run with an all-zero mask where a rank has an empty microbatch
 
 
-def split_rows(rows: list[int], lengths: list[int], seq_ids: list[int], config: UpdateConfig) -> list[list[int]]:
+def split_rows(rows: list[int], batch: RolloutBatch, config: UpdateConfig) -> list[list[int]]:
     """Cut rows into microbatches: a token budget, a fixed size, or one microbatch."""
     if not rows:
         return []
     if config.use_dynamic_bsz:
-        return budget_microbatches(rows, [lengths[r] for r in rows], config.ppo_max_token_len_per_gpu,
-                                   seq_ids=[seq_ids[r] for r in rows])
+        return budget_microbatches(rows, batch.token_lengths()[rows].tolist(), config.ppo_max_token_len_per_gpu,
+                                   seq_ids=batch.seq_ids[rows].tolist(),
+                                   prompt_lengths=batch.prompt_lengths()[rows].tolist())
     if config.ppo_micro_batch_size_per_gpu is not None:
         return fixed_microbatches(rows, config.ppo_micro_batch_size_per_gpu)
     return [list(rows)]
@@ -37,12 +38,11 @@ def split_rows(rows: list[int], lengths: list[int], seq_ids: list[int], config: 
 def plan_update(batch: RolloutBatch, config: UpdateConfig, world_size: int, rank: int) -> list[MinibatchPlan]:
     """Every optimizer step of the update, from this rank's point of view."""
     lengths = batch.token_lengths().tolist()
-    seq_ids = batch.seq_ids.tolist()
     plans = []
     for rows in minibatch_schedule(len(batch), config.minibatch_sequences, epochs=config.ppo_epochs,
                                    shuffle=config.shuffle, seed=config.data_loader_seed):
         shards = shard_rows(rows, [lengths[r] for r in rows], world_size)
-        per_rank = [split_rows(shard, lengths, seq_ids, config) for shard in shards]
+        per_rank = [split_rows(shard, batch, config) for shard in shards]
         count = max(len(m) for m in per_rank)
         plans.append(MinibatchPlan(rows, shards[rank], pad_microbatches(per_rank[rank], count),
                                    dummy_row=(shards[rank] or rows)[0]))

@@ -235,8 +235,7 @@ def _deferred_correction(model, batch, plan, config: UpdateConfig, collective, s
     if on_selection is not None:
         on_selection(selection, batch.seq_ids)
     touched = [r for r in plan.shard if selection[r].any()]
-    lengths = batch.token_lengths().tolist()
-    microbatches = split_rows(touched, lengths, batch.seq_ids.tolist(), config)
+    microbatches = split_rows(touched, batch, config)
     count = collective.max_int(len(microbatches))
     if needs_lockstep(model):
         count = max(count, 1)  # the step's gradient reduction happens in the last backward
