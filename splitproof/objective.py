@@ -20,10 +20,6 @@ from .losses import COV_CORRECTIONS, POLICY_LOSSES, PolicyInputs, kl_estimate
 from .selection import select_tokens
 from .stats import MinibatchStats
 
-# Metric shares are token means over ℬ (indicator or value × m / N) unless listed as objective terms.
-OBJECTIVE_METRICS = ("loss", "pg_loss", "entropy_loss", "kl_loss")
-
-
 def _clean(value: Tensor | None, mask: Tensor) -> Tensor | None:
     """Zero the padding positions so that NaN/inf there reaches neither the loss nor its gradient."""
     if value is None:

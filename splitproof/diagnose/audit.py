@@ -28,13 +28,14 @@ import json
 import math
 import os
 import sys
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from splitproof.config import AGG_MODES, LossConfig
+from splitproof.diagnose.verl_convention import VerlActorConfig, native_verl_config, one_line, set_global_batch_info
 
 CONVENTIONS = ("verl",)
 TOLERANCE_FACTOR = 16.0
@@ -48,12 +49,6 @@ class AuditError(ValueError):
 
 # --------------------------------------------------------------------------------------------------------
 # Loading the function
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    first = text[0].strip() if text else ""
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def load_loss_fn(spec: str) -> Callable:
@@ -82,7 +77,7 @@ def load_loss_fn(spec: str) -> Callable:
         try:
             module = importlib.import_module(module_name)
         except Exception as exc:  # any failure while importing user code is a one-line user error
-            raise ValueError(f"cannot import module {module_name!r} for {spec!r}: {_one_line(exc)}") from None
+            raise ValueError(f"cannot import module {module_name!r} for {spec!r}: {one_line(exc)}") from None
         finally:
             if added:
                 try:
@@ -112,214 +107,12 @@ def _load_file(path: str, spec: str):
         module = importlib.util.module_from_spec(file_spec)
         file_spec.loader.exec_module(module)
     except Exception as exc:
-        raise ValueError(f"cannot import {path!r} for {spec!r}: {_one_line(exc)}") from None
+        raise ValueError(f"cannot import {path!r} for {spec!r}: {one_line(exc)}") from None
     return module
 
 
 # --------------------------------------------------------------------------------------------------------
 # verl's actor config, as the loss function sees it
-
-
-class _ConfigAccess:
-    """Attribute access plus the read-only mapping protocol verl's configs offer (``.get``, ``[]``, ``in``)."""
-
-    def _keys(self) -> list[str]:
-        return [f.name for f in fields(self)]  # type: ignore[arg-type]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return getattr(self, key) if key in self._keys() else default
-
-    def __getitem__(self, key: str) -> Any:
-        if key not in self._keys():
-            raise KeyError(key)
-        return getattr(self, key)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._keys()
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._keys())
-
-    def __len__(self) -> int:
-        return len(self._keys())
-
-    def keys(self) -> list[str]:
-        return self._keys()
-
-    def items(self) -> list[tuple[str, Any]]:
-        return [(k, getattr(self, k)) for k in self._keys()]
-
-    def values(self) -> list[Any]:
-        return [getattr(self, k) for k in self._keys()]
-
-    def to_dict(self) -> dict:
-        return asdict(self)  # type: ignore[call-overload]
-
-
-@dataclass
-class VerlRolloutCorrection(_ConfigAccess):
-    """``actor.policy_loss.rollout_correction`` (used by verl's ``bypass_mode`` only)."""
-
-    loss_type: str = "ppo_clip"
-    rollout_is: str | None = "sequence"
-    rollout_is_threshold: float | str = 2.0
-    rollout_is_batch_normalize: bool = False
-    rollout_rs: str | None = None
-    rollout_rs_threshold: float | str | None = None
-    bypass_mode: bool = False
-
-
-@dataclass
-class VerlPolicyLossConfig(_ConfigAccess):
-    """``actor.policy_loss`` with verl's defaults."""
-
-    loss_mode: str = "vanilla"
-    clip_cov_ratio: float = 2e-4
-    clip_cov_lb: float = 1.0
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 2e-4
-    ppo_kl_coef: float = 0.1
-    dro_beta: float | None = None
-    rollout_correction: VerlRolloutCorrection = field(default_factory=VerlRolloutCorrection)
-
-
-_POLICY_LOSS_FIELDS = {f.name for f in fields(VerlPolicyLossConfig)}
-
-
-@dataclass
-class VerlActorConfig(_ConfigAccess):
-    """The actor fields a verl policy-loss function may read, with verl's defaults.
-
-    ``global_batch_info`` is written per minibatch (per call) by the audit, as verl's engine does.
-    """
-
-    strategy: str = "fsdp"
-    ppo_mini_batch_size: int = 256
-    ppo_micro_batch_size: int | None = None
-    ppo_micro_batch_size_per_gpu: int | None = None
-    ppo_infer_micro_batch_size_per_gpu: int | None = None
-    use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int = 16384
-    ppo_infer_max_token_len_per_gpu: int = 16384
-    rollout_n: int = 1
-    freeze_vision_tower: bool = False
-    ppo_epochs: int = 1
-    shuffle: bool = False
-    data_loader_seed: int = 42
-    clip_ratio: float = 0.2
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 3.0
-    tau_pos: float = 1.0
-    tau_neg: float = 1.05
-    loss_agg_mode: str = "token-mean"
-    loss_scale_factor: float | None = None
-    entropy_coeff: float = 0.0
-    calculate_entropy: bool = False
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
-    calculate_sum_pi_squared: bool = False
-    use_torch_compile: bool = False
-    use_fused_kernels: bool = False
-    policy_loss: VerlPolicyLossConfig = field(default_factory=VerlPolicyLossConfig)
-    global_batch_info: dict = field(default_factory=dict)
-
-    @classmethod
-    def from_loss_config(cls, cfg: LossConfig | None = None, **overrides: Any) -> "VerlActorConfig":
-        """Build from splitproof's LossConfig where the fields overlap, then apply ``overrides``.
-
-        ``overrides`` take verl's names, flat: actor fields and ``policy_loss`` fields alike
-        (``dro_beta=0.1`` lands in ``policy_loss``).
-        """
-        cfg = cfg or LossConfig()
-        config = cls(
-            clip_ratio=cfg.clip_ratio,
-            clip_ratio_low=cfg.eps_low,
-            clip_ratio_high=cfg.eps_high,
-            clip_ratio_c=cfg.clip_ratio_c,
-            tau_pos=cfg.tau_pos,
-            tau_neg=cfg.tau_neg,
-            loss_agg_mode=cfg.loss_agg_mode,
-            loss_scale_factor=cfg.loss_scale_factor,
-            entropy_coeff=cfg.entropy_coeff,
-            calculate_entropy=cfg.entropy_coeff != 0,
-            use_kl_loss=cfg.use_kl_loss,
-            kl_loss_coef=cfg.kl_loss_coef,
-            kl_loss_type=cfg.kl_loss_type,
-            policy_loss=VerlPolicyLossConfig(
-                loss_mode=cfg.loss_mode,
-                clip_cov_ratio=cfg.clip_cov_ratio,
-                clip_cov_lb=cfg.clip_cov_lb,
-                clip_cov_ub=cfg.clip_cov_ub,
-                kl_cov_ratio=cfg.kl_cov_ratio,
-                ppo_kl_coef=cfg.ppo_kl_coef,
-                dro_beta=cfg.dro_beta,
-            ),
-        )
-        config.update(**overrides)
-        return config
-
-    def update(self, **values: Any) -> "VerlActorConfig":
-        actor_fields = set(self._keys()) - {"policy_loss", "global_batch_info"}
-        for key, value in values.items():
-            if key in actor_fields:
-                setattr(self, key, value)
-            elif key in _POLICY_LOSS_FIELDS and key != "rollout_correction":
-                setattr(self.policy_loss, key, value)
-            else:
-                raise ValueError(f"unknown verl actor field {key!r}")
-        return self
-
-
-def native_verl_config(config: VerlActorConfig) -> Any:
-    """The same values in verl's own ``ActorConfig`` (for functions that check ``isinstance``).
-
-    Needs verl importable in the running environment; it is never a dependency of splitproof.
-    Raises ValueError when verl (or its config classes) cannot be imported or built.
-    """
-    try:
-        from verl.workers.config import ActorConfig, PolicyLossConfig  # type: ignore[import-not-found]
-    except Exception as exc:
-        raise ValueError(f"a native verl config needs verl importable: {_one_line(exc)}") from None
-    try:
-        from verl.trainer.config import RolloutCorrectionConfig  # type: ignore[import-not-found]
-    except Exception:
-        try:
-            from verl.trainer.config.algorithm import RolloutCorrectionConfig  # type: ignore[import-not-found]
-        except Exception:
-            RolloutCorrectionConfig = None
-
-    def build(cls, values: dict) -> Any:
-        accepted = {f.name for f in fields(cls) if f.init}
-        return cls(**{k: v for k, v in values.items() if k in accepted})
-
-    policy_values = {f.name: getattr(config.policy_loss, f.name) for f in fields(config.policy_loss)}
-    rc = config.policy_loss.rollout_correction
-    if RolloutCorrectionConfig is not None:
-        policy_values["rollout_correction"] = build(RolloutCorrectionConfig, {f.name: getattr(rc, f.name) for f in fields(rc)})
-    else:
-        policy_values.pop("rollout_correction")
-    actor_values = {f.name: getattr(config, f.name) for f in fields(config)}
-    actor_values["policy_loss"] = build(PolicyLossConfig, policy_values)
-    actor_values["global_batch_info"] = {}
-    if not actor_values["use_dynamic_bsz"] and actor_values["ppo_micro_batch_size"] is None \
-            and actor_values["ppo_micro_batch_size_per_gpu"] is None:
-        actor_values["ppo_micro_batch_size_per_gpu"] = 1  # verl requires one of them; unused by the losses
-    try:
-        return build(ActorConfig, actor_values)
-    except Exception as exc:
-        raise ValueError(f"cannot build verl's ActorConfig: {_one_line(exc)}") from None
-
-
-def _set_global_batch_info(config: Any, info: dict) -> None:
-    """Write the minibatch's figures as verl's engine does: into the config's dict, in place."""
-    current = getattr(config, "global_batch_info", None)
-    if isinstance(current, dict):
-        current.clear()
-        current.update(info)
-    else:
-        setattr(config, "global_batch_info", dict(info))
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -552,7 +345,7 @@ def _accumulate(loss_fn: Callable, mb: _Minibatch, split: _Split, config: Any,
     loss_total = 0.0
     for rank in split.ranks:
         for rows in rank:
-            _set_global_batch_info(config, _global_info(mb, split.dp_size, config))
+            set_global_batch_info(config, _global_info(mb, split.dp_size, config))
             grad, loss = _grad_of(loss_fn, mb, rows, config, agg_mode, seed)
             total[torch.tensor(rows, dtype=torch.long)] += grad / split.dp_size  # DDP: mean over ranks
             loss_total += loss / split.dp_size
@@ -635,7 +428,7 @@ def run_audit(loss_fn: Callable, *, convention: str = "verl", loss_mode: str | N
         try:
             base, base_loss = _accumulate(loss_fn, mb, whole, config, agg_mode, seed)
         except Exception as exc:
-            raise AuditError(f"{_fn_name(loss_fn)} failed on the whole minibatch: {_one_line(exc)}") from None
+            raise AuditError(f"{_fn_name(loss_fn)} failed on the whole minibatch: {one_line(exc)}") from None
         if not torch.isfinite(base[mask]).all():
             raise AuditError(f"{_fn_name(loss_fn)} gives a non-finite gradient on the whole minibatch")
         control_base, _ = _accumulate(control_token_mean, mb, whole, control_config, agg_mode, seed)
@@ -662,7 +455,7 @@ def run_audit(loss_fn: Callable, *, convention: str = "verl", loss_mode: str | N
             try:
                 grad, loss = _accumulate(loss_fn, mb, split, config, agg_mode, seed)
             except Exception as exc:
-                row["error"] = _one_line(exc)
+                row["error"] = one_line(exc)
             else:
                 abs_diff, rel_diff = _compare(grad, base, mask)
                 row["grad_max_abs_diff"] = abs_diff

@@ -65,4 +65,5 @@ def sequence_mean(values: Tensor, mask: Tensor) -> Tensor:
 
 
 def zeros_like_mask(x: PolicyInputs) -> Tensor:
+    """A per-token metric of zeros (a loss without that kind of clipping)."""
     return torch.zeros_like(x.log_prob, requires_grad=False)
