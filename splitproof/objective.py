@@ -127,6 +127,15 @@ def correction_share(
     return share, metrics
 
 
+def metric_names(config: LossConfig, with_entropy: bool) -> list[str]:
+    """The metrics ``minibatch_share`` reports for this config, sorted."""
+    names = ["loss", "pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl"]
+    names += ["entropy", "entropy_loss"] if with_entropy else []
+    names += ["kl_loss"] if config.use_kl_loss else []
+    names += ["cov_selected"] if config.is_cov else []
+    return sorted(names)
+
+
 def finalize_metrics(shares: dict[str, Tensor]) -> dict[str, float]:
     """Merged shares are already the metric values (every share is pre-normalised by ℬ's statistics)."""
     return {name: float(value) for name, value in shares.items()}

@@ -125,7 +125,7 @@ def run_update(template: nn.Module, batch: RolloutBatch, loss: LossConfig, plan:
     recorder = SelectionRecorder()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the microbatch strategy's warning is the point of a legacy run
-        result = train_minibatch(model, optimizer, data, plan.minibatch_plan(rank), config, collective=collective,
+        result = train_minibatch(model, optimizer, data, plan.minibatch_plan(rank, data), config, collective=collective,
                                  step=0, on_gradients=on_gradients, on_selection=recorder)
     keys = recorder.keys
     after = [_full(p.detach()).clone() for p in params]

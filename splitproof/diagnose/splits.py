@@ -21,7 +21,7 @@ import torch
 
 from splitproof.batch import BatchError, RolloutBatch
 from splitproof.engine.microbatch import budget_microbatches, pad_microbatches, shard_rows
-from splitproof.engine.plan import MinibatchPlan
+from splitproof.engine.plan import MinibatchPlan, stand_in_row
 
 MICRO_KINDS = ("even", "sizes", "tokens")
 KINDS = MICRO_KINDS + ("shuffle", "dp")
@@ -113,11 +113,12 @@ class SplitPlan:
     def batch_for(self, batch: RolloutBatch) -> RolloutBatch:
         return batch if self.order is None else batch.select(self.order)
 
-    def minibatch_plan(self, rank: int) -> MinibatchPlan:
+    def minibatch_plan(self, rank: int, batch: RolloutBatch) -> MinibatchPlan:
+        """Rank ``rank``'s plan over ``batch`` as this split sees it (``batch_for``'s result)."""
         shards = [sorted(r for mb in mbs for r in mb) for mbs in self.per_rank]
         rows = sorted(r for s in shards for r in s)
         return MinibatchPlan(rows, shards[rank], [list(mb) for mb in self.per_rank[rank]],
-                             dummy_row=(shards[rank] or rows)[0])
+                             dummy_row=stand_in_row(batch, rows))
 
     def describe(self) -> str:
         sizes = ["/".join(str(len(mb)) for mb in mbs) for mbs in self.per_rank]

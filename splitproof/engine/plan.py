@@ -35,6 +35,13 @@ def split_rows(rows: list[int], batch: RolloutBatch, config: UpdateConfig) -> li
     return [list(rows)]
 
 
+def stand_in_row(batch: RolloutBatch, rows: list[int]) -> int:
+    """The row with the longest response: run masked-out where a rank has nothing to compute, so that the
+    model still runs (DDP/FSDP2 need every rank in every forward/backward)."""
+    lengths = batch.attention_mask[rows, batch.prompt_width:].sum(dim=1)
+    return rows[int(lengths.argmax())]
+
+
 def plan_update(batch: RolloutBatch, config: UpdateConfig, world_size: int, rank: int) -> list[MinibatchPlan]:
     """Every optimizer step of the update, from this rank's point of view."""
     lengths = batch.token_lengths().tolist()
@@ -45,5 +52,5 @@ def plan_update(batch: RolloutBatch, config: UpdateConfig, world_size: int, rank
         per_rank = [split_rows(shard, batch, config) for shard in shards]
         count = max(len(m) for m in per_rank)
         plans.append(MinibatchPlan(rows, shards[rank], pad_microbatches(per_rank[rank], count),
-                                   dummy_row=(shards[rank] or rows)[0]))
+                                   dummy_row=stand_in_row(batch, rows)))
     return plans

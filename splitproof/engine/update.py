@@ -19,7 +19,7 @@ from ..batch import BatchError, RolloutBatch
 from ..collective import LOCAL, default_collective
 from ..config import LossConfig
 from ..models import vocab_size_of
-from ..objective import correction_share, merge_metric_shares, minibatch_share, policy_inputs
+from ..objective import correction_share, merge_metric_shares, metric_names, minibatch_share, policy_inputs
 from ..selection import cov_sums, quota, reduce_cov_sums, select_tokens
 from ..stats import MinibatchStats
 from .config import UpdateConfig
@@ -96,7 +96,7 @@ def train_minibatch(model, optimizer, batch: RolloutBatch, plan: MinibatchPlan, 
             with gradient_sync(model, enabled=(i == last and strategy != "deferred")):
                 log_prob, entropy = response_log_probs(model, part, temperature=config.temperature,
                                                        with_entropy=with_entropy)
-                part_selection = None if selection is None else selection[rows] if live else torch.zeros_like(part.response_mask)
+                part_selection = _slice(selection, rows, part, live)
                 if strategy == "microbatch" or (loss_config.is_cov and config.statistics_scope == "microbatch"):
                     part_selection = _local_selection(part, log_prob, loss_config, step)
                     if on_selection is not None:
@@ -109,7 +109,7 @@ def train_minibatch(model, optimizer, batch: RolloutBatch, plan: MinibatchPlan, 
                 kept[rows] = log_prob.detach().to(kept.dtype)
         if strategy == "deferred":
             _deferred_correction(model, batch, plan, config, collective, stats, kept, step, metric_sums, on_selection)
-        metrics = _reduce_metrics(metric_sums, collective)
+        metrics = _reduce_metrics(metric_sums, metric_names(loss_config, with_entropy), collective)
         if on_gradients is not None:
             on_gradients(model)
         grad_norm = _clip(model, config.grad_clip)
@@ -128,13 +128,23 @@ def train_minibatch(model, optimizer, batch: RolloutBatch, plan: MinibatchPlan, 
 
 
 def _part(batch: RolloutBatch, rows: list[int], plan: MinibatchPlan, model) -> tuple[RolloutBatch | None, bool]:
-    """The microbatch to run; an empty one runs a masked-out dummy row when ranks must stay in lockstep."""
+    """The microbatch to run, and whether it is live. A microbatch with no response token to compute is
+    skipped — or, where ranks must stay in lockstep, replaced by a masked-out stand-in row."""
     if rows:
-        return batch.select(rows), True
+        part = batch.select(rows)
+        if part.attention_mask[:, part.prompt_width:].any():
+            return part, True
     if not needs_lockstep(model):
         return None, False
-    dummy = batch.select([plan.dummy_row])
-    return replace(dummy, response_mask=torch.zeros_like(dummy.response_mask)), False
+    stand_in = batch.select([plan.dummy_row])
+    return replace(stand_in, response_mask=torch.zeros_like(stand_in.response_mask)), False
+
+
+def _slice(selection: Tensor | None, rows: list[int], part: RolloutBatch, live: bool) -> Tensor | None:
+    """A part's rows of a [B_rollout, T] selection (all False for a stand-in row)."""
+    if selection is None:
+        return None
+    return selection[rows] if live else torch.zeros_like(part.response_mask)
 
 
 def _share(part: RolloutBatch, log_prob, entropy, config: LossConfig, stats: MinibatchStats, selection):
@@ -151,11 +161,10 @@ def _reduce_stats(stats: MinibatchStats, collective) -> MinibatchStats:
     return MinibatchStats(int(total[0]), int(total[1]), stats.response_width)
 
 
-def _reduce_metrics(sums: dict[str, Tensor], collective) -> dict[str, float]:
-    names = sorted(sums)
-    if not names:
-        return {}
-    packed = collective.sum(torch.stack([sums[n].detach().double().cpu() for n in names]))
+def _reduce_metrics(sums: dict[str, Tensor], names: list[str], collective) -> dict[str, float]:
+    """Sum each metric's shares over ranks; every rank sends the same names (0 for a share it lacks)."""
+    zero = torch.zeros((), dtype=torch.float64)
+    packed = collective.sum(torch.stack([sums[n].detach().double().cpu() if n in sums else zero for n in names]))
     return {n: float(v) for n, v in zip(names, packed.tolist())}
 
 
@@ -246,9 +255,8 @@ def _deferred_correction(model, batch, plan, config: UpdateConfig, collective, s
             continue
         with gradient_sync(model, enabled=(i == count - 1)):
             log_prob, _ = response_log_probs(model, part, temperature=config.temperature)
-            part_selection = selection[rows] if live else torch.zeros_like(part.response_mask)
             share, shares = correction_share(log_prob, part.old_log_probs, part.advantages, part.response_mask,
-                                             config.loss, stats, part_selection,
+                                             config.loss, stats, _slice(selection, rows, part, live),
                                              rollout_is_weights=part.rollout_is_weights)
             (share * collective.world_size).backward()
         merge_metric_shares(metric_sums, shares)
