@@ -27,14 +27,6 @@ from .engine_helpers import (NO_CLIP, REL, assert_metrics_close, cast_batch, fla
 ARCHS = ("llama", "qwen2")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny float64 ops: one intra-op thread is faster and immune to a busy machine's oversubscription."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module", params=ARCHS)
 def setup(request):

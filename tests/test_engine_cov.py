@@ -25,13 +25,6 @@ COV_MODES = ("kl_cov", "clip_cov")
 STRATEGIES = ("prepass", "deferred")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 @pytest.fixture(scope="module")
 def setup():

@@ -28,13 +28,6 @@ WRAPPERS = ("ddp", "fsdp2")
 WORLD = 2
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def build_cases(model):
     """name -> (batch, UpdateConfig, optimizer kind): every case the DP workers and one process both run."""

@@ -4,7 +4,6 @@ microbatch sizes, token budgets and clipping thresholds give the one-microbatch 
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +15,6 @@ from .engine_helpers import assert_metrics_close, flat, full_state, loss_config,
 
 @pytest.fixture(scope="module")
 def setup():
-    torch.set_num_threads(1)
     model = make_model("llama", seed=5)
     return model, make_rollout(model, seed=9), flat(full_state(model))
 
