@@ -207,3 +207,21 @@ def test_console_script():
     bad = subprocess.run([exe, "diagnose", "--split", "even:x"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().startswith("splitproof: error:")
+
+
+def test_local_checkpoint_with_model_flag(tmp_path):
+    """--model PATH: a Hugging Face checkpoint saved as safetensors, loaded locally (Qwen2 here)."""
+    import torch
+
+    from splitproof.models import tiny_causal_lm
+
+    path = tmp_path / "ckpt"
+    tiny_causal_lm("qwen2", dtype=torch.float32, seed=2).save_pretrained(path, safe_serialization=True)
+    assert any(p.suffix == ".safetensors" for p in path.iterdir())
+    out = tmp_path / "m.json"
+    code = main(["diagnose", "--model", str(path), "--loss-mode", "geo_mean", "--sequences", "4",
+                 "--response-length", "6", "--split", "even:4", "--split", "sizes:1,3", "--dtype", "float64",
+                 "--json", str(out), "--no-progress"])
+    record = json.loads(out.read_text())
+    assert code == 0 and record["passed"]
+    assert str(path) in json.dumps(record)
