@@ -118,7 +118,7 @@ class SplitPlan:
         shards = [sorted(r for mb in mbs for r in mb) for mbs in self.per_rank]
         rows = sorted(r for s in shards for r in s)
         return MinibatchPlan(rows, shards[rank], [list(mb) for mb in self.per_rank[rank]],
-                             dummy_row=stand_in_row(batch, rows))
+                             stand_in=stand_in_row(batch, rows))
 
     def describe(self) -> str:
         sizes = ["/".join(str(len(mb)) for mb in mbs) for mbs in self.per_rank]

@@ -19,7 +19,7 @@ class MinibatchPlan:
     rows: list[int]  # the minibatch, rows of the rollout batch
     shard: list[int]  # this rank's rows
     microbatches: list[list[int]]  # this rank's; padded with [] to the same count on every rank
-    dummy_row: int  # a row run with an all-zero mask where a rank has an empty microbatch
+    stand_in: int  # a row run masked-out where a rank has nothing to compute (see stand_in_row)
 
 
 def split_rows(rows: list[int], batch: RolloutBatch, config: UpdateConfig) -> list[list[int]]:
@@ -52,5 +52,5 @@ def plan_update(batch: RolloutBatch, config: UpdateConfig, world_size: int, rank
         per_rank = [split_rows(shard, batch, config) for shard in shards]
         count = max(len(m) for m in per_rank)
         plans.append(MinibatchPlan(rows, shards[rank], pad_microbatches(per_rank[rank], count),
-                                   dummy_row=stand_in_row(batch, rows)))
+                                   stand_in=stand_in_row(batch, rows)))
     return plans

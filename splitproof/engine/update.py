@@ -136,7 +136,7 @@ def _part(batch: RolloutBatch, rows: list[int], plan: MinibatchPlan, model) -> t
             return part, True
     if not needs_lockstep(model):
         return None, False
-    stand_in = batch.select([plan.dummy_row])
+    stand_in = batch.select([plan.stand_in])
     return replace(stand_in, response_mask=torch.zeros_like(stand_in.response_mask)), False
 
 
