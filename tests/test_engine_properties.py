@@ -1,5 +1,6 @@
 """Property test of the whole engine (hypothesis): random loss and aggregation modes, random orders,
-microbatch sizes, token budgets and clipping thresholds give the one-microbatch update (float64, 1e-10)."""
+microbatch sizes, token budgets, packing and clipping thresholds give the one-microbatch update (float64,
+1e-10)."""
 
 from __future__ import annotations
 
@@ -23,13 +24,16 @@ def setup():
 @given(loss_mode=st.sampled_from(LOSS_MODES), agg_mode=st.sampled_from(AGG_MODES),
        order=st.permutations(range(8)), split=st.one_of(
            st.tuples(st.just("micro"), st.integers(1, 8)), st.tuples(st.just("budget"), st.integers(20, 200))),
-       grad_clip=st.sampled_from([0.05, 1e9]), strategy=st.sampled_from(["prepass", "deferred"]))
-def test_any_split_gives_the_one_microbatch_update(setup, loss_mode, agg_mode, order, split, grad_clip, strategy):
+       grad_clip=st.sampled_from([0.05, 1e9]), strategy=st.sampled_from(["prepass", "deferred"]),
+       remove_padding=st.booleans())
+def test_any_split_gives_the_one_microbatch_update(setup, loss_mode, agg_mode, order, split, grad_clip, strategy,
+                                                   remove_padding):
     model, batch, theta0 = setup
     loss = loss_config(loss_mode, agg_mode)
     common = dict(loss=loss, ppo_mini_batch_size=len(batch), grad_clip=grad_clip, cov_strategy=strategy)
     base_params, base_steps = run_update(model, batch, UpdateConfig(**common))
     kind, size = split
+    common["use_remove_padding"] = remove_padding
     if kind == "micro":
         config = UpdateConfig(**common, ppo_micro_batch_size_per_gpu=size)
     else:

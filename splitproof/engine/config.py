@@ -18,6 +18,8 @@ class UpdateConfig:
     rollout_n`` sequences. ``ppo_micro_batch_size_per_gpu`` counts sequences; None (and no dynamic
     batch size) runs each rank's whole shard as one microbatch. ``statistics_scope="microbatch"`` takes
     every statistic per microbatch, as frameworks with a local fallback do: for the diagnosis only.
+    ``use_remove_padding`` packs each microbatch's sequences into shared rows (``engine.packing``);
+    verl defaults it to True with varlen flash-attention, here it is opt-in (see docs/architecture.md).
     """
 
     loss: LossConfig = field(default_factory=LossConfig)
@@ -29,6 +31,7 @@ class UpdateConfig:
     ppo_micro_batch_size_per_gpu: int | None = None
     use_dynamic_bsz: bool = False
     ppo_max_token_len_per_gpu: int = 16384
+    use_remove_padding: bool = False
     grad_clip: float = 1.0
     temperature: float = 1.0
     cov_strategy: str = "auto"

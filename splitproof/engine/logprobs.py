@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from splitproof.batch import BatchError, RolloutBatch
 from splitproof.config import ConfigError
 from splitproof.engine.microbatch import budget_microbatches, fixed_microbatches
+from splitproof.engine.packing import packed_response_log_probs
 from splitproof.models import unwrap
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -51,9 +52,10 @@ def _logits_of(out) -> Tensor:
 
 
 def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: float = 1.0,
-                       with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+                       with_entropy: bool = False, packed: bool = False) -> tuple[Tensor, Tensor | None]:
     """log pi(response token) as [b, T] (zeros past each row's response), and the entropy of the
-    temperature-scaled distribution [b, T] when ``with_entropy``. Differentiable."""
+    temperature-scaled distribution [b, T] when ``with_entropy``. Differentiable. ``packed`` puts
+    several sequences in a row (``splitproof.engine.packing``) instead of padding each to the longest."""
     if not temperature > 0:
         raise ConfigError("temperature", f"must be > 0, got {temperature}")
     b, P, T = len(batch), batch.prompt_width, batch.response_width
@@ -79,6 +81,9 @@ def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: fl
         row = int(no_prompt.nonzero()[0, 0])
         raise BatchError("prompts", "a sequence with response tokens needs at least one prompt token",
                          int(batch.seq_ids[row]))
+    if packed:
+        return packed_response_log_probs(model, batch, temperature=temperature, with_entropy=with_entropy,
+                                         logits_of=_logits_of, out_dtype=out_dtype)
 
     input_ids = torch.cat([batch.prompts[:, p0:], batch.responses[:, :t1]], dim=1)
     mask = torch.cat([prompt_att[:, p0:], resp_att[:, :t1]], dim=1)
@@ -112,7 +117,7 @@ def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: fl
 @torch.no_grad()
 def compute_log_probs(model: nn.Module, batch: RolloutBatch, *, micro_batch_size: int | None = None,
                       max_token_len: int | None = None, temperature: float = 1.0,
-                      with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+                      with_entropy: bool = False, packed: bool = False) -> tuple[Tensor, Tensor | None]:
     """No-grad log-probs (and entropy) of the whole ``batch`` as [B, T], in the original row order.
 
     Split into fixed microbatches of ``micro_batch_size`` rows or under a ``max_token_len`` padded-token
@@ -127,7 +132,7 @@ def compute_log_probs(model: nn.Module, batch: RolloutBatch, *, micro_batch_size
     else:
         lengths = batch.token_lengths().tolist()
         microbatches = budget_microbatches(rows, lengths, max_token_len, seq_ids=batch.seq_ids.tolist(),
-                                           prompt_lengths=batch.prompt_lengths().tolist())
+                                           prompt_lengths=batch.prompt_lengths().tolist(), packed=packed)
     dtype = _param_dtype(model)
     out_dtype = torch.float32 if dtype in _LOW_PRECISION else dtype
     device = batch.responses.device
@@ -135,7 +140,8 @@ def compute_log_probs(model: nn.Module, batch: RolloutBatch, *, micro_batch_size
     logp = torch.zeros(shape, dtype=out_dtype, device=device)
     entropy = torch.zeros(shape, dtype=out_dtype, device=device) if with_entropy else None
     for mb in microbatches:
-        lp, h = response_log_probs(model, batch.select(mb), temperature=temperature, with_entropy=with_entropy)
+        lp, h = response_log_probs(model, batch.select(mb), temperature=temperature, with_entropy=with_entropy,
+                                   packed=packed)
         index = torch.as_tensor(mb, dtype=torch.long, device=device)
         logp[index] = lp.to(out_dtype)
         if with_entropy:

@@ -81,14 +81,16 @@ def fixed_microbatches(rows: list[int], size: int) -> list[list[int]]:
 
 
 def budget_microbatches(rows: list[int], lengths: list[int], budget: int, *,
-                        seq_ids: list[int] | None = None, prompt_lengths: list[int] | None = None) -> list[list[int]]:
-    """Microbatches under a budget on the padded tokens a microbatch computes.
+                        seq_ids: list[int] | None = None, prompt_lengths: list[int] | None = None,
+                        packed: bool = False) -> list[list[int]]:
+    """Microbatches under a budget on the tokens a microbatch computes, padding included.
 
     Cost of a microbatch: rows × its padded width. The width is the longest sequence, or — given
     ``prompt_lengths`` (prompts left-padded, responses right-padded, as the engine lays them out) — the
-    longest prompt plus the longest response. Rows sorted by (length desc, row) are cut greedily into
-    contiguous runs, which keeps padding low. No sequence is split; one over the budget is an error.
-    Rows ascend inside each microbatch.
+    longest prompt plus the longest response. ``packed``: sequences share rows (first fit,
+    ``splitproof.engine.packing``), and the cost is packed rows × row width. Rows sorted by
+    (length desc, row) are cut greedily into contiguous runs, which keeps padding low. No sequence is
+    split; one over the budget is an error. Rows ascend inside each microbatch.
     """
     _check_parallel(rows, lengths, seq_ids)
     if budget < 1:
@@ -101,6 +103,8 @@ def budget_microbatches(rows: list[int], lengths: list[int], budget: int, *,
         sid = seq_ids[k] if seq_ids is not None else rows[k]
         raise BatchError("ppo_max_token_len_per_gpu", f"sequence {sid} has {int(lengths[k])} tokens > budget "
                          f"{budget}; raise the budget (a sequence is never split)", sequence=int(sid))
+    if packed:
+        return _packed_budget(rows, [int(n) for n in lengths], budget, order)
     microbatches, current, prompt_width, response_width = [], [], 0, 0
     for k in order:
         wider = max(prompt_width, prompts[k]) + max(response_width, responses[k])
@@ -111,6 +115,21 @@ def budget_microbatches(rows: list[int], lengths: list[int], budget: int, *,
         prompt_width, response_width = max(prompt_width, prompts[k]), max(response_width, responses[k])
     if current:
         microbatches.append(sorted(current))
+    return microbatches
+
+
+def _packed_budget(rows: list[int], lengths: list[int], budget: int, order: list[int]) -> list[list[int]]:
+    """Longest first; a microbatch grows while its packed cost (``engine.packing``) fits the budget."""
+    from .packing import packed_cost
+
+    microbatches, current = [], []
+    for k in order:
+        if current and packed_cost([lengths[j] for j in current] + [lengths[k]]) > budget:
+            microbatches.append(sorted(rows[j] for j in current))
+            current = []
+        current.append(k)
+    if current:
+        microbatches.append(sorted(rows[j] for j in current))
     return microbatches
 
 

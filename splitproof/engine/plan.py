@@ -29,7 +29,8 @@ def split_rows(rows: list[int], batch: RolloutBatch, config: UpdateConfig) -> li
     if config.use_dynamic_bsz:
         return budget_microbatches(rows, batch.token_lengths()[rows].tolist(), config.ppo_max_token_len_per_gpu,
                                    seq_ids=batch.seq_ids[rows].tolist(),
-                                   prompt_lengths=batch.prompt_lengths()[rows].tolist())
+                                   prompt_lengths=batch.prompt_lengths()[rows].tolist(),
+                                   packed=config.use_remove_padding)
     if config.ppo_micro_batch_size_per_gpu is not None:
         return fixed_microbatches(rows, config.ppo_micro_batch_size_per_gpu)
     return [list(rows)]

@@ -94,8 +94,7 @@ def train_minibatch(model, optimizer, batch: RolloutBatch, plan: MinibatchPlan, 
             if part is None:
                 continue
             with gradient_sync(model, enabled=(i == last and strategy != "deferred")):
-                log_prob, entropy = response_log_probs(model, part, temperature=config.temperature,
-                                                       with_entropy=with_entropy)
+                log_prob, entropy = _log_probs(model, part, config, with_entropy)
                 part_selection = _slice(selection, rows, part, live)
                 if strategy == "microbatch" or (loss_config.is_cov and config.statistics_scope == "microbatch"):
                     part_selection = _local_selection(part, log_prob, loss_config, step)
@@ -138,6 +137,11 @@ def _part(batch: RolloutBatch, rows: list[int], plan: MinibatchPlan, model) -> t
         return None, False
     stand_in = batch.select([plan.stand_in])
     return replace(stand_in, response_mask=torch.zeros_like(stand_in.response_mask)), False
+
+
+def _log_probs(model, part: RolloutBatch, config: UpdateConfig, with_entropy: bool = False):
+    return response_log_probs(model, part, temperature=config.temperature, with_entropy=with_entropy,
+                              packed=config.use_remove_padding)
 
 
 def _slice(selection: Tensor | None, rows: list[int], part: RolloutBatch, live: bool) -> Tensor | None:
@@ -231,7 +235,7 @@ def _prepass_selection(model, batch, plan, config: UpdateConfig, collective, ste
         part, live = _part(batch, rows, plan, model)
         if part is None:
             continue
-        log_prob, _ = response_log_probs(model, part, temperature=config.temperature)
+        log_prob, _ = _log_probs(model, part, config)
         if live:
             log_probs[rows] = log_prob.to(log_probs.dtype)
     return _select_shard(batch, plan, log_probs, config.loss, collective, step)
@@ -254,7 +258,7 @@ def _deferred_correction(model, batch, plan, config: UpdateConfig, collective, s
         if part is None:
             continue
         with gradient_sync(model, enabled=(i == count - 1)):
-            log_prob, _ = response_log_probs(model, part, temperature=config.temperature)
+            log_prob, _ = _log_probs(model, part, config)
             share, shares = correction_share(log_prob, part.old_log_probs, part.advantages, part.response_mask,
                                              config.loss, stats, _slice(selection, rows, part, live),
                                              rollout_is_weights=part.rollout_is_weights)
