@@ -120,16 +120,19 @@ def budget_microbatches(rows: list[int], lengths: list[int], budget: int, *,
 
 def _packed_budget(rows: list[int], lengths: list[int], budget: int, order: list[int]) -> list[list[int]]:
     """Longest first; a microbatch grows while its packed cost (``engine.packing``) fits the budget."""
-    from .packing import packed_cost
+    from .packing import RowPacking
 
-    microbatches, current = [], []
+    microbatches, current, packing = [], [], None
     for k in order:
-        if current and packed_cost([lengths[j] for j in current] + [lengths[k]]) > budget:
-            microbatches.append(sorted(rows[j] for j in current))
+        if current and packing.cost_with(lengths[k]) > budget:
+            microbatches.append(sorted(current))
             current = []
-        current.append(k)
+        if not current:
+            packing = RowPacking(lengths[k])
+        packing.add(lengths[k])
+        current.append(rows[k])
     if current:
-        microbatches.append(sorted(rows[j] for j in current))
+        microbatches.append(sorted(current))
     return microbatches
 
 

@@ -1,10 +1,11 @@
 """Padding-free microbatches: several sequences share a row, each attending only to itself.
 
 A microbatch's sequences (prompt then response, back to back) are packed first-fit-decreasing into rows
-twice as wide as its longest sequence (or one row, if all fit). Position ids restart at every sequence
-and a block-diagonal causal mask keeps sequences apart, so each sequence's log-probs are those it has
-alone (identical in float64 with sdpa attention). Padding is what bin packing leaves over — little, since
-no sequence takes more than half a row — and a row's dense attention stays within 4× a padded row's.
+of one width, chosen between its longest sequence and three times that (or one row for everything) to
+compute the fewest tokens. Position ids restart at every sequence and a block-diagonal causal mask keeps
+sequences apart, so each sequence's log-probs are those it has alone (identical in float64 with sdpa
+attention). Padding is what bin packing leaves over; a row's dense attention stays within 9× a padded
+row's (varlen kernels on a GPU would not pay for the masked blocks at all).
 """
 
 from __future__ import annotations
@@ -30,17 +31,66 @@ def pack_into_rows(lengths: list[int], width: int) -> list[list[int]]:
     return rows
 
 
+WIDTH_STEPS = 16  # candidate row widths: longest × (1 + i/16) up to 3 × longest, or one row for everything
+MAX_WIDTH_FACTOR = 3
+
+
+class RowPacking:
+    """First-fit packing of sequences arriving longest first, tracked for every candidate row width.
+
+    Lets the token-budget planner grow a microbatch one sequence at a time at O(widths × rows) a step;
+    ``row_width`` replays the same packing, so the planner's cost is what the forward computes.
+    """
+
+    def __init__(self, longest: int):
+        self.widths = sorted({longest + (longest * i) // WIDTH_STEPS for i in range(WIDTH_STEPS * (MAX_WIDTH_FACTOR - 1) + 1)})
+        self.free: list[list[int]] = [[] for _ in self.widths]
+        self.total = 0
+
+    def _options(self, extra: int = 0) -> list[tuple[int, int]]:
+        """(computed tokens, width) of each choice, with ``extra`` more tokens placed in each."""
+        total = self.total + extra
+        options = [(total, total)] if total <= self.widths[-1] else []  # everything in one row
+        for width, free in zip(self.widths, self.free):
+            if width < total:
+                rows = len(free) + (extra > 0 and not any(room >= extra for room in free))
+                options.append((rows * width, width))
+        return options
+
+    def cost_with(self, length: int) -> int:
+        return min(self._options(length))[0]
+
+    def add(self, length: int) -> None:
+        for width, free in zip(self.widths, self.free):
+            slot = next((r for r, room in enumerate(free) if room >= length), None)
+            if slot is None:
+                free.append(width)
+                slot = len(free) - 1
+            free[slot] -= length
+        self.total += length
+
+    def best(self) -> tuple[int, int]:
+        """(computed tokens, row width) of the cheapest choice; ties go to the narrower row."""
+        return min(self._options())
+
+
+def _packing_of(lengths: list[int]) -> RowPacking:
+    ordered = sorted(lengths, reverse=True)
+    packing = RowPacking(ordered[0])
+    for length in ordered:
+        packing.add(length)
+    return packing
+
+
 def row_width(lengths: list[int]) -> int:
-    """Width of a packed microbatch's rows: twice its longest sequence, or all of it in one row."""
-    return min(2 * max(lengths), sum(lengths))
+    """Width of a packed microbatch's rows: the candidate in [longest, 3 × longest] (one row for all, if
+    that is narrower) whose first-fit packing computes the fewest tokens (ties: the narrower row)."""
+    return _packing_of(lengths).best()[1]
 
 
 def packed_cost(lengths: list[int]) -> int:
     """Tokens a packed microbatch computes, padding included: rows × row width."""
-    if not lengths:
-        return 0
-    width = row_width(lengths)
-    return len(pack_into_rows(lengths, width)) * width
+    return _packing_of(lengths).best()[0] if lengths else 0
 
 
 def packed_response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: float, with_entropy: bool,
