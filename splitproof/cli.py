@@ -34,6 +34,7 @@ split specs (--split, repeatable; parts joined by '+'):
   even:K        K microbatches per rank, as equal as possible     e.g. even:8
   sizes:a,b,c   microbatches of a, b, c sequences per rank         e.g. sizes:3,5
   tokens:B      token budget: rows x (longest prompt + longest response) <= B   e.g. tokens:512
+  packed:B      token budget on packed rows (use_remove_padding)                  e.g. packed:512
   shuffle:S     permute the minibatch's rows with seed S first     e.g. shuffle:1+even:4
   dp:D          D data-parallel ranks (gloo processes on CPU)      e.g. dp:2+tokens:512
 

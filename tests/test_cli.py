@@ -225,3 +225,13 @@ def test_local_checkpoint_with_model_flag(tmp_path):
     record = json.loads(out.read_text())
     assert code == 0 and record["passed"]
     assert str(path) in json.dumps(record)
+
+
+def test_packed_split_passes(tmp_path):
+    """`packed:B` runs the engine with use_remove_padding: the same update as one padded microbatch."""
+    assert parse_split("packed:64").micro == ("packed", 64)
+    out = tmp_path / "p.json"
+    code = main(["diagnose", "--loss-mode", "vanilla", "--sequences", "6", "--response-length", "8",
+                 "--split", "packed:40", "--dtype", "float64", "--json", str(out), "--no-progress"])
+    record = json.loads(out.read_text())
+    assert code == 0 and record["passed"]

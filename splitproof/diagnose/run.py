@@ -71,8 +71,9 @@ def update_config(loss: LossConfig, plan: SplitPlan, num_sequences: int, setting
     """The engine config of a split (its microbatch fields also shape the `deferred` correction pass)."""
     micro = plan.split.micro
     extra = {}
-    if micro is not None and micro[0] == "tokens":
-        extra = dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=int(micro[1]))
+    if micro is not None and micro[0] in ("tokens", "packed"):
+        extra = dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=int(micro[1]),
+                     use_remove_padding=micro[0] == "packed")
     elif micro is not None:
         extra = dict(ppo_micro_batch_size_per_gpu=max(1, max(len(mb) for mbs in plan.per_rank for mb in mbs)))
     return UpdateConfig(loss=loss, ppo_mini_batch_size=num_sequences, grad_clip=settings.grad_clip,

@@ -4,7 +4,8 @@ Grammar (parts joined by ``+``, each kind at most once, at most one microbatch k
 
     even:K         K microbatches per rank, sizes as equal as possible (differ by at most one)
     sizes:a,b,c    microbatches of a, b, c sequences per rank (must sum to the rank's sequences)
-    tokens:B       a token budget: rows x longest sequence <= B padded tokens per microbatch
+    tokens:B       a token budget: rows x (longest prompt + longest response) <= B per microbatch
+    packed:B       a token budget on packed microbatches (use_remove_padding): packed rows x width <= B
     shuffle:S      permute the rows of the minibatch with seed S before anything else
     dp:D           D data-parallel ranks (real torch.distributed processes, gloo on CPU)
 
@@ -23,7 +24,7 @@ from splitproof.batch import BatchError, RolloutBatch
 from splitproof.engine.microbatch import budget_microbatches, pad_microbatches, shard_rows
 from splitproof.engine.plan import MinibatchPlan, stand_in_row
 
-MICRO_KINDS = ("even", "sizes", "tokens")
+MICRO_KINDS = ("even", "sizes", "tokens", "packed")
 KINDS = MICRO_KINDS + ("shuffle", "dp")
 BASELINE = "one microbatch, one rank"
 
@@ -81,7 +82,7 @@ def parse_split(text: str) -> Split:
                 micro = ("even", _int(value, "K", spec, 1))
                 value = str(micro[1])
             else:
-                micro = ("tokens", _int(value, "the token budget", spec, 1))
+                micro = (kind, _int(value, "the token budget", spec, 1))
                 value = str(micro[1])
         elif kind == "shuffle":
             shuffle = _int(value, "the seed", spec, 0)
@@ -178,7 +179,8 @@ def plan_split(split: Split, batch: RolloutBatch) -> SplitPlan:
                 prompts = view.prompt_lengths().tolist()
                 mbs = budget_microbatches(shard, [lengths[r] for r in shard], budget,
                                           seq_ids=[int(view.seq_ids[r]) for r in shard],
-                                          prompt_lengths=[prompts[r] for r in shard])
+                                          prompt_lengths=[prompts[r] for r in shard],
+                                          packed=split.micro[0] == "packed")
             except BatchError as exc:
                 raise SplitError(f"split {spec!r}: {exc}") from None
         per_rank.append(mbs)
