@@ -132,30 +132,12 @@ class VerlActorConfig(_ConfigAccess):
         (``dro_beta=0.1`` lands in ``policy_loss``).
         """
         cfg = cfg or LossConfig()
-        config = cls(
-            clip_ratio=cfg.clip_ratio,
-            clip_ratio_low=cfg.eps_low,
-            clip_ratio_high=cfg.eps_high,
-            clip_ratio_c=cfg.clip_ratio_c,
-            tau_pos=cfg.tau_pos,
-            tau_neg=cfg.tau_neg,
-            loss_agg_mode=cfg.loss_agg_mode,
-            loss_scale_factor=cfg.loss_scale_factor,
-            entropy_coeff=cfg.entropy_coeff,
-            calculate_entropy=cfg.entropy_coeff != 0,
-            use_kl_loss=cfg.use_kl_loss,
-            kl_loss_coef=cfg.kl_loss_coef,
-            kl_loss_type=cfg.kl_loss_type,
-            policy_loss=VerlPolicyLossConfig(
-                loss_mode=cfg.loss_mode,
-                clip_cov_ratio=cfg.clip_cov_ratio,
-                clip_cov_lb=cfg.clip_cov_lb,
-                clip_cov_ub=cfg.clip_cov_ub,
-                kl_cov_ratio=cfg.kl_cov_ratio,
-                ppo_kl_coef=cfg.ppo_kl_coef,
-                dro_beta=cfg.dro_beta,
-            ),
-        )
+        shared = {f.name: getattr(cfg, f.name) for f in fields(LossConfig)}
+        policy = {name: shared[name] for name in _POLICY_LOSS_FIELDS if name in shared}
+        actor = {f.name: shared[f.name] for f in fields(cls) if f.name in shared}
+        actor.update(clip_ratio_low=cfg.eps_low, clip_ratio_high=cfg.eps_high,  # verl reads them as set
+                     calculate_entropy=cfg.entropy_coeff != 0, policy_loss=VerlPolicyLossConfig(**policy))
+        config = cls(**actor)
         config.update(**overrides)
         return config
 
