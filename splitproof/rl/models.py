@@ -1,0 +1,67 @@
+"""The policy and its tokenizer: the built-in character model, or a local Hugging Face checkpoint.
+
+Nothing is downloaded: ``actor_rollout_ref.model.path`` is a local directory (or the built-in model).
+Remote code runs only with ``trust_remote_code: true``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from ..config import ConfigError
+from ..models import load_causal_lm
+from .config import BUILTIN_MODEL
+
+
+def model_directory(path: str) -> str:
+    """The local directory of ``actor_rollout_ref.model.path`` (the built-in model's ships in the package)."""
+    if path == BUILTIN_MODEL:
+        from ..builtin import charlm_directory
+
+        return charlm_directory()
+    expanded = os.path.expanduser(path)
+    if not os.path.isdir(expanded):
+        raise ConfigError("actor_rollout_ref.model.path",
+                          f"{path!r} is not a local directory (models are never downloaded)")
+    return expanded
+
+
+def load_tokenizer(model_cfg):
+    """``AutoTokenizer`` from ``tokenizer_path`` or the model's directory; ``custom_chat_template`` applied."""
+    from transformers import AutoTokenizer
+
+    path = model_cfg.tokenizer_path or model_directory(model_cfg.path)
+    if model_cfg.tokenizer_path and not os.path.isdir(os.path.expanduser(path)):
+        raise ConfigError("actor_rollout_ref.model.tokenizer_path", f"{path!r} is not a local directory")
+    tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(path), local_files_only=True,
+                                              trust_remote_code=model_cfg.trust_remote_code)
+    if model_cfg.custom_chat_template:
+        tokenizer.chat_template = model_cfg.custom_chat_template
+    if tokenizer.eos_token_id is None:
+        raise ConfigError("actor_rollout_ref.model.path", f"the tokenizer at {path!r} has no eos token")
+    return tokenizer
+
+
+def load_policy(model_cfg, *, dtype: torch.dtype, vocab_size: int | None = None) -> nn.Module:
+    """The causal LM in ``dtype``, dropout as its config says, gradient checkpointing if asked."""
+    model = load_causal_lm(model_directory(model_cfg.path), dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
+    embeddings = model.get_input_embeddings().weight.shape[0]
+    if vocab_size is not None and vocab_size > embeddings:
+        raise ConfigError("actor_rollout_ref.model.path",
+                          f"the tokenizer has {vocab_size} tokens but the model only {embeddings} embeddings")
+    if model_cfg.enable_gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    return model
+
+
+def generation_eos_ids(model: nn.Module, tokenizer) -> list[int]:
+    """Every id that ends a response: the tokenizer's eos and the model's generation config's."""
+    ids = []
+    for source in (tokenizer.eos_token_id, getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        if source is None:
+            continue
+        ids.extend(source if isinstance(source, (list, tuple)) else [source])
+    return sorted({int(i) for i in ids})

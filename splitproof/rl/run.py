@@ -1,0 +1,192 @@
+"""Everything a training run builds once from its config: data, reward, models, optimizer, sampler.
+
+``build_run`` checks what can be checked before any model is loaded (the config, the data files, the
+reward function against every row's data source), then loads the model. Under torchrun the policy is
+wrapped for DDP or FSDP2; generation and the no-grad log-prob passes run on a plain module holding the
+same weights (the policy itself under DDP or on one process, a copy refreshed after each update under
+FSDP2, whose sharded forward would need every rank in lockstep).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..aggregation import token_weights
+from ..collective import default_collective
+from ..engine import UpdateConfig, wrap_model
+from ..engine.distributed import is_fsdp2
+from ..models import unwrap
+from ..stats import MinibatchStats
+from .config import TrainConfig
+from .config_load import to_update_config, torch_dtype
+from .data import PromptDataset, PromptSampler, load_prompts
+from .kl_control import make_kl_controller
+from .models import load_policy, load_tokenizer
+from .rewards import check_reward_sources, load_reward
+from .rollout import HFRollout, SamplingParams
+from .schedule import make_optimizer, make_scheduler
+
+
+@dataclass
+class Run:
+    config: TrainConfig
+    update_config: UpdateConfig
+    collective: Any
+    tokenizer: Any
+    train_data: PromptDataset
+    val_data: PromptDataset | None
+    reward_fn: Any
+    policy: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    rollout: HFRollout
+    ref: nn.Module | None
+    sampling: SamplingParams
+    val_sampling: SamplingParams
+    sampler: PromptSampler
+    kl_ctrl: Any
+    total_steps: int
+    float_dtype: torch.dtype
+    inference_copy: nn.Module | None = None  # FSDP2 only
+    optimizer_steps: int = 0
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def pad_token_id(self) -> int:
+        pad = self.tokenizer.pad_token_id
+        return int(pad if pad is not None else self.tokenizer.eos_token_id)
+
+    def dataset_for(self, stream: int) -> PromptDataset:
+        return self.val_data if stream == 1 else self.train_data
+
+    def policy_for_inference(self) -> nn.Module:
+        return self.inference_copy if self.inference_copy is not None else unwrap(self.policy)
+
+    def after_update(self) -> None:
+        """Refresh the FSDP2 inference copy from the sharded policy (every rank takes part)."""
+        if self.inference_copy is not None:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            state = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True))
+            self.inference_copy.load_state_dict(state)
+
+    @property
+    def old_log_prob_split(self) -> dict:
+        r = self.config.actor_rollout_ref.rollout
+        return _split(r.log_prob_micro_batch_size_per_gpu, r.log_prob_use_dynamic_bsz, r.log_prob_max_token_len_per_gpu)
+
+    @property
+    def ref_log_prob_split(self) -> dict:
+        r = self.config.actor_rollout_ref.ref
+        return _split(r.log_prob_micro_batch_size_per_gpu, r.log_prob_use_dynamic_bsz, r.log_prob_max_token_len_per_gpu)
+
+    def token_aggregate(self, values: Tensor, mask: Tensor) -> float:
+        """``values`` aggregated over the rollout batch with the actor's ``loss_agg_mode`` (verl's
+        ``actor/entropy``)."""
+        loss = self.update_config.loss
+        stats = MinibatchStats.of(mask)
+        weights = token_weights(mask, loss.loss_agg_mode, stats, loss.loss_scale_factor, torch.float64)
+        return float(torch.where(mask, weights * values.double(), torch.zeros((), dtype=torch.float64)).sum())
+
+
+def _split(micro_batch_size, use_dynamic_bsz, max_token_len) -> dict:
+    if use_dynamic_bsz:
+        return {"max_token_len": int(max_token_len)}
+    return {"micro_batch_size": micro_batch_size}
+
+
+def sampling_params(cfg: TrainConfig) -> tuple[SamplingParams, SamplingParams]:
+    """The training and validation sampling settings (verl's rollout keys and ``rollout.val_kwargs``)."""
+    r, v = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.rollout.val_kwargs
+    train = SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, do_sample=r.do_sample,
+                           max_response_length=cfg.data.max_response_length, seed=r.seed)
+    val = SamplingParams(n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=v.top_k, do_sample=v.do_sample,
+                         max_response_length=cfg.data.max_response_length, seed=r.seed)
+    return train, val
+
+
+def greedy(params: SamplingParams) -> SamplingParams:
+    return replace(params, n=1, do_sample=False)
+
+
+def total_training_steps(cfg: TrainConfig, num_rows: int) -> int:
+    """``trainer.total_training_steps`` if set, else epochs × full batches per epoch (verl's rule)."""
+    if cfg.trainer.total_training_steps is not None:
+        return int(cfg.trainer.total_training_steps)
+    return cfg.trainer.total_epochs * (num_rows // cfg.data.train_batch_size)
+
+
+def build_run(cfg: TrainConfig, *, collective=None) -> Run:
+    """Data, reward and config checks first (no model loaded yet), then the models and the optimizer."""
+    collective = collective or default_collective("cpu")
+    update_config = to_update_config(cfg)
+    dtype = torch_dtype(cfg.actor_rollout_ref.actor.fsdp_config.model_dtype)
+    tokenizer = load_tokenizer(cfg.actor_rollout_ref.model)
+    data_kwargs = dict(prompt_key=cfg.data.prompt_key, max_prompt_length=cfg.data.max_prompt_length,
+                       truncation=cfg.data.truncation, apply_chat_template_kwargs=cfg.data.apply_chat_template_kwargs)
+    train_data = load_prompts(_files(cfg.data.train_files), tokenizer, max_samples=cfg.data.train_max_samples,
+                              **data_kwargs)
+    val_data = None
+    if cfg.data.val_files:
+        val_data = load_prompts(_files(cfg.data.val_files), tokenizer, max_samples=cfg.data.val_max_samples,
+                                **data_kwargs)
+    reward_fn = load_reward(cfg)
+    for dataset in (train_data, val_data):
+        if dataset is not None:
+            check_reward_sources(dataset, reward_fn)
+    total = total_training_steps(cfg, len(train_data))
+    train_sampling, val_sampling = sampling_params(cfg)
+
+    torch.manual_seed(cfg.trainer.seed)
+    policy = load_policy(cfg.actor_rollout_ref.model, dtype=dtype, vocab_size=len(tokenizer))
+    needs_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
+    ref = _frozen_copy(policy) if needs_ref else None
+    inference_copy = None
+    if collective.world_size > 1:
+        strategy = cfg.actor_rollout_ref.actor.strategy
+        strategy = "fsdp2" if strategy in ("fsdp", "fsdp2") else strategy
+        if strategy == "fsdp2":
+            inference_copy = _frozen_copy(policy)
+        policy = wrap_model(policy, strategy)
+    optimizer = make_optimizer(policy, cfg.actor_rollout_ref.actor.optim)
+    scheduler = make_scheduler(optimizer, cfg.actor_rollout_ref.actor.optim, total)
+    rollout_model = inference_copy if inference_copy is not None else unwrap(policy)
+    rollout = HFRollout(rollout_model, eos_token_ids=_eos_ids(tokenizer), pad_token_id=_pad_id(tokenizer),
+                        max_num_seqs=cfg.actor_rollout_ref.rollout.max_num_seqs)
+    sampler = PromptSampler(len(train_data), cfg.data.train_batch_size, seed=1 if cfg.data.seed is None else cfg.data.seed,
+                            shuffle=cfg.data.shuffle)
+    kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
+    float_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    return Run(config=cfg, update_config=update_config, collective=collective, tokenizer=tokenizer,
+               train_data=train_data, val_data=val_data, reward_fn=reward_fn, policy=policy, optimizer=optimizer,
+               scheduler=scheduler, rollout=rollout, ref=ref, sampling=train_sampling, val_sampling=val_sampling,
+               sampler=sampler, kl_ctrl=kl_ctrl, total_steps=total, float_dtype=float_dtype,
+               inference_copy=inference_copy)
+
+
+def _files(value) -> list[str]:
+    return [value] if isinstance(value, str) else [str(v) for v in value]
+
+
+def _frozen_copy(model: nn.Module) -> nn.Module:
+    clone = copy.deepcopy(unwrap(model)).eval()
+    for p in clone.parameters():
+        p.requires_grad_(False)
+    return clone
+
+
+def _eos_ids(tokenizer) -> list[int]:
+    eos = tokenizer.eos_token_id
+    ids = eos if isinstance(eos, (list, tuple)) else [eos]
+    return [int(i) for i in ids if i is not None]
+
+
+def _pad_id(tokenizer) -> int:
+    return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else _eos_ids(tokenizer)[0])
+
+

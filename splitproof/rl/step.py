@@ -1,0 +1,170 @@
+"""One RL training step, top to bottom.
+
+    prompts → generate n samples each → score → old (and ref) log-probs → advantages → engine update
+
+Every stage is a function of (seed, step, data, config): sampling draws from counter-based streams
+keyed by (seed, step, uid, sample index); rewards and log-probs are per sequence; advantages are
+computed on the whole rollout batch; the engine's update depends on the minibatch alone. Generation
+batch size, log-prob and update micro-batching, token budgets, packing and the data-parallel size
+change how the step is computed, never its result.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..advantages import compute_advantage
+from ..batch import RolloutBatch
+from ..engine import compute_log_probs, update_policy
+from .assemble import SequenceTensors, pad_samples, scores_on_last_token
+from .kl_control import apply_kl_penalty
+from .metrics import StageTimer, actor_metrics, data_metrics, throughput_metrics
+from .parallel import gather_rows, run_on_share
+from .rewards import RewardError, score
+from .run import Run
+
+BASELINE_STREAM = 2  # remax's greedy baseline (training samples use stream 0, validation 1)
+
+
+def train_step(run: Run, step: int, uids: list[int]) -> dict[str, float]:
+    """Run training step ``step`` (1-based, as verl counts) on the prompts ``uids``; return its metrics."""
+    cfg, timer = run.config, StageTimer()
+    start = time.perf_counter()
+
+    with timer("gen"):
+        samples = generate(run, uids, step, run.sampling)
+    with timer("reward"):
+        scores, reward_extra = score_samples(run, samples, step)
+    seqs = pad_samples(samples, response_width=cfg.data.max_response_length, pad_token_id=run.pad_token_id,
+                       dtype=run.float_dtype)
+    rows = len(samples)
+
+    with timer("old_log_prob"):
+        if cfg.algorithm.rollout_correction.bypass_mode:
+            old_log_probs, entropy = seqs.rollout_log_probs, None
+        else:
+            old_log_probs, entropy = no_grad_log_probs(run, run.policy_for_inference(), seqs, run.old_log_prob_split,
+                                                       with_entropy=True)
+    ref_log_probs = None
+    if run.ref is not None:
+        with timer("ref"):
+            ref_log_probs, _ = no_grad_log_probs(run, run.ref, seqs, run.ref_log_prob_split)
+
+    with timer("adv"):
+        token_level_scores = scores_on_last_token(scores.to(run.float_dtype), seqs.response_mask)
+        token_level_rewards, kl_metrics = token_level_scores, {}
+        if cfg.algorithm.use_kl_in_reward:
+            token_level_rewards, kl_metrics = apply_kl_penalty(
+                token_level_scores, old_log_probs, ref_log_probs, seqs.response_mask, run.kl_ctrl,
+                kl_penalty=cfg.algorithm.kl_penalty)
+        index = [s.uid for s in samples]
+        advantages, returns = compute_advantage(
+            cfg.algorithm.adv_estimator, token_level_rewards, seqs.response_mask, index,
+            **advantage_options(run, samples, uids, step))
+
+    batch = RolloutBatch(prompts=seqs.prompts, responses=seqs.responses, attention_mask=seqs.attention_mask,
+                         response_mask=seqs.response_mask, old_log_probs=old_log_probs, advantages=advantages,
+                         ref_log_probs=ref_log_probs if cfg.actor_rollout_ref.actor.use_kl_loss else None)
+    with timer("update_actor"):
+        run.policy.train()
+        results = update_policy(run.policy, run.optimizer, batch, run.update_config, collective=run.collective,
+                                step=run.optimizer_steps)
+        run.optimizer_steps += len(results)
+        lr = run.optimizer.param_groups[0]["lr"]
+        run.scheduler.step()
+        run.after_update()
+
+    metrics = {"training/global_step": float(step), "training/epoch": float(run.sampler.epoch)}
+    metrics.update(data_metrics(
+        token_level_scores=token_level_scores, token_level_rewards=token_level_rewards, advantages=advantages,
+        returns=returns, response_mask=seqs.response_mask, prompt_lengths=seqs.prompt_lengths,
+        max_response_length=cfg.data.max_response_length, max_prompt_length=cfg.data.max_prompt_length))
+    metrics.update(actor_metrics(r.metrics for r in results))
+    metrics["actor/lr"] = lr
+    if entropy is not None:
+        metrics["actor/entropy"] = run.token_aggregate(entropy, seqs.response_mask)
+    metrics.update(kl_metrics)
+    metrics.update({f"reward/{name}/mean": sum(values) / len(values) for name, values in reward_extra.items()})
+    metrics.update(timer.metrics())
+    seconds = time.perf_counter() - start
+    metrics["timing_s/step"] = seconds
+    metrics.update(throughput_metrics(int(seqs.attention_mask.sum()), seconds, run.collective.world_size))
+    assert rows == len(batch)
+    return metrics
+
+
+def advantage_options(run: Run, samples: list, uids: list[int], step: int) -> dict:
+    """The estimator's options under verl's names; `remax` scores a greedy baseline of every prompt."""
+    algo = run.config.algorithm
+    estimator = algo.adv_estimator
+    if estimator == "grpo":
+        return {"norm_adv_by_std_in_grpo": algo.norm_adv_by_std_in_grpo}
+    if estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+        return {"gamma": algo.gamma}
+    if estimator == "remax":
+        greedy = generate(run, uids, step, run.sampling.greedy(), stream=BASELINE_STREAM)
+        baseline, _ = score_samples(run, greedy, step)
+        by_uid = {s.uid: float(b) for s, b in zip(greedy, baseline)}
+        return {"reward_baselines": torch.tensor([by_uid[s.uid] for s in samples], dtype=run.float_dtype)}
+    if estimator == "gae":
+        raise NotImplementedError("gae needs a critic")  # TODO(issue 13)
+    return {}
+
+
+def generate(run: Run, uids: list[int], step: int, params, *, stream: int = 0) -> list:
+    """``params.n`` samples of every prompt, in canonical order (prompt order × sample index); each rank
+    generates a share of them and every rank gets them all."""
+    requests = [(uid, j, list(run.dataset_for(stream)[uid].prompt_ids)) for uid in uids for j in range(params.n)]
+    return run_on_share(run.collective, len(requests),
+                        lambda rows: run.rollout.generate([requests[r] for r in rows], params, step=step,
+                                                          stream=stream))
+
+
+def score_samples(run: Run, samples: list, step: int, *, stream: int = 0) -> tuple[torch.Tensor, dict]:
+    """Every sample's score (float64 [B]) and the reward function's extra values; each rank scores a share.
+    A reward function that fails on any rank stops the step on every rank, before anything is updated."""
+    dataset = run.dataset_for(stream)
+
+    def work(rows):
+        part = [samples[r] for r in rows]
+        result = score(run.reward_fn, [dataset[s.uid] for s in part], part, run.tokenizer, step=step,
+                       max_steps=run.total_steps)
+        return [(float(result.scores[k]), {name: values[k] for name, values in result.extra.items()})
+                for k in range(len(part))]
+
+    scored = run_on_share(run.collective, len(samples), work, errors=(RewardError,))
+    scores = torch.tensor([value for value, _ in scored], dtype=torch.float64)
+    extra: dict[str, list[float]] = {}
+    for _, values in scored:
+        for name, value in values.items():
+            extra.setdefault(name, []).append(value)
+    return scores, extra
+
+
+def no_grad_log_probs(run: Run, model, seqs: SequenceTensors, split: dict, *, with_entropy: bool = False):
+    """No-grad log-probs [B, T] (and entropy) of every row; each rank computes a share. ``split`` holds the
+    pass's micro-batching (``micro_batch_size`` or ``max_token_len``), which never changes the values."""
+    batch = RolloutBatch(prompts=seqs.prompts, responses=seqs.responses, attention_mask=seqs.attention_mask,
+                         response_mask=seqs.response_mask, old_log_probs=seqs.rollout_log_probs,
+                         advantages=torch.zeros(len(seqs.prompts), dtype=run.float_dtype))
+    was_training = model.training
+    model.eval()
+
+    def work(rows):
+        if not len(rows):
+            return torch.zeros(0, 2 if with_entropy else 1, seqs.responses.shape[1], dtype=run.float_dtype)
+        part = batch.select(list(rows))
+        size = split.get("micro_batch_size") or (None if split.get("max_token_len") else len(part))
+        logp, entropy = compute_log_probs(model, part, micro_batch_size=size, max_token_len=split.get("max_token_len"),
+                                          temperature=run.config.actor_rollout_ref.rollout.temperature,
+                                          with_entropy=with_entropy, packed=run.update_config.use_remove_padding)
+        parts = [logp, entropy] if with_entropy else [logp]
+        return torch.stack([p.to(run.float_dtype) for p in parts], dim=1)
+
+    try:
+        stacked = gather_rows(run.collective, len(batch), work)
+    finally:
+        model.train(was_training)
+    return stacked[:, 0], (stacked[:, 1] if with_entropy else None)
