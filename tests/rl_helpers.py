@@ -1,0 +1,86 @@
+"""Shared pieces of the RL-layer tests: a tiny model saved with the built-in tokenizer, a config with a
+reward that varies between samples, and a runner that keeps the rollouts and the final weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).parent
+
+
+def save_tiny_char_model(folder, *, dtype=torch.float32, arch: str = "llama", seed: int = 0) -> str:
+    """A random tiny causal LM over the built-in character tokenizer, saved as a Hugging Face directory."""
+    from splitproof.builtin.tokenizer import char_tokenizer
+    from splitproof.models import tiny_causal_lm
+
+    tokenizer = char_tokenizer()
+    model = tiny_causal_lm(arch, vocab_size=len(tokenizer), hidden_size=32, num_layers=2, num_heads=4,
+                           num_kv_heads=2, intermediate_size=64, seed=seed, dtype=dtype)
+    model.config.eos_token_id = tokenizer.eos_token_id
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def trajectory_config(model_dir: str, steps: int, overrides: list[str], *, dtype: str = "fp64"):
+    """GRPO on the built-in addition task with a reward that spreads (so advantages are non-zero)."""
+    from splitproof.rl.config_load import load_train_config
+
+    base = [
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"actor_rollout_ref.actor.fsdp_config.model_dtype={dtype}",
+        "data.train_files=builtin://addition/train",
+        "data.val_files=null",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=16",
+        "data.max_response_length=6",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.optim.lr=0.05",
+        "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.kl_loss_coef=0.01",
+        "actor_rollout_ref.actor.entropy_coeff=0.001",
+        "algorithm.adv_estimator=grpo",
+        f"custom_reward_function.path={HERE / 'spread_reward.py'}",
+        f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=false",
+        "trainer.logger=[]",
+    ]
+    return load_train_config(None, base + list(overrides))
+
+
+def final_weights(model) -> dict[str, torch.Tensor]:
+    """A full (unsharded) float64 copy of the model's parameters."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    from splitproof.engine.distributed import is_fsdp2
+
+    if is_fsdp2(model):
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    else:
+        from splitproof.models import unwrap
+
+        state = unwrap(model).state_dict()
+    return {k: v.detach().double().clone() for k, v in state.items()}
+
+
+def run_trajectory(cfg) -> dict:
+    """Train ``cfg`` to the end; the records, every step's rollouts, the initial and final weights."""
+    from splitproof.rl.loop import fit
+    from splitproof.rl.run import build_run
+
+    run = build_run(cfg)
+    initial = final_weights(run.policy)
+    samples = []
+    records = fit(run, on_step=lambda step, out: samples.append(out.samples))
+    return {"records": records, "samples": samples, "initial": initial, "weights": final_weights(run.policy)}
+
+
+def relative_update_difference(a: dict, b: dict, initial: dict) -> float:
+    """‖a − b‖ / ‖b − initial‖ over all parameters: a difference relative to the size of the update."""
+    diff = sum(float(((a[k] - b[k]) ** 2).sum()) for k in b)
+    update = sum(float(((b[k] - initial[k]) ** 2).sum()) for k in b)
+    return (diff / update) ** 0.5 if update > 0 else float("inf")
