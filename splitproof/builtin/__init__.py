@@ -1,4 +1,4 @@
-"""Built-in pieces that let `splitproof train` run with nothing downloaded: a character tokenizer (and a small model)."""
+"""Built-in pieces that let ``splitproof train`` run with nothing downloaded: a character tokenizer."""
 
 from .tokenizer import char_tokenizer
 

@@ -190,7 +190,8 @@ def load_prompts(
     texts = []
     for row, (name, r) in zip(rows, origins):
         texts.append(_prompt_text(row.get(prompt_key), tokenizer, f"{name} row {r}", prompt_key, template_kwargs))
-    encoded = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    batch = tokenizer(texts, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False)
+    encoded = batch["input_ids"]
 
     records = []
     for uid, (row, ids, (name, r)) in enumerate(zip(rows, encoded, origins)):

@@ -91,7 +91,8 @@ def _parameters(fn: Callable, name: str) -> dict[str, inspect.Parameter]:
     try:
         return dict(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
-        raise RewardError(f"reward function {name}: cannot read its signature; pass convention='verl' or 'trl'") from None
+        message = f"reward function {name}: cannot read its signature; pass convention='verl' or 'trl'"
+        raise RewardError(message) from None
 
 
 def _takes_any_keyword(params: dict[str, inspect.Parameter]) -> bool:
@@ -126,7 +127,8 @@ def _load_module(path: str):
         try:
             return importlib.import_module(module_name)
         except Exception as err:
-            raise RewardError(f"reward module {path}: cannot import {module_name}: {type(err).__name__}: {err}") from None
+            message = f"reward module {path}: cannot import {module_name}: {type(err).__name__}: {err}"
+            raise RewardError(message) from None
     file = Path(path[len(FILE_PREFIX) :] if path.startswith(FILE_PREFIX) else path).expanduser()
     if not file.is_file():
         raise RewardError(f"reward function file {path}: not found")
@@ -241,7 +243,8 @@ def check_reward_sources(dataset, reward_fn: RewardFunction | None) -> None:
                 default_reward_for(source)
             except RewardError as err:
                 raise RewardError(f"{dataset.origin(uid)}: {err}") from None
-            if reward_rules.RULES[source] is reward_rules.math_verify_score and not reward_rules.math_verify_available():
+            needs_math_verify = reward_rules.RULES[source] is reward_rules.math_verify_score
+            if needs_math_verify and not reward_rules.math_verify_available():
                 raise RewardError(
                     f"{dataset.origin(uid)}: data_source {source!r} is scored with math-verify, which is not "
                     f"installed: {reward_rules.MATH_VERIFY_HINT}"
@@ -301,7 +304,9 @@ def _checked_score(value, reward_fn: RewardFunction, sample: SampleLike) -> floa
             "expected a number"
         )
     if not math.isfinite(number):
-        raise RewardError(f"reward function {reward_fn.name} returned {number} for {_where(sample)}; expected a finite number")
+        raise RewardError(
+            f"reward function {reward_fn.name} returned {number} for {_where(sample)}; expected a finite number"
+        )
     return number
 
 
@@ -423,7 +428,8 @@ def token_level_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> tor
     """verl's ``token_level_scores``: each sequence's score on its last response token, zero elsewhere."""
     mask = response_mask.bool()
     if mask.dim() != 2 or scores.shape != mask.shape[:1]:
-        raise ValueError(f"token_level_scores: scores {tuple(scores.shape)} do not fit response_mask {tuple(mask.shape)}")
+        shapes = f"scores {tuple(scores.shape)} do not fit response_mask {tuple(mask.shape)}"
+        raise ValueError(f"token_level_scores: {shapes}")
     empty = (~mask.any(dim=1)).nonzero().flatten().tolist()
     if empty:
         raise ValueError(f"token_level_scores: sequence {empty[0]} has no response token to hold its score")

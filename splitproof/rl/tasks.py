@@ -15,8 +15,9 @@ parameters), so ``train`` and ``test`` never share an item. The canonical form o
 the unordered operand pair, so ``45+37=`` can never be in train when ``37+45=`` is in test.
 
 Items are drawn from a counter-based stream (SHAKE-128 of ``(task, split, seed, draw index)``); repeats
-are skipped, so a split holds distinct items (``37+45=`` and ``45+37=`` are two items) in draw order. The rows are therefore a function of
-(task, split, parameters) alone, on any machine and any library version.
+are skipped, so a split holds distinct items (``37+45=`` and ``45+37=`` are two items) in draw order.
+The rows are therefore a function of (task, split, parameters) alone, on any machine and any library
+version.
 
 Rows use verl's layout: ``prompt`` (str), ``data_source`` (the task name),
 ``reward_model = {"ground_truth": answer, "style": "rule"}``, ``extra_info`` (split, index, the operands
