@@ -85,6 +85,18 @@ def test_verl_function_from_a_file_path(tmp_path):
     assert result.extra == {}
 
 
+def test_a_users_own_jsonl_task_with_a_compute_score_file(tmp_path):
+    path = tmp_path / "sums.jsonl"
+    rows = [{"prompt": f"{a}+{b}=", "answer": str(a + b)} for a, b in [(3, 4), (5, 6)]]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    data = load_prompts(str(path), TOK)
+    fn = load_reward_function(reward_file(tmp_path, VERL_BODY))
+    check_reward_sources(data, fn)  # no data_source needed once a function is named
+    result = run(fn, list(data), [sample(0, 0, "7"), sample(1, 0, "12")])
+    assert result.scores.tolist() == [1.0, 0.0]
+    assert sys.modules[fn.fn.__module__].CALLS == [("", "7", "7", {}), ("", "12", "11", {})]
+
+
 def test_extra_info_is_a_copy(tmp_path):
     body = """
         def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -234,8 +246,9 @@ def test_loading_errors(tmp_path):
     bad_sig = reward_file(tmp_path, "def compute_score(data_source, solution_str):\n    return 0\n", "sig.py")
     with pytest.raises(RewardError, match="does not take ground_truth"):
         load_reward_function(bad_sig)
-    with pytest.raises(RewardError, match="custom_reward_function.path is empty"):
-        load_reward_function("")
+    for empty in ("", None):
+        with pytest.raises(RewardError, match="custom_reward_function.path is empty"):
+            load_reward_function(empty)
 
 
 @pytest.mark.parametrize(

@@ -160,7 +160,7 @@ def load_reward_function(
     ``convention`` None detects it from the parameter names. Errors (file missing, import failing, no
     such function, a signature that cannot take the convention's arguments) are ``RewardError``.
     """
-    path = os.fspath(path)
+    path = os.fspath(path) if path is not None else ""
     if not path:
         raise RewardError("custom_reward_function.path is empty")
     name = name or "compute_score"
