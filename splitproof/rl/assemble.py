@@ -57,16 +57,3 @@ def pad_samples(samples: Sequence, *, response_width: int, pad_token_id: int,
             log_probs[row, :t] = torch.as_tensor(sample.log_probs, dtype=dtype)
     return SequenceTensors(prompts, responses, torch.cat([prompt_mask, response_mask], dim=1), response_mask,
                            log_probs)
-
-
-def scores_on_last_token(scores: Tensor, response_mask: Tensor) -> Tensor:
-    """verl's ``token_level_scores``: each sequence's score on its last valid response token, 0 elsewhere.
-
-    A sequence with no response token keeps no score (it counts nowhere in the update).
-    """
-    out = torch.zeros(response_mask.shape, dtype=scores.dtype)
-    lengths = response_mask.sum(dim=1)
-    rows = (lengths > 0).nonzero().flatten()
-    last = response_mask.shape[1] - 1 - response_mask.flip(dims=[1]).int().argmax(dim=1)
-    out[rows, last[rows]] = scores[rows]
-    return out

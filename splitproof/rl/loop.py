@@ -8,12 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .run import Run
-from .step import train_step
+from .step import StepOutput, train_step
 from .validate import validate
 
 
-def fit(run: Run, *, log: Callable[[dict, int], None] | None = None, start_step: int = 0) -> list[dict]:
-    """Train from ``start_step`` to ``run.total_steps``; return every logged record (``step`` included)."""
+def fit(run: Run, *, log: Callable[[dict, int], None] | None = None, start_step: int = 0,
+        on_step: Callable[[int, StepOutput], None] | None = None) -> list[dict]:
+    """Train from ``start_step`` to ``run.total_steps``; return every logged record (``step`` included).
+    ``on_step(step, output)`` sees each step's output (its rollouts included)."""
     cfg = run.config.trainer
     records = []
 
@@ -27,7 +29,10 @@ def fit(run: Run, *, log: Callable[[dict, int], None] | None = None, start_step:
         emit(validate(run, 0), 0)
     for step in range(start_step + 1, run.total_steps + 1):
         uids = run.sampler.next_batch()
-        metrics = train_step(run, step, uids)
+        output = train_step(run, step, uids)
+        if on_step is not None:
+            on_step(step, output)
+        metrics = dict(output.metrics)
         if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or step == run.total_steps):
             metrics.update(validate(run, step))
         emit(metrics, step)

@@ -26,8 +26,8 @@ from .config import TrainConfig
 from .config_load import to_update_config, torch_dtype
 from .data import PromptDataset, PromptSampler, load_prompts
 from .kl_control import make_kl_controller
-from .models import load_policy, load_tokenizer
-from .rewards import check_reward_sources, load_reward
+from .models import generation_eos_ids, load_policy, load_tokenizer
+from .rewards import check_reward_sources, load_reward_function
 from .rollout import HFRollout, SamplingParams
 from .schedule import make_optimizer, make_scheduler
 
@@ -128,14 +128,15 @@ def build_run(cfg: TrainConfig, *, collective=None) -> Run:
     dtype = torch_dtype(cfg.actor_rollout_ref.actor.fsdp_config.model_dtype)
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model)
     data_kwargs = dict(prompt_key=cfg.data.prompt_key, max_prompt_length=cfg.data.max_prompt_length,
-                       truncation=cfg.data.truncation, apply_chat_template_kwargs=cfg.data.apply_chat_template_kwargs)
+                       truncation=cfg.data.truncation, apply_chat_template_kwargs=cfg.data.apply_chat_template_kwargs,
+                       reward_fn_key=cfg.data.reward_fn_key)
     train_data = load_prompts(_files(cfg.data.train_files), tokenizer, max_samples=cfg.data.train_max_samples,
                               **data_kwargs)
     val_data = None
     if cfg.data.val_files:
         val_data = load_prompts(_files(cfg.data.val_files), tokenizer, max_samples=cfg.data.val_max_samples,
                                 **data_kwargs)
-    reward_fn = load_reward(cfg)
+    reward_fn = reward_function(cfg)
     for dataset in (train_data, val_data):
         if dataset is not None:
             check_reward_sources(dataset, reward_fn)
@@ -156,7 +157,8 @@ def build_run(cfg: TrainConfig, *, collective=None) -> Run:
     optimizer = make_optimizer(policy, cfg.actor_rollout_ref.actor.optim)
     scheduler = make_scheduler(optimizer, cfg.actor_rollout_ref.actor.optim, total)
     rollout_model = inference_copy if inference_copy is not None else unwrap(policy)
-    rollout = HFRollout(rollout_model, eos_token_ids=_eos_ids(tokenizer), pad_token_id=_pad_id(tokenizer),
+    rollout = HFRollout(rollout_model, eos_token_ids=generation_eos_ids(rollout_model, tokenizer),
+                        pad_token_id=_pad_id(tokenizer),
                         max_num_seqs=cfg.actor_rollout_ref.rollout.max_num_seqs)
     sampler = PromptSampler(len(train_data), cfg.data.train_batch_size, seed=1 if cfg.data.seed is None else cfg.data.seed,
                             shuffle=cfg.data.shuffle)
@@ -167,6 +169,15 @@ def build_run(cfg: TrainConfig, *, collective=None) -> Run:
                scheduler=scheduler, rollout=rollout, ref=ref, sampling=train_sampling, val_sampling=val_sampling,
                sampler=sampler, kl_ctrl=kl_ctrl, total_steps=total, float_dtype=float_dtype,
                inference_copy=inference_copy)
+
+
+def reward_function(cfg: TrainConfig):
+    """The named reward function (``custom_reward_function``, else ``reward.custom_reward_function``), or
+    None: each row's built-in rule by its data source."""
+    for where in (cfg.custom_reward_function, cfg.reward.custom_reward_function):
+        if where.path:
+            return load_reward_function(where.path, where.name or "compute_score")
+    return None
 
 
 def _files(value) -> list[str]:
@@ -180,13 +191,7 @@ def _frozen_copy(model: nn.Module) -> nn.Module:
     return clone
 
 
-def _eos_ids(tokenizer) -> list[int]:
-    eos = tokenizer.eos_token_id
-    ids = eos if isinstance(eos, (list, tuple)) else [eos]
-    return [int(i) for i in ids if i is not None]
-
-
 def _pad_id(tokenizer) -> int:
-    return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else _eos_ids(tokenizer)[0])
+    return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
 
 

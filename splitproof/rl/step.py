@@ -12,24 +12,33 @@ change how the step is computed, never its result.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
 from ..advantages import compute_advantage
 from ..batch import RolloutBatch
 from ..engine import compute_log_probs, update_policy
-from .assemble import SequenceTensors, pad_samples, scores_on_last_token
+from .assemble import SequenceTensors, pad_samples
 from .kl_control import apply_kl_penalty
 from .metrics import StageTimer, actor_metrics, data_metrics, throughput_metrics
 from .parallel import gather_rows, run_on_share
-from .rewards import RewardError, score
+from .rewards import RewardError, score, token_level_scores as scores_on_last_token
 from .run import Run
 
 BASELINE_STREAM = 2  # remax's greedy baseline (training samples use stream 0, validation 1)
 
 
-def train_step(run: Run, step: int, uids: list[int]) -> dict[str, float]:
-    """Run training step ``step`` (1-based, as verl counts) on the prompts ``uids``; return its metrics."""
+@dataclass
+class StepOutput:
+    """A step's metrics (verl's names) and its rollouts, in canonical order."""
+
+    metrics: dict[str, float]
+    samples: list
+
+
+def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
+    """Run training step ``step`` (1-based, as verl counts) on the prompts ``uids``."""
     cfg, timer = run.config, StageTimer()
     start = time.perf_counter()
 
@@ -39,7 +48,6 @@ def train_step(run: Run, step: int, uids: list[int]) -> dict[str, float]:
         scores, reward_extra = score_samples(run, samples, step)
     seqs = pad_samples(samples, response_width=cfg.data.max_response_length, pad_token_id=run.pad_token_id,
                        dtype=run.float_dtype)
-    rows = len(samples)
 
     with timer("old_log_prob"):
         if cfg.algorithm.rollout_correction.bypass_mode:
@@ -91,8 +99,7 @@ def train_step(run: Run, step: int, uids: list[int]) -> dict[str, float]:
     seconds = time.perf_counter() - start
     metrics["timing_s/step"] = seconds
     metrics.update(throughput_metrics(int(seqs.attention_mask.sum()), seconds, run.collective.world_size))
-    assert rows == len(batch)
-    return metrics
+    return StepOutput(metrics, samples)
 
 
 def advantage_options(run: Run, samples: list, uids: list[int], step: int) -> dict:
