@@ -24,7 +24,7 @@ from .kl_control import apply_kl_penalty
 from .metrics import StageTimer, actor_metrics, data_metrics, throughput_metrics
 from .parallel import gather_rows, run_on_share
 from .rewards import RewardError, score, token_level_scores as scores_on_last_token
-from .run import Run
+from .run import Run, greedy as greedy_params
 
 BASELINE_STREAM = 2  # remax's greedy baseline (training samples use stream 0, validation 1)
 
@@ -111,7 +111,7 @@ def advantage_options(run: Run, samples: list, uids: list[int], step: int) -> di
     if estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
         return {"gamma": algo.gamma}
     if estimator == "remax":
-        greedy = generate(run, uids, step, run.sampling.greedy(), stream=BASELINE_STREAM)
+        greedy = generate(run, uids, step, greedy_params(run.sampling), stream=BASELINE_STREAM)
         baseline, _ = score_samples(run, greedy, step)
         by_uid = {s.uid: float(b) for s, b in zip(greedy, baseline)}
         return {"reward_baselines": torch.tensor([by_uid[s.uid] for s in samples], dtype=run.float_dtype)}
