@@ -203,6 +203,16 @@ def test_gae_and_reinforce_skip_observation_tokens_and_ignore_padding_values():
     assert returns.tolist() == [[0.25, 0.0, 0.5, 1.0, 0.0]]  # the 5.0 of the observation token is skipped
 
 
+@pytest.mark.parametrize("index", [
+    [5, 5, 9, 9, 5], (5, 5, 9, 9, 5), np.array([5, 5, 9, 9, 5]), torch.tensor([5, 5, 9, 9, 5]),
+    ["a", "a", "b", "b", "a"], np.array(["a", "a", "b", "b", "a"]), np.array(["a", "a", "b", "b", "a"], dtype=object),
+])
+def test_every_index_form_groups_the_same_rows(index):
+    adv, _ = compute_advantage("grpo", *outcome([1.0, 2.0, 3.0, 5.0, 6.0]), index)
+    expected, _ = compute_advantage("grpo", *outcome([1.0, 2.0, 3.0, 5.0, 6.0]), [0, 0, 1, 1, 0])
+    assert torch.equal(adv, expected)
+
+
 # ------------------------------------------------------------------------------------------------- dtypes
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -173,7 +173,8 @@ def _resolve(spec: Estimator, given: Mapping[str, object], shape: tuple[int, int
     """The options ``spec`` reads: given or default, checked; tensors as float64 CPU copies."""
     resolved = {}
     for option, default in spec.options.items():
-        value = given.get(option, default)
+        value = given.get(option)
+        value = default if value is None else value  # None means "not set", as in verl's config
         if value is None:
             raise AdvantageOptionError(spec.name, option, f"is required by {spec.name} and was not given")
         if option == "values":
