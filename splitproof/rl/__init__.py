@@ -1,1 +1,2 @@
-"""The RL step around the update engine: data, rollout, rewards, advantages, the step itself."""
+"""The RL step around the update engine: data → rollout → rewards → KL in reward → advantages → the
+engine's update, and the training loop, its config and checkpoints."""
