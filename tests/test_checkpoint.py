@@ -268,12 +268,19 @@ def _dp_train_and_save(root, strategy):
     return full_state(model, optimizer), scheduler.state_dict()
 
 
-def _dp_load(paths, strategy):
+def _dp_load(paths, strategy, save_root=None):
+    """Load each checkpoint into a fresh wrapped model; then, if asked, train a step from the last and save it."""
+    import torch.distributed as dist
+
     out = []
     for path in paths:
         model, optimizer, scheduler = make(seed=5, strategy=strategy)
         resumed = ckpt.load_checkpoint(path, model=model, optimizer=optimizer, lr_scheduler=scheduler)
         out.append((full_state(model, optimizer), scheduler.state_dict(), resumed.step))
+    if save_root is not None:
+        train_step(model, optimizer, scheduler, 30 + dist.get_rank())
+        save(save_root, 3, model, optimizer, scheduler)
+        out.append(full_state(model, optimizer))
     return out
 
 
@@ -283,6 +290,11 @@ def test_checkpoints_hold_no_dp_layout(tmp_path):
     # written by 2 FSDP2 ranks ...
     written, schedule = run_data_parallel(_dp_train_and_save, 2, fsdp_root, "fsdp2")[0]
     assert len(list((fsdp_root / "global_step_1" / "actor_state").glob("*.distcp"))) == 2  # one shard per rank
+    from transformers import AutoModelForCausalLM  # the HF directory was gathered on rank 0
+
+    hf = AutoModelForCausalLM.from_pretrained(fsdp_root / "global_step_1" / "actor")
+    assert type(hf).__name__ == "LlamaForCausalLM"
+    assert all(torch.equal(t, written[0][name]) for name, t in hf.state_dict().items())
     # ... loads on one process
     model, optimizer, scheduler = make(seed=6)
     ckpt.load_checkpoint(fsdp_root / "global_step_1", model=model, optimizer=optimizer, lr_scheduler=scheduler)
@@ -292,12 +304,13 @@ def test_checkpoints_hold_no_dp_layout(tmp_path):
     train_step(model, optimizer, scheduler, 20)
     save(one_root, 2, model, optimizer, scheduler)
     one = full_state(model, optimizer)
-    ddp_loaded = run_data_parallel(_dp_load, 2, [fsdp_root / "global_step_1", one_root / "global_step_2"], "ddp")
-    assert [out[2] for out in ddp_loaded[1]] == [1, 2]  # every rank loaded both
+    ddp_loaded = run_data_parallel(_dp_load, 2, [fsdp_root / "global_step_1", one_root / "global_step_2"], "ddp",
+                                   ddp_root)
+    assert [out[2] for out in ddp_loaded[1][:2]] == [1, 2]  # every rank loaded both
     assert_same_state(written, ddp_loaded[0][0][0])  # (full states are gathered on rank 0)
     assert_same_state(one, ddp_loaded[0][1][0])
-    ddp_written = run_data_parallel(_dp_train_and_save, 2, ddp_root, "ddp")[0][0]
+    ddp_written = ddp_loaded[0][2]
     # FSDP2 ranks load what one process and what DDP ranks wrote
-    fsdp_loaded = run_data_parallel(_dp_load, 2, [one_root / "global_step_2", ddp_root / "global_step_1"], "fsdp2")[0]
+    fsdp_loaded = run_data_parallel(_dp_load, 2, [one_root / "global_step_2", ddp_root / "global_step_3"], "fsdp2")[0]
     assert_same_state(one, fsdp_loaded[0][0])
     assert_same_state(ddp_written, fsdp_loaded[1][0])

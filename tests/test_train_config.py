@@ -101,6 +101,8 @@ def test_hydra_override_forms():
     assert parse_override("trainer.experiment_name='007'") == ("trainer.experiment_name", "007")
     assert parse_override("data.apply_chat_template_kwargs={enable_thinking: false}") == (
         "data.apply_chat_template_kwargs", {"enable_thinking": False})
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert parse_override(f"actor_rollout_ref.model.custom_chat_template={template}")[1] == template
     assert error_of("~data.seed").field == "data.seed"
     assert "key=value" in str(error_of("data.seed"))
     cfg, _ = load("trainer.logger=console", "+data.seed=3", "data.apply_chat_template_kwargs.enable_thinking=false")

@@ -7,8 +7,9 @@ after the file and the overrides, is the built-in model; a user who brings a mod
 for every key they leave unset.
 
 Overrides are Hydra's: dotted keys, YAML-typed values (``trainer.logger=[console,file]``,
-``optim.lr=1e-6``, ``x=null``; ``x=`` is the empty string); ``+key=value`` and ``++key=value`` set a
-key like ``key=value``. ``${...}`` interpolations (``oc.select``, ``oc.env`` included) are resolved.
+``optim.lr=1e-6``, ``x=null``; ``x=`` is the empty string; text that is not YAML is taken as it is);
+``+key=value`` and ``++key=value`` set a key like ``key=value``. ``${...}`` interpolations
+(``oc.select``, ``oc.env`` included) are resolved.
 Every key the user sets is classified by ``config_verl.classify`` before anything is merged.
 """
 
@@ -48,10 +49,9 @@ def parse_override(arg: str) -> tuple[str, Any]:
     if raw == "":
         return key, ""
     try:
-        value = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]), resolve=False)["v"]
-    except Exception as e:  # yaml's scanner errors carry no common base class
-        raise ConfigError(key, f"cannot parse value {raw!r}: {str(e).splitlines()[0]}") from None
-    return key, value
+        return key, OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]), resolve=False)["v"]
+    except Exception:  # not YAML (a Jinja chat template, say): the text itself, as a shell would pass it
+        return key, raw
 
 
 def read_config_file(path: str) -> dict:

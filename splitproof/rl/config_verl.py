@@ -74,6 +74,8 @@ NO_EFFECT: dict[str, str] = {
     "*.use_shm": "model loading through shared memory",
     "actor_rollout_ref.rollout.mode": "sync or async rollout workers",
     "actor_rollout_ref.rollout.scheduling_policy": "inference-engine scheduling",
+    "actor_rollout_ref.rollout.logprobs_mode": "an inference engine's log-prob mode (the hf rollout keeps "
+                                               "log-probs of the temperature-scaled distribution)",
     "actor_rollout_ref.rollout.skip_tokenizer_init": "inference-engine start-up",
     "actor_rollout_ref.rollout.calculate_log_probs": "the rollout's log-probs are always kept",
     "actor_rollout_ref.rollout.agent.num_workers": "rollout worker count",
@@ -127,7 +129,6 @@ SWITCHES: dict[str, str] = {
 
 # verl keys whose value, when it is this one, describes what splitproof does anyway
 SAME_AS_OURS: dict[str, object] = {
-    "actor_rollout_ref.rollout.logprobs_mode": "processed_logprobs",
     "algorithm.rollout_correction.loss_type": "ppo_clip",
     "reward.reward_manager.name": "naive",
     "reward.reward_manager.source": "register",
