@@ -1,0 +1,445 @@
+"""Checkpoints of a `splitproof train` run: layout-free, atomic, safe to load.
+
+Under ``trainer.default_local_dir``::
+
+    latest_checkpointed_iteration.txt   the newest complete checkpoint's step (verl's name)
+    global_step_N/
+        actor/              a Hugging Face model directory (config, model.safetensors, tokenizer)
+        actor_state/        model and optimizer tensors, torch.distributed.checkpoint (sharded under FSDP2)
+        trainer_state.pt    step, the loop's trainer_state, LR schedule, optimizer hyper-parameters, RNGs
+        config.yaml         the resolved config (resuming compares its result-affecting keys)
+        complete            written last: the directory is whole
+
+No data-parallel layout is stored: DCP keeps tensors by parameter name and global shape, so a
+checkpoint written by any number of DDP/FSDP2 ranks loads on any other number, and on one process.
+A save writes into ``.tmp-global_step_N``, fsyncs, renames it into place, then replaces the tracker
+file atomically; a crash at any point leaves the previous checkpoint the newest, and the leftovers are
+removed by the next save. Loading never unpickles code: ``trainer_state.pt`` through
+``torch.load(weights_only=True)``, DCP's metadata through an allow-list, tensors only in DCP's data.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import io
+import os
+import pickle
+import random
+import re
+import shutil
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
+                                                     set_state_dict)
+
+from ..config import ConfigError
+from ..models import unwrap
+from .config import TrainConfig, TrainerConfig
+
+TRACKER = "latest_checkpointed_iteration.txt"
+STEP_DIR = re.compile(r"^global_step_(\d+)$")
+COMPLETE = "complete"
+FORMAT = 1
+
+# keys that may change between a checkpoint and its resumption: they never change a result
+LAYOUT_KEYS = (
+    "*micro_batch_size_per_gpu", "*max_token_len_per_gpu", "*use_dynamic_bsz", "*.strategy", "*use_remove_padding",
+    "actor_rollout_ref.rollout.max_num_seqs", "actor_rollout_ref.model.enable_gradient_checkpointing",
+    "actor_rollout_ref.actor.policy_loss.cov_strategy", "data.val_batch_size",
+    "trainer.logger", "trainer.save_freq", "trainer.test_freq", "trainer.total_training_steps", "trainer.total_epochs",
+    "trainer.max_actor_ckpt_to_keep", "trainer.resume_mode", "trainer.resume_from_path",
+    "trainer.resume_allow_config_change", "trainer.default_local_dir", "trainer.project_name",
+    "trainer.experiment_name", "trainer.val_before_train", "trainer.val_only",
+)
+# ... except the run length, when the LR schedule is a function of it
+SCHEDULE_LENGTH_KEYS = ("trainer.total_training_steps", "trainer.total_epochs")
+
+# test hook: called with a stage name after each piece of a save
+_progress_hook: Callable[[str], None] = lambda stage: None
+
+
+@dataclass
+class Resumed:
+    """What a loaded checkpoint hands back to the loop (model, optimizer, schedule and RNGs are restored)."""
+
+    path: Path
+    step: int
+    trainer_state: dict
+    config_yaml: str
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+def _rank_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+@contextmanager
+def _single_process_quiet():
+    """DCP warns that it assumes one process when torch.distributed is not initialised: that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
+def _barrier() -> None:
+    if _rank_world()[1] > 1:
+        dist.barrier()
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for folder, _, files in os.walk(root):
+        for name in files:
+            _fsync_file(Path(folder) / name)
+        _fsync_dir(Path(folder))
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write a file so that readers see the old or the new content, never a part."""
+    tmp = path.with_name(f".tmp-{path.name}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _discard(path: Path) -> None:
+    """Remove a directory: renamed away first, so that no half-deleted checkpoint is ever visible."""
+    trash = path.with_name(f".trash-{path.name}")
+    if trash.exists():
+        shutil.rmtree(trash)
+    os.rename(path, trash)
+    shutil.rmtree(trash)
+
+
+def _remove_leftovers(root: Path) -> None:
+    for entry in root.iterdir():
+        if entry.name.startswith((".tmp-", ".trash-")):
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+
+
+def checkpoint_dir(root: str | os.PathLike, step: int) -> Path:
+    return Path(root) / f"global_step_{step}"
+
+
+def is_complete(path: str | os.PathLike) -> bool:
+    path = Path(path)
+    return STEP_DIR.match(path.name) is not None and (path / COMPLETE).is_file()
+
+
+def _complete_steps(root: Path) -> list[int]:
+    if not root.is_dir():
+        return []
+    return sorted(int(m.group(1)) for e in root.iterdir() if (m := STEP_DIR.match(e.name)) and is_complete(e))
+
+
+def latest_checkpoint(root: str | os.PathLike) -> Path | None:
+    """The checkpoint the tracker file names if it is complete, else the complete one with the highest step."""
+    root = Path(root)
+    tracker = root / TRACKER
+    if tracker.is_file():
+        text = tracker.read_text().strip()
+        if text.isdigit() and is_complete(checkpoint_dir(root, int(text))):
+            return checkpoint_dir(root, int(text))
+    steps = _complete_steps(root)
+    return checkpoint_dir(root, steps[-1]) if steps else None
+
+
+# ----------------------------------------------------------------------------------------------- state
+
+def _rng_state() -> dict:
+    np_state = np.random.get_state()
+    version, words, gauss = random.getstate()
+    state = {
+        "python": [version, list(words), gauss],
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    version, words, gauss = state["python"]
+    random.setstate((version, tuple(words), gauss))
+    nps = state["numpy"]
+    np.random.set_state(("MT19937", nps["keys"].numpy().astype(np.uint32), nps["pos"], nps["has_gauss"],
+                         nps["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _weights_only_bytes(payload: dict, what: str) -> bytes:
+    """``torch.save`` bytes that ``torch.load(weights_only=True)`` reads back; a clear error otherwise."""
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    data = buffer.getvalue()
+    try:
+        torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as e:
+        raise TypeError(f"{what} must hold only tensors, numbers, strings, None, lists, tuples and dicts "
+                        f"(it is loaded with torch.load(weights_only=True)): {str(e).splitlines()[0]}") from None
+    return data
+
+
+def _split_optimizer(osd: dict) -> tuple[dict, dict]:
+    """(tensor state for DCP, everything else): DCP then stores tensors only, never pickled objects."""
+    tensors, scalars = {}, {}
+    for fqn, entries in osd["state"].items():
+        tensors[fqn] = {k: v for k, v in entries.items() if isinstance(v, torch.Tensor)}
+        scalars[fqn] = {k: v for k, v in entries.items() if not isinstance(v, torch.Tensor)}
+    return tensors, {"param_groups": osd["param_groups"], "scalars": scalars}
+
+
+def _architecture(model) -> str:
+    """The model's own class name (FSDP2 puts a generated ``FSDP<name>`` class in front of it)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - older torch
+        FSDPModule = ()  # noqa: N806
+    for cls in type(model).__mro__:
+        if not (FSDPModule and issubclass(cls, FSDPModule)):
+            return cls.__name__
+    return type(model).__name__
+
+
+def _write_hf_dir(path: Path, model, state_dict: dict, tokenizer) -> None:
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    config = copy.deepcopy(model.config)
+    config.architectures = [_architecture(model)]
+    config.save_pretrained(path)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(path)
+    seen, tensors = set(), {}
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach().cpu().contiguous()
+        if tensor.untyped_storage().data_ptr() in seen:  # tied weights: safetensors wants separate storage
+            tensor = tensor.clone()
+        seen.add(tensor.untyped_storage().data_ptr())
+        tensors[name] = tensor
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+
+
+def _gather_to_rank0(obj) -> list:
+    rank, world = _rank_world()
+    if world == 1:
+        return [obj]
+    out = [None] * world if rank == 0 else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- save
+
+def save_checkpoint(root: str | os.PathLike, step: int, *, model, optimizer, trainer_state: dict,
+                    lr_scheduler=None, config_yaml: str = "", tokenizer=None,
+                    max_to_keep: int | None = None) -> Path:
+    """Write ``global_step_{step}`` atomically and point the tracker at it; every rank calls it.
+
+    ``trainer_state`` is the loop's own (data cursor, KL controller, ...): tensors, numbers, strings,
+    lists and dicts only. ``max_to_keep`` (``trainer.max_actor_ckpt_to_keep``) prunes older checkpoints.
+    """
+    rank, world = _rank_world()
+    root = Path(root)
+    final, tmp = checkpoint_dir(root, step), root / f".tmp-global_step_{step}"
+    msd, osd = get_state_dict(model, optimizer)
+    optimizer_tensors, optimizer_rest = _split_optimizer(osd)
+    payload = {"format": FORMAT, "step": step, "trainer_state": trainer_state, "optimizer": optimizer_rest,
+               "lr_scheduler": lr_scheduler.state_dict() if lr_scheduler is not None else None,
+               "world_size": world}
+    _weights_only_bytes(payload, "trainer_state")  # on every rank, before any file or collective
+    rngs = _gather_to_rank0(_rng_state())
+    if rank == 0:
+        state_bytes = _weights_only_bytes({**payload, "rng": rngs}, "trainer_state")
+        root.mkdir(parents=True, exist_ok=True)
+        _remove_leftovers(root)
+        tmp.mkdir()
+    _barrier()
+    with _single_process_quiet():
+        dcp.save({"model": msd, "optimizer": optimizer_tensors},
+                 storage_writer=FileSystemWriter(tmp / "actor_state", sync_files=True), no_dist=world == 1)
+    _progress_hook("actor_state")
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        _write_hf_dir(tmp / "actor", unwrap(model), full, tokenizer)
+        _progress_hook("actor")
+        (tmp / "trainer_state.pt").write_bytes(state_bytes)
+        _progress_hook("trainer_state")
+        (tmp / "config.yaml").write_text(config_yaml)
+        _fsync_tree(tmp)
+        _write_atomic(tmp / COMPLETE, f"{step}\n".encode())
+        _progress_hook("complete")
+        if final.exists():
+            _discard(final)
+        os.rename(tmp, final)
+        _fsync_dir(root)
+        _progress_hook("renamed")
+        _write_atomic(root / TRACKER, f"{step}\n".encode())
+        _progress_hook("tracker")
+        if max_to_keep is not None:
+            older = [s for s in _complete_steps(root) if s < step]
+            for old in older[: max(0, len(older) - (max_to_keep - 1))]:
+                _discard(checkpoint_dir(root, old))
+    _barrier()
+    return final
+
+
+# ----------------------------------------------------------------------------------------------- load
+
+_DCP_METADATA_MODULES = ("torch.distributed.checkpoint.metadata",)
+_SAFE_GLOBALS = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+                 ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"), ("pathlib", "PosixPath"),
+                 ("pathlib", "WindowsPath"), ("builtins", "set"), ("builtins", "frozenset")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP's metadata file, unpickled with an allow-list of the classes that describe tensors."""
+
+    def find_class(self, module: str, name: str):
+        allowed = (module in _DCP_METADATA_MODULES or (module, name) in _SAFE_GLOBALS
+                   or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)))
+        if not allowed:
+            raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}: refused (not a tensor description)")
+        return super().find_class(module, name)
+
+
+class _SafeReader(FileSystemReader):
+    """A DCP reader whose metadata is read through ``_MetadataUnpickler``."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any):
+        rank = kwargs.get("rank")
+        with self.fs.create_stream(self._get_metadata_path(rank), "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def load_checkpoint(path: str | os.PathLike, *, model, optimizer, lr_scheduler=None) -> Resumed:
+    """Restore model, optimizer, LR schedule and RNGs from ``global_step_N``; every rank calls it.
+
+    The model and optimizer may be wrapped for any strategy and DP size (none, DDP, FSDP2).
+    """
+    path = Path(path)
+    if not is_complete(path):
+        raise FileNotFoundError(f"{path} is not a complete checkpoint")
+    rank, world = _rank_world()
+    payload = torch.load(path / "trainer_state.pt", weights_only=True)
+    if payload.get("format") != FORMAT:
+        raise ValueError(f"{path}: checkpoint format {payload.get('format')!r}, expected {FORMAT}")
+    msd, osd = get_state_dict(model, optimizer)  # a fresh optimizer's state is initialised here
+    optimizer_tensors, _ = _split_optimizer(osd)
+    state = {"model": msd, "optimizer": optimizer_tensors}
+    reader = _SafeReader(path / "actor_state")
+    reader.read_metadata()  # refuses unexpected pickled classes before DCP reads anything
+    with _single_process_quiet():
+        dcp.load(state, storage_reader=reader, no_dist=world == 1)
+    saved = payload["optimizer"]
+    merged = {fqn: {**state["optimizer"].get(fqn, {}), **saved["scalars"].get(fqn, {})} for fqn in saved["scalars"]}
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict={"state": merged, "param_groups": saved["param_groups"]})
+    if lr_scheduler is not None:
+        if payload["lr_scheduler"] is None:
+            raise ValueError(f"{path}: the checkpoint holds no LR schedule state")
+        lr_scheduler.load_state_dict(payload["lr_scheduler"])
+    rngs = payload["rng"]
+    _set_rng_state(rngs[rank] if len(rngs) == world else rngs[0])
+    return Resumed(path=path, step=int(payload["step"]), trainer_state=payload["trainer_state"],
+                   config_yaml=(path / "config.yaml").read_text())
+
+
+# ----------------------------------------------------------------------------------------------- resume
+
+def find_resume_checkpoint(trainer: TrainerConfig) -> Path | None:
+    """The checkpoint to resume from under ``trainer.resume_mode``, or None to start fresh."""
+    if trainer.resume_mode == "disable":
+        return None
+    if trainer.resume_mode == "auto":
+        return latest_checkpoint(trainer.default_local_dir)
+    path = Path(trainer.resume_from_path)
+    if not path.exists():
+        raise ConfigError("trainer.resume_from_path", f"{path} does not exist")
+    if is_complete(path):
+        return path
+    if STEP_DIR.match(path.name) is None:
+        found = latest_checkpoint(path)
+        if found is not None:
+            return found
+    raise ConfigError("trainer.resume_from_path",
+                      f"{path} is not a complete checkpoint (a global_step_N directory with its '{COMPLETE}' file)")
+
+
+def _flat(tree, prefix: str = "") -> dict:
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: tree}
+
+
+def _schedule_uses_run_length(flat: dict) -> bool:
+    prefix = "actor_rollout_ref.actor.optim."
+    return flat.get(prefix + "total_training_steps") == -1 and (
+        flat.get(prefix + "lr_scheduler_type") != "constant" or flat.get(prefix + "lr_warmup_steps_ratio", 0) > 0)
+
+
+def resume_differences(saved_yaml: str, cfg: TrainConfig) -> list[str]:
+    """Result-affecting keys whose value differs between the checkpoint's config and ``cfg``."""
+    from omegaconf import OmegaConf
+
+    from .config_load import config_dict
+
+    saved = _flat(OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=True))
+    now = _flat(config_dict(cfg))
+    free = [p for p in LAYOUT_KEYS if not (p in SCHEDULE_LENGTH_KEYS and _schedule_uses_run_length(now))]
+    return sorted(k for k in saved.keys() & now.keys()
+                  if saved[k] != now[k] and not any(fnmatch.fnmatchcase(k, p) for p in free))
+
+
+def check_resume_config(resumed: Resumed, cfg: TrainConfig) -> None:
+    """A ``ConfigError`` naming every result-affecting key that changed, unless the user allows it."""
+    if cfg.trainer.resume_allow_config_change:
+        return
+    changed = resume_differences(resumed.config_yaml, cfg)
+    if changed:
+        raise ConfigError(", ".join(changed),
+                          f"differs from the checkpoint being resumed ({resumed.path}); resume with the "
+                          "checkpoint's values, or set trainer.resume_allow_config_change=true")

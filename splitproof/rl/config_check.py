@@ -1,0 +1,362 @@
+"""Checks and derived views of a resolved `TrainConfig`; every error names its dotted key.
+
+``normalize`` settles verl's alternative spellings in place; ``validate`` checks every value before any
+model is loaded; ``to_loss_config`` / ``to_update_config`` build the engine's settings from the actor's
+keys. Two rules where verl has two names for one thing:
+
+- gradient clipping: ``actor.grad_clip`` (verl's actor) and ``actor.optim.clip_grad`` (verl's engine)
+  are one threshold. A value that differs from the default 1.0 wins; both set to different non-default
+  values is an error. After ``normalize`` both keys hold the threshold (same for the critic).
+- ``optim.warmup_style`` (verl's older name), when set, becomes ``optim.lr_scheduler_type``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import fields
+
+from ..config import KL_TYPES, ConfigError, LossConfig
+from ..engine import UpdateConfig
+from .config import ActorConfig, OptimConfig, PolicyLossConfig, TrainConfig
+
+ARR = "actor_rollout_ref"
+ACTOR = f"{ARR}.actor"
+ROLLOUT = f"{ARR}.rollout"
+
+# verl's estimator names (splitproof.advantages implements them; gae also needs a critic)
+KNOWN_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo",
+                    "gpg", "grpo_passk", "gae")
+# estimators that compare the n responses of one prompt: with n = 1 they are degenerate
+GROUP_ESTIMATORS = ("grpo", "rloo", "opo", "grpo_passk", "gpg", "reinforce_plus_plus_baseline")
+CRITIC_ESTIMATORS = ("gae",)  # need a value model: not supported yet
+
+DTYPES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16", "fp64": "fp64", "float64": "fp64"}
+STRATEGIES = {"fsdp": "fsdp2", "fsdp2": "fsdp2", "ddp": "ddp"}
+ROLLOUT_NAMES = ("hf",)
+LATER_ROLLOUTS = ("vllm", "sglang", "trtllm")
+LOGGERS = ("console", "file", "tensorboard", "wandb")
+VERL_LOGGERS = ("mlflow", "swanlab", "vemlp_wandb", "clearml", "trackio")
+RESUME_MODES = ("auto", "disable", "resume_path")
+TRUNCATIONS = ("error", "left", "right")
+OPTIMIZERS = ("AdamW", "SGD")
+LR_SCHEDULERS = ("constant", "cosine")
+KL_CONTROLLERS = ("fixed", "adaptive")
+ROLLOUT_IS = (None, "token", "sequence")
+
+
+def _fail(key: str, message: str):
+    raise ConfigError(key, message)
+
+
+def _require(cond: bool, key: str, message: str) -> None:
+    if not cond:
+        _fail(key, message)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _positive_int(value, key: str) -> None:
+    _require(_is_int(value) and value >= 1, key, f"must be an integer >= 1, got {value!r}")
+
+
+def _optional_positive_int(value, key: str) -> None:
+    _require(value is None or (_is_int(value) and value >= 1), key, f"must be null or an integer >= 1, got {value!r}")
+
+
+def _one_of(value, choices, key: str, later=(), later_reason="not supported yet") -> None:
+    if value in later:
+        _fail(key, f"{value!r} is {later_reason}; expected one of {', '.join(map(str, choices))}")
+    _require(value in choices, key, f"unknown {value!r}; expected one of {', '.join(map(str, choices))}")
+
+
+# ---------------------------------------------------------------------------------------------- normalize
+
+def _combine_grad_clip(owner, optim: OptimConfig, key: str) -> None:
+    default = 1.0
+    a, b = owner.grad_clip, optim.clip_grad
+    if a != b and a != default and b != default:
+        _fail(f"{key}.grad_clip", f"{a!r} disagrees with {key}.optim.clip_grad {b!r}; set one of them")
+    owner.grad_clip = optim.clip_grad = a if a != default else b
+
+
+def _expand(path):
+    if isinstance(path, str) and "://" not in path:
+        return os.path.expanduser(path)
+    return path
+
+
+def normalize(cfg: TrainConfig) -> TrainConfig:
+    """verl's alternative spellings made canonical, in place (and returned)."""
+    actor = cfg.actor_rollout_ref.actor
+    dtype = actor.fsdp_config.model_dtype
+    actor.fsdp_config.model_dtype = DTYPES.get(dtype, dtype)
+    for optim in (actor.optim, cfg.critic.optim):
+        if optim.warmup_style is not None:
+            optim.lr_scheduler_type, optim.warmup_style = optim.warmup_style, None
+    _combine_grad_clip(actor, actor.optim, ACTOR)
+    _combine_grad_clip(cfg.critic, cfg.critic.optim, "critic")
+    if isinstance(cfg.trainer.logger, str):
+        cfg.trainer.logger = [cfg.trainer.logger]
+    data = cfg.data
+    data.train_files = [_expand(p) for p in data.train_files] if isinstance(data.train_files, list) else _expand(data.train_files)
+    data.val_files = [_expand(p) for p in data.val_files] if isinstance(data.val_files, list) else _expand(data.val_files)
+    model = cfg.actor_rollout_ref.model
+    model.path, model.tokenizer_path = _expand(model.path), _expand(model.tokenizer_path)
+    cfg.trainer.default_local_dir = _expand(cfg.trainer.default_local_dir)
+    cfg.trainer.resume_from_path = _expand(cfg.trainer.resume_from_path)
+    for reward in (cfg.custom_reward_function, cfg.reward.custom_reward_function):
+        reward.path = _expand(reward.path)
+    return cfg
+
+
+# ---------------------------------------------------------------------------------------------- views
+
+_POLICY_LOSS_FIELDS = {f.name for f in fields(PolicyLossConfig)}
+_ACTOR_FIELDS = {f.name for f in fields(ActorConfig)}
+
+
+def _loss_key(name: str) -> str:
+    if name == "seed":
+        return f"{ACTOR}.data_loader_seed"
+    if name in _POLICY_LOSS_FIELDS:
+        return f"{ACTOR}.policy_loss.{name}"
+    return f"{ACTOR}.{name}"
+
+
+def to_loss_config(cfg: TrainConfig) -> LossConfig:
+    """The policy objective from ``actor`` and ``actor.policy_loss`` (fields shared by name)."""
+    actor = cfg.actor_rollout_ref.actor
+    values = {}
+    for f in fields(LossConfig):
+        if f.name in _POLICY_LOSS_FIELDS:
+            values[f.name] = getattr(actor.policy_loss, f.name)
+        elif f.name in _ACTOR_FIELDS:
+            values[f.name] = getattr(actor, f.name)
+    values["seed"] = actor.data_loader_seed
+    try:
+        return LossConfig(**values)
+    except ConfigError as e:
+        raise ConfigError(_loss_key(e.field), str(e).split(": ", 1)[1]) from None
+
+
+_UPDATE_KEYS = {"rollout_n": f"{ROLLOUT}.n", "temperature": f"{ROLLOUT}.temperature",
+                "cov_strategy": f"{ACTOR}.policy_loss.cov_strategy"}
+
+
+def to_update_config(cfg: TrainConfig) -> UpdateConfig:
+    """The engine's update: actor keys, ``rollout.n``, ``rollout.temperature`` (the log-prob temperature)."""
+    actor = cfg.actor_rollout_ref.actor
+    loss = to_loss_config(cfg)
+    try:
+        return UpdateConfig(
+            loss=loss,
+            ppo_mini_batch_size=actor.ppo_mini_batch_size,
+            rollout_n=cfg.actor_rollout_ref.rollout.n,
+            ppo_epochs=actor.ppo_epochs,
+            shuffle=actor.shuffle,
+            data_loader_seed=actor.data_loader_seed,
+            ppo_micro_batch_size_per_gpu=actor.ppo_micro_batch_size_per_gpu,
+            use_dynamic_bsz=actor.use_dynamic_bsz,
+            ppo_max_token_len_per_gpu=actor.ppo_max_token_len_per_gpu,
+            use_remove_padding=actor.use_remove_padding,
+            grad_clip=actor.grad_clip,
+            temperature=cfg.actor_rollout_ref.rollout.temperature,
+            cov_strategy=actor.policy_loss.cov_strategy,
+        )
+    except ConfigError as e:
+        key = _UPDATE_KEYS.get(e.field, f"{ACTOR}.{e.field}")
+        raise ConfigError(key, str(e).split(": ", 1)[1]) from None
+
+
+def dp_strategy(cfg: TrainConfig) -> str:
+    """``ddp`` or ``fsdp2`` (verl's ``fsdp`` is run as FSDP2)."""
+    return STRATEGIES[cfg.actor_rollout_ref.actor.strategy]
+
+
+def reward_function(cfg: TrainConfig) -> tuple[str | None, str]:
+    """(path, name) of the reward function from either of verl's two places; (None, ...) when none is named."""
+    top, nested = cfg.custom_reward_function, cfg.reward.custom_reward_function
+    if top.path is not None:
+        return top.path, top.name or "compute_score"
+    if nested.path is not None:
+        return nested.path, nested.name or "compute_score"
+    return None, "compute_score"
+
+
+# ---------------------------------------------------------------------------------------------- validate
+
+def _check_optim(optim: OptimConfig, key: str) -> None:
+    _one_of(optim.optimizer, OPTIMIZERS, f"{key}.optimizer")
+    _require(_finite(optim.lr) and optim.lr > 0, f"{key}.lr", f"must be a number > 0, got {optim.lr!r}")
+    betas = optim.betas
+    _require(len(betas) == 2 and all(_finite(b) and 0 <= b < 1 for b in betas), f"{key}.betas",
+             f"must be two numbers in [0, 1), got {betas!r}")
+    _require(_finite(optim.weight_decay) and optim.weight_decay >= 0, f"{key}.weight_decay",
+             f"must be >= 0, got {optim.weight_decay!r}")
+    _require(optim.lr_warmup_steps >= -1, f"{key}.lr_warmup_steps", f"must be -1 or >= 0, got {optim.lr_warmup_steps!r}")
+    _require(0 <= optim.lr_warmup_steps_ratio <= 1, f"{key}.lr_warmup_steps_ratio",
+             f"must be in [0, 1], got {optim.lr_warmup_steps_ratio!r}")
+    _one_of(optim.lr_scheduler_type, LR_SCHEDULERS, f"{key}.lr_scheduler_type")
+    _require(0 <= optim.min_lr_ratio <= 1, f"{key}.min_lr_ratio", f"must be in [0, 1], got {optim.min_lr_ratio!r}")
+    _require(_finite(optim.num_cycles) and optim.num_cycles >= 0, f"{key}.num_cycles",
+             f"must be >= 0, got {optim.num_cycles!r}")
+    _require(optim.total_training_steps == -1 or optim.total_training_steps >= 1, f"{key}.total_training_steps",
+             f"must be -1 (the trainer's) or >= 1, got {optim.total_training_steps!r}")
+    _require(_finite(optim.clip_grad) and optim.clip_grad > 0, f"{key}.clip_grad", f"must be > 0, got {optim.clip_grad!r}")
+
+
+def _check_files(value, key: str, required: bool) -> None:
+    items = value if isinstance(value, list) else ([] if value is None else [value])
+    if required:
+        _require(len(items) >= 1, key, "needs at least one file (or a builtin:// task)")
+    _require(all(isinstance(p, str) and p for p in items), key, f"must be a path or a list of paths, got {value!r}")
+
+
+def _check_data(cfg: TrainConfig) -> None:
+    data = cfg.data
+    _check_files(data.train_files, "data.train_files", required=True)
+    _check_files(data.val_files, "data.val_files", required=False)
+    _require(bool(data.prompt_key), "data.prompt_key", "must not be empty")
+    _require(bool(data.reward_fn_key), "data.reward_fn_key", "must not be empty")
+    for name in ("max_prompt_length", "max_response_length", "train_batch_size"):
+        _positive_int(getattr(data, name), f"data.{name}")
+    _optional_positive_int(data.val_batch_size, "data.val_batch_size")
+    _require(data.gen_batch_size is None or data.gen_batch_size == data.train_batch_size, "data.gen_batch_size",
+             f"must be null or equal data.train_batch_size ({data.train_batch_size}): over-sampling is not "
+             f"supported, got {data.gen_batch_size!r}")
+    _one_of(data.truncation, TRUNCATIONS, "data.truncation", later=("middle",))
+    for name in ("train_max_samples", "val_max_samples"):
+        value = getattr(data, name)
+        _require(value == -1 or value >= 1, f"data.{name}", f"must be -1 (all) or >= 1, got {value!r}")
+
+
+def _check_actor(cfg: TrainConfig) -> None:
+    arr = cfg.actor_rollout_ref
+    actor = arr.actor
+    _require(bool(arr.model.path), f"{ARR}.model.path", "must not be empty")
+    _one_of(actor.strategy, tuple(STRATEGIES), f"{ACTOR}.strategy", later=("megatron",), later_reason="not supported")
+    dtype = actor.fsdp_config.model_dtype
+    _one_of(dtype, ("fp32", "bf16", "fp64"), f"{ACTOR}.fsdp_config.model_dtype", later=("fp16", "float16"),
+            later_reason="not supported (fp16 needs loss scaling)")
+    _positive_int(actor.ppo_mini_batch_size, f"{ACTOR}.ppo_mini_batch_size")
+    _require(cfg.data.train_batch_size % actor.ppo_mini_batch_size == 0, f"{ACTOR}.ppo_mini_batch_size",
+             f"must divide data.train_batch_size ({cfg.data.train_batch_size}) into whole minibatches, "
+             f"got {actor.ppo_mini_batch_size}")
+    _optional_positive_int(actor.ppo_micro_batch_size_per_gpu, f"{ACTOR}.ppo_micro_batch_size_per_gpu")
+    for section, owner in ((ROLLOUT, arr.rollout), (f"{ARR}.ref", arr.ref)):
+        _optional_positive_int(owner.log_prob_micro_batch_size_per_gpu, f"{section}.log_prob_micro_batch_size_per_gpu")
+    sequence = cfg.data.max_prompt_length + cfg.data.max_response_length
+    budgets = [(f"{ACTOR}.ppo_max_token_len_per_gpu", actor.ppo_max_token_len_per_gpu, actor.use_dynamic_bsz)]
+    for section, owner in ((ROLLOUT, arr.rollout), (f"{ARR}.ref", arr.ref)):
+        budgets.append((f"{section}.log_prob_max_token_len_per_gpu", owner.log_prob_max_token_len_per_gpu,
+                        owner.log_prob_use_dynamic_bsz))
+    for key, budget, dynamic in budgets:
+        _positive_int(budget, key)
+        if dynamic:
+            _require(budget >= sequence, key, f"must hold one whole sequence (data.max_prompt_length + "
+                                              f"data.max_response_length = {sequence}), got {budget}")
+    _positive_int(actor.ppo_epochs, f"{ACTOR}.ppo_epochs")
+    _check_optim(actor.optim, f"{ACTOR}.optim")
+    to_update_config(cfg)  # every loss and update field, named
+
+
+def _check_rollout(cfg: TrainConfig) -> None:
+    rollout = cfg.actor_rollout_ref.rollout
+    _one_of(rollout.name, ROLLOUT_NAMES, f"{ROLLOUT}.name", later=LATER_ROLLOUTS)
+    _positive_int(rollout.n, f"{ROLLOUT}.n")
+    _positive_int(rollout.max_num_seqs, f"{ROLLOUT}.max_num_seqs")
+    _require(_finite(rollout.temperature) and rollout.temperature > 0, f"{ROLLOUT}.temperature",
+             f"must be > 0, got {rollout.temperature!r}")
+    for key, sampling in ((ROLLOUT, rollout), (f"{ROLLOUT}.val_kwargs", rollout.val_kwargs)):
+        _require(_finite(sampling.top_p) and 0 < sampling.top_p <= 1, f"{key}.top_p",
+                 f"must be in (0, 1], got {sampling.top_p!r}")
+        _require(sampling.top_k == -1 or sampling.top_k >= 0, f"{key}.top_k",
+                 f"must be -1 (off) or >= 0, got {sampling.top_k!r}")
+    val = rollout.val_kwargs
+    _positive_int(val.n, f"{ROLLOUT}.val_kwargs.n")
+    _require(_finite(val.temperature) and val.temperature >= 0, f"{ROLLOUT}.val_kwargs.temperature",
+             f"must be >= 0, got {val.temperature!r}")
+    _require(not val.do_sample or val.temperature > 0, f"{ROLLOUT}.val_kwargs.temperature",
+             "must be > 0 when val_kwargs.do_sample is true (0 means greedy: set do_sample=false)")
+    _require(rollout.prompt_length == cfg.data.max_prompt_length, f"{ROLLOUT}.prompt_length",
+             f"must equal data.max_prompt_length ({cfg.data.max_prompt_length}), got {rollout.prompt_length}")
+    _require(rollout.response_length == cfg.data.max_response_length, f"{ROLLOUT}.response_length",
+             f"must equal data.max_response_length ({cfg.data.max_response_length}), got {rollout.response_length}")
+
+
+def _check_algorithm(cfg: TrainConfig) -> None:
+    algo = cfg.algorithm
+    estimator = algo.adv_estimator
+    _one_of(estimator, KNOWN_ESTIMATORS, "algorithm.adv_estimator")
+    if estimator in CRITIC_ESTIMATORS:
+        _fail("algorithm.adv_estimator", f"{estimator!r} needs a critic (value model), which is not supported yet; "
+                                         f"use one of {', '.join(e for e in KNOWN_ESTIMATORS if e not in CRITIC_ESTIMATORS)}")
+    n = cfg.actor_rollout_ref.rollout.n
+    if estimator in GROUP_ESTIMATORS:
+        _require(n >= 2, f"{ROLLOUT}.n", f"algorithm.adv_estimator={estimator} compares the n responses of a prompt "
+                                         f"and needs n >= 2, got {n}")
+    for name in ("gamma", "lam"):
+        value = getattr(algo, name)
+        _require(_finite(value) and 0 <= value <= 1, f"algorithm.{name}", f"must be in [0, 1], got {value!r}")
+    _one_of(algo.kl_penalty, KL_TYPES, "algorithm.kl_penalty", later=("full",), later_reason="not supported")
+    ctrl = algo.kl_ctrl
+    _one_of(ctrl.type, KL_CONTROLLERS, "algorithm.kl_ctrl.type")
+    _require(_finite(ctrl.kl_coef) and ctrl.kl_coef >= 0, "algorithm.kl_ctrl.kl_coef", f"must be >= 0, got {ctrl.kl_coef!r}")
+    _positive_int(ctrl.horizon, "algorithm.kl_ctrl.horizon")
+    _require(_finite(ctrl.target_kl) and ctrl.target_kl > 0, "algorithm.kl_ctrl.target_kl",
+             f"must be > 0, got {ctrl.target_kl!r}")
+    corr = algo.rollout_correction
+    _one_of(corr.rollout_is, ROLLOUT_IS, "algorithm.rollout_correction.rollout_is")
+    _require(_finite(corr.rollout_is_threshold) and corr.rollout_is_threshold > 0,
+             "algorithm.rollout_correction.rollout_is_threshold", f"must be > 0, got {corr.rollout_is_threshold!r}")
+    critic = cfg.critic
+    _require(not critic.enable, "critic.enable", "a critic is not supported yet")
+    _check_optim(critic.optim, "critic.optim")
+
+
+def _check_trainer(cfg: TrainConfig) -> None:
+    trainer = cfg.trainer
+    _positive_int(trainer.total_epochs, "trainer.total_epochs")
+    _optional_positive_int(trainer.total_training_steps, "trainer.total_training_steps")
+    for name in trainer.logger:
+        _one_of(name, LOGGERS, "trainer.logger", later=VERL_LOGGERS, later_reason="not supported")
+    _require(len(set(trainer.logger)) == len(trainer.logger), "trainer.logger", f"lists a logger twice: {trainer.logger}")
+    _one_of(trainer.resume_mode, RESUME_MODES, "trainer.resume_mode")
+    if trainer.resume_mode == "resume_path":
+        _require(bool(trainer.resume_from_path), "trainer.resume_from_path",
+                 "must name a checkpoint (global_step_N) when trainer.resume_mode=resume_path")
+    else:
+        _require(trainer.resume_from_path is None, "trainer.resume_from_path",
+                 f"is read only with trainer.resume_mode=resume_path (it is {trainer.resume_mode!r})")
+    _require(bool(trainer.default_local_dir), "trainer.default_local_dir", "must not be empty")
+    _optional_positive_int(trainer.max_actor_ckpt_to_keep, "trainer.max_actor_ckpt_to_keep")
+    device = trainer.device
+    _require(device in ("cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit()), "trainer.device",
+             f"must be cpu, cuda or cuda:N, got {device!r}")
+
+
+def _check_reward(cfg: TrainConfig) -> None:
+    top, nested = cfg.custom_reward_function, cfg.reward.custom_reward_function
+    same = (top.path, top.name or "compute_score") == (nested.path, nested.name or "compute_score")
+    if top.path is not None and nested.path is not None and not same:
+        _fail("reward.custom_reward_function.path",
+              f"names {nested.path!r} while custom_reward_function.path names {top.path!r}; set one place")
+    _require(top.name is None or top.path is not None, "custom_reward_function.name",
+             "needs custom_reward_function.path (the file or module that defines it)")
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Raise ``ConfigError`` (dotted key + reason) for the first bad value; a normalized config is assumed."""
+    _check_data(cfg)
+    _check_actor(cfg)
+    _check_rollout(cfg)
+    _check_algorithm(cfg)
+    _check_trainer(cfg)
+    _check_reward(cfg)

@@ -1,0 +1,203 @@
+"""Load the `splitproof train` config the way Hydra/OmegaConf merge verl's: layers, overrides, interpolations.
+
+Layers, later wins: the schema's defaults (verl's) <- the built-in model's recipe <- ``--config FILE.yaml``
+<- ``key=value`` overrides. The recipe layer (``splitproof/recipes/charlm.yaml``: hyper-parameters tuned
+for the built-in model on the built-in task) applies exactly when ``actor_rollout_ref.model.path``,
+after the file and the overrides, is the built-in model; a user who brings a model gets verl's defaults
+for every key they leave unset.
+
+Overrides are Hydra's: dotted keys, YAML-typed values (``trainer.logger=[console,file]``,
+``optim.lr=1e-6``, ``x=null``; ``x=`` is the empty string; text that is not YAML is taken as it is);
+``+key=value`` and ``++key=value`` set a key like ``key=value``. ``${...}`` interpolations
+(``oc.select``, ``oc.env`` included) are resolved.
+Every key the user sets is classified by ``config_verl.classify`` before anything is merged.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Callable, Iterable
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
+
+from ..config import ConfigError
+from . import config_verl
+from .config import BUILTIN_MODEL, TrainConfig, schema_keys
+from .config_check import normalize, validate
+
+RECIPES = {BUILTIN_MODEL: "charlm.yaml"}
+MODEL_PATH = "actor_rollout_ref.model.path"
+
+_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list: "a list",
+               dict: "a mapping"}
+
+Items = list[tuple[str, Any]]
+
+
+def parse_override(arg: str) -> tuple[str, Any]:
+    """``key=value`` (Hydra's ``+``/``++`` prefixes allowed) -> (dotted key, YAML-typed value)."""
+    text = arg[2:] if arg.startswith("++") else arg[1:] if arg.startswith("+") else arg
+    if text.startswith("~"):
+        raise ConfigError(text[1:].split("=")[0] or arg, "deleting a key (Hydra's ~key) is not supported")
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(key or arg, f"expected key=value, got {arg!r}")
+    if raw == "":
+        return key, ""
+    try:
+        return key, OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]), resolve=False)["v"]
+    except Exception:  # not YAML (a Jinja chat template, say): the text itself, as a shell would pass it
+        return key, raw
+
+
+def read_config_file(path: str) -> dict:
+    """A YAML config file as a plain (unresolved) mapping."""
+    try:
+        loaded = OmegaConf.load(path)
+    except FileNotFoundError:
+        raise ConfigError("--config", f"file not found: {path}") from None
+    except OSError as e:
+        raise ConfigError("--config", f"cannot read {path}: {e.strerror or e}") from None
+    except Exception as e:
+        raise ConfigError("--config", f"{path} is not valid YAML: {' '.join(str(e).split())}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError("--config", f"{path} must hold a mapping of keys, not a list")
+    return OmegaConf.to_container(loaded, resolve=False)
+
+
+def flatten(value: Any, prefix: str = "") -> Items:
+    """Leaf (dotted key, value) pairs; a mapping-valued schema key stays whole, Hydra's ``_target_`` is dropped."""
+    keys = schema_keys()
+    info = keys.get(prefix)
+    if isinstance(value, dict) and value and not (info is not None and info.type is dict):
+        items: Items = []
+        for name, child in value.items():
+            if name == "_target_":
+                continue
+            items.extend(flatten(child, f"{prefix}.{name}" if prefix else str(name)))
+        return items
+    if info is not None and info.type is list and isinstance(value, str) and "${" not in value:
+        value = [value]  # trainer.logger=console
+    return [(prefix, value)]
+
+
+def _accept(items: Items, notices: list[str], settings: dict) -> Items:
+    """The items for our schema; notices for no-effect keys; a ConfigError for anything else."""
+    kept: Items = []
+    for key, value in items:
+        kind = config_verl.classify(key, value, settings)
+        if kind == "ours":
+            kept.append((key, value))
+        elif kind == "no_effect":
+            notices.append(f"{key}: no effect in splitproof ({config_verl.no_effect_reason(key)}); ignored")
+        elif kind == "unsupported":
+            raise ConfigError(key, config_verl.unsupported_message(key))
+        elif kind == "unknown":
+            if config_verl.is_section(key):
+                if config_verl.is_off(value):
+                    continue
+                raise ConfigError(key, "is a section, not a key; set the keys inside it")
+            raise ConfigError(key, config_verl.unknown_message(key))
+    return kept
+
+
+def _layer(items: Items) -> DictConfig:
+    layer = OmegaConf.create({})
+    for key, value in items:
+        OmegaConf.update(layer, key, value, merge=True, force_add=True)
+    return layer
+
+
+def _describe(key: str) -> str:
+    info = schema_keys().get(key)
+    if info is None:
+        return "a valid value"
+    word = _TYPE_WORDS.get(info.type, "a value")
+    return word + (" or null" if info.optional else "")
+
+
+def _config_error(e: OmegaConfBaseException, layers: list[DictConfig]) -> ConfigError:
+    key = getattr(e, "full_key", None) or "config"
+    if isinstance(e, InterpolationResolutionError):
+        return ConfigError(key, f"cannot resolve interpolation: {' '.join(str(e).splitlines()[0].split())}")
+    value = None
+    for layer in layers:
+        found = OmegaConf.select(layer, key, default=None, throw_on_missing=False)
+        value = found if found is not None else value
+    return ConfigError(key, f"expected {_describe(key)}, got {value!r}")
+
+
+@lru_cache(maxsize=1)
+def _defaults() -> DictConfig:
+    """The typed schema with verl's defaults (built once: OmegaConf.merge copies it)."""
+    return OmegaConf.structured(TrainConfig)
+
+
+def _merge(layers: list[DictConfig]) -> DictConfig:
+    try:
+        return OmegaConf.merge(_defaults(), *layers)
+    except OmegaConfBaseException as e:
+        raise _config_error(e, layers) from None
+    return merged
+
+
+def _resolve(merged: DictConfig, layers: list[DictConfig]) -> TrainConfig:
+    try:
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise _config_error(e, layers) from None
+
+
+def recipe_items(model_path: str) -> Items:
+    """The recipe of a built-in model, as (key, value) pairs; none for any other model."""
+    name = RECIPES.get(model_path)
+    if name is None:
+        return []
+    text = resources.files("splitproof.recipes").joinpath(name).read_text(encoding="utf-8")
+    return flatten(OmegaConf.to_container(OmegaConf.create(text), resolve=False))
+
+
+def _print_notice(message: str) -> None:
+    print(f"splitproof: notice: {message}", file=sys.stderr)
+
+
+def load_train_config(config_file: str | None, overrides: Iterable[str] = (), *,
+                      on_notice: Callable[[str], None] | None = None) -> TrainConfig:
+    """The resolved, normalized and validated config; ``ConfigError`` names the offending dotted key.
+
+    ``on_notice`` receives one line per accepted key that has no effect here (default: stderr).
+    """
+    notices: list[str] = []
+    file_items = flatten(read_config_file(config_file)) if config_file else []
+    override_items: Items = []
+    for arg in overrides:
+        key, value = parse_override(arg)
+        override_items.extend(flatten(value, key))
+    settings = dict(file_items + override_items)
+    user_layers = [_layer(_accept(file_items, notices, settings)), _layer(_accept(override_items, notices, settings))]
+    try:
+        model_path = OmegaConf.select(_merge(user_layers), MODEL_PATH)
+    except OmegaConfBaseException as e:
+        raise _config_error(e, user_layers) from None
+    recipe = recipe_items(model_path)
+    layers = ([_layer(_accept(recipe, [], {}))] if recipe else []) + user_layers
+    cfg = normalize(_resolve(_merge(layers), layers))
+    validate(cfg)
+    for message in notices:
+        (on_notice or _print_notice)(message)
+    return cfg
+
+
+def dump_config(cfg: TrainConfig) -> str:
+    """The resolved config as YAML; fed back through ``--config`` it loads as the same config."""
+    body = OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    return "# splitproof train: resolved config (verl's key names)\n" + body
+
+
+def config_dict(cfg: TrainConfig) -> dict:
+    """The resolved config as plain nested dicts and lists (for trackers and checkpoints)."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)

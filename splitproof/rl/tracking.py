@@ -1,0 +1,308 @@
+"""Metric logging of a `splitproof train` run (``trainer.logger``), and the learning curve at the end.
+
+Backends, chosen by name:
+
+- ``console``: a progress line per step — step/total, training reward (``critic/score/mean``), the
+  last held-out score (``val-core/<source>/reward/mean@1``), mean response length, step time, ETA.
+  On a terminal the line is rewritten in place (evaluation steps stay on screen); otherwise one line
+  per step.
+- ``file``: ``{default_local_dir}/metrics.jsonl``, one JSON object per step: ``"step"`` and verl's
+  metric names. Non-finite values are written as Python's json writes them (``NaN``, ``Infinity``).
+  Resuming from step N first drops the records after N, so the file ends up equal to an
+  uninterrupted run's; a fresh run starts a fresh file.
+- ``tensorboard``: event files in ``{default_local_dir}/tensorboard`` (extra ``splitproof[tensorboard]``);
+  resuming from step N purges the events after N.
+- ``wandb``: ``wandb.init(project=project_name, name=experiment_name, config=..., dir=default_local_dir)``
+  (extra ``splitproof[wandb]``; ``WANDB_MODE=offline`` works). Each launch is its own wandb run.
+
+Only rank 0 logs. ``finish`` writes ``{default_local_dir}/curve.png``: training reward and held-out
+score per step (from ``metrics.jsonl`` when resuming with the ``file`` logger, so the curve covers the
+whole run).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any, Mapping
+
+from ..config import ConfigError
+
+METRICS_FILE = "metrics.jsonl"
+CURVE_FILE = "curve.png"
+TENSORBOARD_DIR = "tensorboard"
+TRAIN_REWARD = "critic/score/mean"
+RESPONSE_LENGTH = "response_length/mean"
+STEP_TIME = "timing_s/step"
+_OPTIONAL = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
+
+
+def check_backends(loggers) -> None:
+    """A ``ConfigError`` naming ``trainer.logger`` when a chosen backend's package is not installed."""
+    for name in loggers:
+        if name in _OPTIONAL:
+            module, extra = _OPTIONAL[name]
+            if importlib.util.find_spec(module) is None:
+                raise ConfigError("trainer.logger", f"{name!r} needs the {module} package: "
+                                                    f"pip install 'splitproof[{extra}]'")
+
+
+def is_held_out(key: str) -> bool:
+    return key.startswith("val-core/") and key.endswith("/reward/mean@1")
+
+
+def _number(key: str, value) -> int | float:
+    if hasattr(value, "item"):  # a one-element tensor or a NumPy scalar
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"metric {key!r} must be a number, got {type(value).__name__}")
+    return value
+
+
+def read_metrics(path: str | os.PathLike, *, up_to_step: int | None = None) -> list[dict]:
+    """The records of a metrics.jsonl file (those with step <= up_to_step); stops at a torn last line."""
+    records = []
+    path = Path(path)
+    if not path.is_file():
+        return records
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                break  # a line cut by a crash: nothing after it was written
+            if up_to_step is None or record.get("step", math.inf) <= up_to_step:
+                records.append(record)
+    return records
+
+
+def _format_duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+class ConsoleProgress:
+    """The progress line: one per step, or one rewritten line on a terminal."""
+
+    def __init__(self, total_steps: int, stream: IO[str] | None = None, live: bool | None = None):
+        self.total = total_steps
+        self.stream = stream or sys.stdout
+        self.live = self.stream.isatty() if live is None else live
+        self.held_out: dict[str, float] = {}
+        self.held_out_step: int | None = None
+        self.step_times: list[float] = []
+        self._last_call: float | None = None
+        self._open_line = False
+
+    def format(self, step: int, metrics: Mapping[str, float]) -> str:
+        parts = [f"step {step}/{self.total}"]
+        if TRAIN_REWARD in metrics:
+            parts.append(f"reward {metrics[TRAIN_REWARD]:.3f}")
+        if self.held_out:
+            scores = " ".join(f"{source} {value:.3f}" for source, value in self.held_out.items())
+            if len(self.held_out) == 1:
+                scores = f"{next(iter(self.held_out.values())):.3f}"
+            parts.append(f"held-out {scores} (step {self.held_out_step})")
+        if RESPONSE_LENGTH in metrics:
+            parts.append(f"resp len {metrics[RESPONSE_LENGTH]:.1f}")
+        if self.step_times:
+            mean = sum(self.step_times) / len(self.step_times)
+            parts.append(f"{self.step_times[-1]:.2f} s/step")
+            parts.append(f"ETA {_format_duration(mean * max(0, self.total - step))}")
+        return " | ".join(parts)
+
+    def update(self, step: int, metrics: Mapping[str, float]) -> None:
+        now = time.perf_counter()
+        evaluated = [k for k in metrics if is_held_out(k)]
+        if evaluated:
+            self.held_out = {k.split("/")[1]: metrics[k] for k in sorted(evaluated)}
+            self.held_out_step = step
+        if STEP_TIME in metrics:
+            self.step_times.append(float(metrics[STEP_TIME]))
+        elif self._last_call is not None and step > 0:
+            self.step_times.append(now - self._last_call)
+        self._last_call = now
+        line = self.format(step, metrics)
+        if self.live:
+            self.stream.write("\r" + line + "\x1b[K" + ("\n" if evaluated or step >= self.total else ""))
+            self._open_line = not (evaluated or step >= self.total)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self._open_line:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._open_line = False
+
+
+class JsonlWriter:
+    """``metrics.jsonl``: records after ``resume_step`` dropped first (all of them on a fresh run)."""
+
+    def __init__(self, path: str | os.PathLike, resume_step: int | None = None):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept = read_metrics(self.path, up_to_step=resume_step) if resume_step is not None else []
+        tmp = self.path.with_name(f".tmp-{self.path.name}")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self.kept = kept
+        self.file = open(self.path, "a", encoding="utf-8")
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.file.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class TensorBoardWriter:
+    def __init__(self, log_dir: str | os.PathLike, resume_step: int | None = None):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=0 if resume_step is None else resume_step + 1)
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, global_step=step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbWriter:
+    def __init__(self, *, project: str, name: str, config: dict | None, directory: str | os.PathLike):
+        import wandb
+
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(project=project, name=name, config=config, dir=str(directory))
+
+    def write(self, step: int, metrics: Mapping[str, float]) -> None:
+        self.run.log(dict(metrics), step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def write_curve(records: list[dict], path: str | os.PathLike, title: str = "") -> Path | None:
+    """Training reward and held-out score per step as a PNG; None when no record has either."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    train = [(r["step"], r[TRAIN_REWARD]) for r in records if TRAIN_REWARD in r]
+    held_out: dict[str, list[tuple[int, float]]] = {}
+    for record in records:
+        for key in sorted(k for k in record if is_held_out(k)):
+            held_out.setdefault(key.split("/")[1], []).append((record["step"], record[key]))
+    if not train and not held_out:
+        return None
+    figure = Figure(figsize=(7, 4), dpi=110)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    if train:
+        axes.plot(*zip(*train), label="training reward (critic/score/mean)", color="tab:blue", alpha=0.7,
+                  linewidth=1)
+    colors = ("tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
+    for i, (source, points) in enumerate(held_out.items()):
+        axes.plot(*zip(*points), marker="o", label=f"held-out {source} (mean@1)", linewidth=1.5,
+                  color=colors[i % len(colors)])
+    axes.set_xlabel("step")
+    axes.set_ylabel("score")
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend(loc="best", fontsize=8)
+    figure.tight_layout()
+    path = Path(path)
+    figure.savefig(path)
+    return path
+
+
+def _default_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+class Tracker:
+    """``trainer.logger`` backends behind one ``log(metrics, step)`` call per step; rank 0 only."""
+
+    def __init__(self, loggers, *, local_dir: str | os.PathLike, total_steps: int, project_name: str = "splitproof",
+                 experiment_name: str = "default", config: dict | None = None, resume_step: int | None = None,
+                 rank: int | None = None, stream: IO[str] | None = None, live: bool | None = None):
+        unknown = [name for name in loggers if name not in ("console", "file", "tensorboard", "wandb")]
+        if unknown:
+            raise ConfigError("trainer.logger", f"unknown logger {unknown[0]!r}")
+        check_backends(loggers)
+        self.active = (_default_rank() if rank is None else rank) == 0
+        self.local_dir = Path(local_dir)
+        self.title = f"{project_name} / {experiment_name}"
+        self.console = None
+        self.writers: list[Any] = []
+        self.history: list[dict] = []
+        if not self.active:
+            return
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+        if "console" in loggers:
+            self.console = ConsoleProgress(total_steps, stream, live)
+        if "file" in loggers:
+            jsonl = JsonlWriter(self.local_dir / METRICS_FILE, resume_step)
+            self.history = list(jsonl.kept)
+            self.writers.append(jsonl)
+        if "tensorboard" in loggers:
+            self.writers.append(TensorBoardWriter(self.local_dir / TENSORBOARD_DIR, resume_step))
+        if "wandb" in loggers:
+            self.writers.append(WandbWriter(project=project_name, name=experiment_name, config=config,
+                                            directory=self.local_dir))
+
+    @classmethod
+    def from_config(cls, cfg, *, total_steps: int, resume_step: int | None = None, **kwargs) -> "Tracker":
+        """From a resolved ``TrainConfig`` (``trainer.logger``, ``default_local_dir``, project and experiment)."""
+        from .config_load import config_dict
+
+        trainer = cfg.trainer
+        return cls(trainer.logger, local_dir=trainer.default_local_dir, total_steps=total_steps,
+                   project_name=trainer.project_name, experiment_name=trainer.experiment_name,
+                   config=config_dict(cfg), resume_step=resume_step, **kwargs)
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        """One call per step with all of that step's metrics (evaluation included)."""
+        if not self.active:
+            return
+        values = {key: _number(key, value) for key, value in metrics.items()}
+        self.history.append({"step": step, **values})
+        for writer in self.writers:
+            writer.write(step, values)
+        if self.console is not None:
+            self.console.update(step, values)
+
+    def finish(self) -> Path | None:
+        """Close every backend and write ``curve.png``; returns its path (None if nothing to plot)."""
+        if not self.active:
+            return None
+        if self.console is not None:
+            self.console.close()
+        for writer in self.writers:
+            writer.close()
+        self.writers = []
+        return write_curve(self.history, self.local_dir / CURVE_FILE, self.title)
+
+    def __enter__(self) -> "Tracker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.finish()

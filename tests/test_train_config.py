@@ -1,0 +1,346 @@
+"""`splitproof train` config: verl-style merging, interpolations, the recipe rule, errors naming keys."""
+
+import dataclasses
+import fnmatch
+
+import pytest
+
+from splitproof import ConfigError, LossConfig
+from splitproof.rl import config_verl
+from splitproof.rl.config import BUILTIN_MODEL, TrainConfig, schema_keys
+from splitproof.rl.config_check import (GROUP_ESTIMATORS, KNOWN_ESTIMATORS, dp_strategy, reward_function,
+                                        to_update_config)
+from splitproof.rl.config_load import (config_dict, dump_config, load_train_config, parse_override,
+                                       recipe_items)
+
+USER_MODEL = "actor_rollout_ref.model.path=/models/my-model"
+VERL_LINE = [
+    "data.train_files=x.parquet", "data.train_batch_size=16", "actor_rollout_ref.rollout.n=8",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean",
+    "algorithm.adv_estimator=grpo", "trainer.total_training_steps=20",
+]
+
+
+def load(*overrides, config_file=None):
+    notices = []
+    cfg = load_train_config(config_file, list(overrides), on_notice=notices.append)
+    return cfg, notices
+
+
+def error_of(*overrides, config_file=None) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load(*overrides, config_file=config_file)
+    return info.value
+
+
+def test_verl_command_line_resolves():
+    cfg, notices = load(*VERL_LINE)
+    arr = cfg.actor_rollout_ref
+    assert notices == []
+    assert cfg.data.train_files == "x.parquet"
+    assert cfg.data.train_batch_size == 16
+    assert arr.rollout.n == 8
+    assert arr.actor.ppo_mini_batch_size == 8
+    assert arr.actor.policy_loss.loss_mode == "geo_mean"
+    assert cfg.algorithm.adv_estimator == "grpo"
+    assert cfg.trainer.total_training_steps == 20
+    update = to_update_config(cfg)
+    assert update.minibatch_sequences == 64
+    assert update.loss.loss_mode == "geo_mean"
+
+
+def test_verl_grpo_example_script_loads_with_notices():
+    """verl's GRPO example script (gsm8k, Qwen2-7B), minus the vLLM backend."""
+    args = [
+        "algorithm.adv_estimator=grpo", "data.train_files=/data/gsm8k/train.parquet",
+        "data.val_files=/data/gsm8k/test.parquet", "data.train_batch_size=1024", "data.max_prompt_length=512",
+        "data.max_response_length=1024", "data.filter_overlong_prompts=True", "data.truncation=error",
+        "actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct", "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.actor.ppo_mini_batch_size=256",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40", "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.kl_loss_coef=0.001", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+        "actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.n=5",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40",
+        "actor_rollout_ref.ref.fsdp_config.param_offload=True", "algorithm.use_kl_in_reward=False",
+        "trainer.critic_warmup=0", 'trainer.logger=["console","wandb"]',
+        "trainer.project_name=verl_grpo_example_gsm8k", "trainer.experiment_name=qwen2_7b_function_rm",
+        "trainer.n_gpus_per_node=8", "trainer.nnodes=1", "trainer.save_freq=20", "trainer.test_freq=5",
+        "trainer.total_epochs=15",
+    ]
+    cfg, notices = load(*args)
+    noticed = {line.split(":")[0] for line in notices}
+    assert noticed == {
+        "actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.rollout.gpu_memory_utilization",
+        "actor_rollout_ref.ref.fsdp_config.param_offload", "trainer.n_gpus_per_node", "trainer.nnodes",
+    }
+    assert all("no effect" in line for line in notices)
+    arr = cfg.actor_rollout_ref
+    assert arr.actor.use_remove_padding is True  # follows model.use_remove_padding
+    assert arr.actor.ppo_micro_batch_size_per_gpu == 40
+    assert arr.ref.log_prob_micro_batch_size_per_gpu == 40
+    assert cfg.trainer.logger == ["console", "wandb"]
+    assert cfg.trainer.default_local_dir == "checkpoints/verl_grpo_example_gsm8k/qwen2_7b_function_rm"
+    assert arr.rollout.response_length == 1024  # follows data.max_response_length
+    assert cfg.data.train_batch_size == 1024 and arr.actor.optim.lr == 1e-6
+    assert error_of(*args, "actor_rollout_ref.rollout.name=vllm").field == "actor_rollout_ref.rollout.name"
+    assert "not supported yet" in str(error_of(*args, "actor_rollout_ref.rollout.name=vllm"))
+
+
+def test_hydra_override_forms():
+    assert parse_override("+data.seed=3") == ("data.seed", 3)
+    assert parse_override("++actor_rollout_ref.actor.optim.lr=1e-5") == ("actor_rollout_ref.actor.optim.lr", 1e-5)
+    assert parse_override("trainer.logger=[console,file]") == ("trainer.logger", ["console", "file"])
+    assert parse_override("trainer.resume_from_path=null") == ("trainer.resume_from_path", None)
+    assert parse_override("trainer.experiment_name=") == ("trainer.experiment_name", "")
+    assert parse_override("trainer.experiment_name='007'") == ("trainer.experiment_name", "007")
+    assert parse_override("data.apply_chat_template_kwargs={enable_thinking: false}") == (
+        "data.apply_chat_template_kwargs", {"enable_thinking": False})
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    assert parse_override(f"actor_rollout_ref.model.custom_chat_template={template}")[1] == template
+    assert error_of("~data.seed").field == "data.seed"
+    assert "key=value" in str(error_of("data.seed"))
+    cfg, _ = load("trainer.logger=console", "+data.seed=3", "data.apply_chat_template_kwargs.enable_thinking=false")
+    assert cfg.trainer.logger == ["console"]
+    assert cfg.data.seed == 3
+    assert cfg.data.apply_chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_unknown_key_suggests_nearest():
+    error = error_of("data.train_batch_sise=8")
+    assert error.field == "data.train_batch_sise"
+    assert "did you mean data.train_batch_size?" in str(error)
+    error = error_of("actor_rollout_ref.actor.lr=1e-5")
+    assert "did you mean actor_rollout_ref.actor.optim.lr?" in str(error)
+    assert "did you mean data.train_batch_size?" in str(error_of("trainer.train_batch_size=8"))
+    assert "unknown key" in str(error_of("nonsense.entirely=1"))
+    assert "is a section" in str(error_of("data=3"))
+
+
+def test_unsupported_verl_key_and_off_values():
+    error = error_of("actor_rollout_ref.model.lora_rank=8")
+    assert error.field == "actor_rollout_ref.model.lora_rank"
+    assert "verl key is not supported by splitproof" in str(error) and "LoRA" in str(error)
+    assert "ppo_micro_batch_size_per_gpu" in str(error_of("actor_rollout_ref.actor.ppo_micro_batch_size=4"))
+    assert "not supported" in str(error_of("algorithm.filter_groups.enable=true"))
+    # "off" values, and settings inside a feature that stays off, are accepted silently
+    cfg, notices = load("actor_rollout_ref.model.lora_rank=0", "algorithm.filter_groups.enable=false",
+                        "algorithm.filter_groups.metric=acc", "trainer.critic_warmup=0",
+                        "actor_rollout_ref.actor.ppo_micro_batch_size=null", "reward_model.enable=False")
+    assert notices == [] and cfg == load()[0]
+    # ... but not once the feature is switched on
+    assert error_of("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc").field in (
+        "algorithm.filter_groups.enable", "algorithm.filter_groups.metric")
+
+
+def test_no_effect_keys_give_a_notice_and_change_nothing():
+    cfg, notices = load("actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "trainer.balance_batch=false",
+                        "actor_rollout_ref.actor.use_torch_compile=false", "+ray_kwargs.ray_init.num_cpus=4")
+    assert cfg == load()[0]
+    assert len(notices) == 4
+    assert notices[0].startswith("actor_rollout_ref.rollout.gpu_memory_utilization: no effect in splitproof")
+
+
+def test_wrong_types_name_the_key():
+    error = error_of("data.train_batch_size=abc")
+    assert error.field == "data.train_batch_size"
+    assert "expected an integer" in str(error) and "'abc'" in str(error)
+    assert error_of("actor_rollout_ref.actor.use_kl_loss=maybe").field == "actor_rollout_ref.actor.use_kl_loss"
+    assert error_of("actor_rollout_ref.actor.optim.lr=fast").field == "actor_rollout_ref.actor.optim.lr"
+    assert "or null" in str(error_of("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=x"))
+    assert error_of("data.max_prompt_length=null").field == "data.max_prompt_length"
+
+
+@pytest.mark.parametrize("overrides, key, words", [
+    (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n", "grpo"),
+    (["algorithm.adv_estimator=rloo", "actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n", "rloo"),
+    (["algorithm.adv_estimator=ppo"], "algorithm.adv_estimator", "unknown"),
+    (["algorithm.adv_estimator=gae"], "algorithm.adv_estimator", "critic"),
+    (["data.train_batch_size=60", "actor_rollout_ref.actor.ppo_mini_batch_size=16"], "actor_rollout_ref.actor.ppo_mini_batch_size", "must divide"),
+    (["data.gen_batch_size=128"], "data.gen_batch_size", "over-sampling"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0"], "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", ">= 1"),
+    (["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=0"], "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", ">= 1"),
+    (["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=10"],
+     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "whole sequence"),
+    (["actor_rollout_ref.actor.fsdp_config.model_dtype=fp16"], "actor_rollout_ref.actor.fsdp_config.model_dtype", "loss scaling"),
+    (["actor_rollout_ref.actor.fsdp_config.model_dtype=int8"], "actor_rollout_ref.actor.fsdp_config.model_dtype", "unknown"),
+    (["actor_rollout_ref.actor.strategy=megatron"], "actor_rollout_ref.actor.strategy", "not supported"),
+    (["actor_rollout_ref.rollout.name=sglang"], "actor_rollout_ref.rollout.name", "not supported yet"),
+    (["trainer.resume_mode=sometimes"], "trainer.resume_mode", "unknown"),
+    (["trainer.resume_mode=resume_path"], "trainer.resume_from_path", "must name"),
+    (["trainer.resume_from_path=/ckpt/global_step_3"], "trainer.resume_from_path", "resume_mode=resume_path"),
+    (["trainer.logger=[console,mlflow]"], "trainer.logger", "not supported"),
+    (["trainer.logger=[console,console]"], "trainer.logger", "twice"),
+    (["data.truncation=middle"], "data.truncation", "not supported"),
+    (["algorithm.rollout_correction.rollout_is=geometric"], "algorithm.rollout_correction.rollout_is", "unknown"),
+    (["actor_rollout_ref.actor.kl_loss_type=k9"], "actor_rollout_ref.actor.kl_loss_type", "unknown"),
+    (["actor_rollout_ref.actor.loss_agg_mode=mean"], "actor_rollout_ref.actor.loss_agg_mode", "unknown"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=ppo2"], "actor_rollout_ref.actor.policy_loss.loss_mode", "unknown"),
+    (["actor_rollout_ref.actor.policy_loss.loss_mode=dro"], "actor_rollout_ref.actor.policy_loss.dro_beta", "dro_beta"),
+    (["actor_rollout_ref.actor.policy_loss.cov_strategy=magic"], "actor_rollout_ref.actor.policy_loss.cov_strategy", "unknown"),
+    (["actor_rollout_ref.rollout.temperature=0"], "actor_rollout_ref.rollout.temperature", "> 0"),
+    (["actor_rollout_ref.rollout.top_p=0"], "actor_rollout_ref.rollout.top_p", "(0, 1]"),
+    (["actor_rollout_ref.rollout.val_kwargs.do_sample=true"], "actor_rollout_ref.rollout.val_kwargs.temperature", "greedy"),
+    (["actor_rollout_ref.rollout.response_length=4"], "actor_rollout_ref.rollout.response_length", "must equal"),
+    (["algorithm.kl_penalty=full"], "algorithm.kl_penalty", "not supported"),
+    (["algorithm.kl_ctrl.type=pid"], "algorithm.kl_ctrl.type", "unknown"),
+    (["actor_rollout_ref.actor.optim.lr_scheduler_type=linear"], "actor_rollout_ref.actor.optim.lr_scheduler_type", "unknown"),
+    (["actor_rollout_ref.actor.optim.betas=[0.9]"], "actor_rollout_ref.actor.optim.betas", "two numbers"),
+    (["actor_rollout_ref.actor.grad_clip=0.5", "actor_rollout_ref.actor.optim.clip_grad=2.0"],
+     "actor_rollout_ref.actor.grad_clip", "disagrees"),
+    (["critic.enable=true"], "critic.enable", "not supported"),
+    (["trainer.device=tpu"], "trainer.device", "cpu"),
+    (["data.train_files=[]"], "data.train_files", "at least one"),
+    (["custom_reward_function.name=my_fn"], "custom_reward_function.name", "custom_reward_function.path"),
+    (["custom_reward_function.path=a.py", "reward.custom_reward_function.path=b.py"],
+     "reward.custom_reward_function.path", "set one place"),
+])
+def test_semantic_errors_name_the_key(overrides, key, words):
+    error = error_of(*overrides)
+    assert error.field == key
+    assert words in str(error)
+
+
+def test_spellings_and_combined_keys():
+    cfg, _ = load("actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16", "actor_rollout_ref.actor.strategy=fsdp",
+                  "actor_rollout_ref.actor.optim.clip_grad=0.5", "actor_rollout_ref.actor.optim.warmup_style=cosine")
+    actor = cfg.actor_rollout_ref.actor
+    assert actor.fsdp_config.model_dtype == "bf16"
+    assert dp_strategy(cfg) == "fsdp2"
+    assert actor.grad_clip == actor.optim.clip_grad == 0.5
+    assert to_update_config(cfg).grad_clip == 0.5
+    assert actor.optim.lr_scheduler_type == "cosine" and actor.optim.warmup_style is None
+    cfg, _ = load("actor_rollout_ref.actor.grad_clip=0.25")
+    assert cfg.actor_rollout_ref.actor.optim.clip_grad == 0.25
+    cfg, _ = load("actor_rollout_ref.actor.fsdp_config.model_dtype=float64", "actor_rollout_ref.actor.strategy=ddp")
+    assert cfg.actor_rollout_ref.actor.fsdp_config.model_dtype == "fp64" and dp_strategy(cfg) == "ddp"
+
+
+def test_interpolations_follow_unless_set(monkeypatch):
+    cfg, _ = load("actor_rollout_ref.model.use_remove_padding=true")
+    assert cfg.actor_rollout_ref.actor.use_remove_padding is True
+    cfg, _ = load("actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_remove_padding=false")
+    assert cfg.actor_rollout_ref.actor.use_remove_padding is False
+    cfg, _ = load("actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+                  "actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                  "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64")
+    critic, rollout, ref = cfg.critic, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref
+    assert (critic.ppo_mini_batch_size, critic.loss_agg_mode, critic.strategy) == (16, "seq-mean-token-mean", "ddp")
+    assert critic.use_dynamic_bsz and rollout.log_prob_use_dynamic_bsz and ref.log_prob_use_dynamic_bsz
+    assert rollout.log_prob_max_token_len_per_gpu == ref.log_prob_max_token_len_per_gpu == 64
+    cfg, _ = load("critic.ppo_micro_batch_size_per_gpu=4")
+    assert cfg.critic.forward_micro_batch_size_per_gpu == 4
+    monkeypatch.setenv("SPLITPROOF_TEST_RUN", "run7")
+    cfg, _ = load("trainer.experiment_name=${oc.env:SPLITPROOF_TEST_RUN}",
+                  "trainer.project_name=p", "data.max_response_length=${data.max_prompt_length}")
+    assert cfg.trainer.default_local_dir == "checkpoints/p/run7"
+    assert cfg.actor_rollout_ref.rollout.response_length == cfg.data.max_prompt_length
+    error = error_of("trainer.experiment_name=${trainer.nothing_here}")
+    assert error.field == "trainer.experiment_name" and "interpolation" in str(error)
+
+
+def test_recipe_applies_only_to_the_builtin_model(tmp_path):
+    recipe = dict(recipe_items(BUILTIN_MODEL))
+    assert recipe["algorithm.adv_estimator"] == "grpo" and recipe_items("/models/x") == []
+    builtin, _ = load()
+    assert builtin.actor_rollout_ref.model.path == BUILTIN_MODEL
+    for key, value in recipe.items():
+        node = builtin
+        for part in key.split("."):
+            node = getattr(node, part)
+        assert node == (builtin.data.train_batch_size if value == "${data.train_batch_size}" else value), key
+    verl = TrainConfig()
+    own, _ = load(USER_MODEL, "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4")
+    assert own.data.train_batch_size == verl.data.train_batch_size == 1024  # verl's default, not the recipe's 64
+    assert own.actor_rollout_ref.actor.optim.lr == 1e-6
+    assert error_of(USER_MODEL).field == "algorithm.adv_estimator"  # verl's default gae, no recipe
+    # the rule reads the model path after the file and the overrides
+    config = tmp_path / "c.yaml"
+    config.write_text("actor_rollout_ref:\n  model:\n    path: /models/mine\n"
+                      "data:\n  train_batch_size: 32\n")
+    cfg, _ = load(f"actor_rollout_ref.model.path={BUILTIN_MODEL}", config_file=str(config))
+    assert cfg.data.train_batch_size == 32  # the file wins over the recipe
+    assert cfg.actor_rollout_ref.rollout.n == recipe["actor_rollout_ref.rollout.n"]  # the recipe wins over verl
+    config.write_text(f"actor_rollout_ref:\n  model:\n    path: {BUILTIN_MODEL}\n")
+    cfg, _ = load(USER_MODEL, "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4", config_file=str(config))
+    assert cfg.data.train_batch_size == 1024
+
+
+def test_recipe_keys_are_schema_keys():
+    keys = schema_keys()
+    assert all(key in keys for key, _ in recipe_items(BUILTIN_MODEL))
+
+
+@pytest.mark.parametrize("overrides", [[], VERL_LINE + [USER_MODEL, "actor_rollout_ref.actor.optim.clip_grad=0.3",
+                                                        "trainer.logger=[console]"]])
+def test_print_config_round_trip(tmp_path, overrides):
+    cfg, _ = load(*overrides)
+    text = dump_config(cfg)
+    path = tmp_path / "printed.yaml"
+    path.write_text(text)
+    again, notices = load(config_file=str(path))
+    assert again == cfg and notices == []
+    assert dump_config(again) == text
+
+
+def test_config_file_layer_and_errors(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("_target_: verl.Something\ndata:\n  _target_: x\n  train_batch_size: 32\n"
+                    "actor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 16\n")
+    cfg, _ = load("data.train_batch_size=64", config_file=str(path))
+    assert cfg.data.train_batch_size == 64 and cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 16
+    assert error_of(config_file=str(tmp_path / "missing.yaml")).field == "--config"
+    path.write_text("data: [1, 2\n")
+    assert "not valid YAML" in str(error_of(config_file=str(path)))
+    path.write_text("- a\n- b\n")
+    assert "mapping" in str(error_of(config_file=str(path)))
+    path.write_text("defaults:\n  - ppo_trainer\n")
+    assert "Hydra defaults" in str(error_of(config_file=str(path)))
+    path.write_text("data:\n  train_batch_sizes: 8\n")
+    assert error_of(config_file=str(path)).field == "data.train_batch_sizes"
+
+
+def test_update_config_from_actor_keys():
+    cfg, _ = load("actor_rollout_ref.rollout.temperature=0.7", "actor_rollout_ref.actor.data_loader_seed=5",
+                  "actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov", "actor_rollout_ref.actor.clip_ratio_high=0.28",
+                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.ppo_epochs=2")
+    update = to_update_config(cfg)
+    assert update.temperature == 0.7
+    assert update.loss.seed == 5 and update.data_loader_seed == 5  # Clip-Cov's hash seed
+    assert update.loss.loss_mode == "clip_cov" and update.loss.eps_high == 0.28 and update.loss.eps_low == 0.2
+    assert (update.ppo_micro_batch_size_per_gpu, update.ppo_epochs, update.rollout_n) == (4, 2, 8)
+    shared = {f.name for f in dataclasses.fields(LossConfig)} - {"seed"}
+    actor = cfg.actor_rollout_ref.actor
+    for name in shared:
+        owner = actor.policy_loss if hasattr(actor.policy_loss, name) else actor
+        assert getattr(update.loss, name) == getattr(owner, name), name
+
+
+def test_reward_function_from_either_place():
+    cfg, _ = load("reward.custom_reward_function.path=r.py")
+    assert reward_function(cfg) == ("r.py", "compute_score")
+    cfg, _ = load("custom_reward_function.path=pkg://mine.rewards", "custom_reward_function.name=score")
+    assert reward_function(cfg) == ("pkg://mine.rewards", "score")
+    assert reward_function(load()[0]) == (None, "compute_score")
+
+
+def test_schema_is_verl_tree_plus_documented_additions():
+    ours = set(schema_keys())
+    assert ours - config_verl.verl_keys() == {"actor_rollout_ref.actor.policy_loss.cov_strategy",
+                                              "trainer.resume_allow_config_change", "trainer.seed"}
+    for pattern in config_verl.NO_EFFECT:  # every pattern matches a verl key, none of ours
+        assert any(fnmatch.fnmatchcase(k, pattern) for k in config_verl.verl_keys()), pattern
+        assert not any(fnmatch.fnmatchcase(k, pattern) for k in ours), pattern
+    assert set(GROUP_ESTIMATORS) <= set(KNOWN_ESTIMATORS)
+
+
+def test_config_dict_is_plain():
+    cfg, _ = load()
+    plain = config_dict(cfg)
+    assert plain["data"]["train_batch_size"] == cfg.data.train_batch_size
+    assert isinstance(plain["trainer"]["logger"], list)
