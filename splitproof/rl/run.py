@@ -23,13 +23,16 @@ from ..engine.distributed import is_fsdp2
 from ..models import unwrap
 from ..stats import MinibatchStats
 from .config import TrainConfig
-from .config_load import to_update_config, torch_dtype
+from .config_check import dp_strategy, reward_function as reward_function_setting, to_update_config
 from .data import PromptDataset, PromptSampler, load_prompts
 from .kl_control import make_kl_controller
 from .models import generation_eos_ids, load_policy, load_tokenizer
 from .rewards import check_reward_sources, load_reward_function
 from .rollout import HFRollout, SamplingParams
 from .schedule import make_optimizer, make_scheduler
+
+
+MODEL_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
 
 
 @dataclass
@@ -125,7 +128,7 @@ def build_run(cfg: TrainConfig, *, collective=None) -> Run:
     """Data, reward and config checks first (no model loaded yet), then the models and the optimizer."""
     collective = collective or default_collective("cpu")
     update_config = to_update_config(cfg)
-    dtype = torch_dtype(cfg.actor_rollout_ref.actor.fsdp_config.model_dtype)
+    dtype = MODEL_DTYPES[cfg.actor_rollout_ref.actor.fsdp_config.model_dtype]
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model)
     data_kwargs = dict(prompt_key=cfg.data.prompt_key, max_prompt_length=cfg.data.max_prompt_length,
                        truncation=cfg.data.truncation, apply_chat_template_kwargs=cfg.data.apply_chat_template_kwargs,
@@ -149,8 +152,7 @@ def build_run(cfg: TrainConfig, *, collective=None) -> Run:
     ref = _frozen_copy(policy) if needs_ref else None
     inference_copy = None
     if collective.world_size > 1:
-        strategy = cfg.actor_rollout_ref.actor.strategy
-        strategy = "fsdp2" if strategy in ("fsdp", "fsdp2") else strategy
+        strategy = dp_strategy(cfg)
         if strategy == "fsdp2":
             inference_copy = _frozen_copy(policy)
         policy = wrap_model(policy, strategy)
@@ -174,10 +176,8 @@ def build_run(cfg: TrainConfig, *, collective=None) -> Run:
 def reward_function(cfg: TrainConfig):
     """The named reward function (``custom_reward_function``, else ``reward.custom_reward_function``), or
     None: each row's built-in rule by its data source."""
-    for where in (cfg.custom_reward_function, cfg.reward.custom_reward_function):
-        if where.path:
-            return load_reward_function(where.path, where.name or "compute_score")
-    return None
+    path, name = reward_function_setting(cfg)
+    return load_reward_function(path, name) if path else None
 
 
 def _files(value) -> list[str]:
