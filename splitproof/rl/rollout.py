@@ -1,0 +1,315 @@
+"""The ``hf`` rollout backend: a KV-cached decode loop for any Hugging Face causal LM, with
+layout-independent sampling (``splitproof.rl.sampling``).
+
+A request is ``(uid, j, prompt_ids)``: sample j of prompt uid. Token t of that sample draws its uniform
+from the stream (seed, stream, step, uid, j, t) and is chosen from its own logits row alone, so the
+tokens do not depend on ``max_num_seqs``, on the order of the requests, on which requests share a chunk,
+or on how the requests are split across data-parallel ranks — provided the model computes a row's logits
+independently of the rest of the batch. Two rules make that exactly so on CPU (float64 and float32):
+
+- canonical padding: a prompt of length L is left-padded to ``ceil((L + 1) / pad_multiple) · pad_multiple``
+  columns, and a chunk to the widest of those. A row's tokens then move by a multiple of ``pad_multiple``
+  from one chunk to another, which keeps the vectorised reductions of the attention kernel (sums over
+  keys, in lanes of 8 doubles / 16 floats) in the same lanes; the "+ 1" keeps at least one padding
+  column, so the attention mask is always materialised (no switch to the mask-free causal kernel);
+- a row floor: every forward has at least ``min_rows`` rows (filler copies of a live row, their output
+  discarded). BLAS picks different matrix kernels for 1–15 rows than for more, and those round
+  differently; above the floor a row's product does not depend on how many rows share it.
+
+Finished sequences stop costing compute: live rows are compacted (``index_select`` of the KV cache)
+whenever that shrinks the decode batch by an eighth or more.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from splitproof.batch import RolloutBatch
+from splitproof.config import ConfigError
+from splitproof.engine.logprobs import _logits_of, _takes_logits_to_keep
+from splitproof.models import unwrap, vocab_size_of
+from splitproof.rl.sampling import sample_tokens, stream_keys, token_uniforms
+
+_INT64_MAX = (1 << 63) - 1
+_COMPACT_SHARE = 8  # compact the decode batch when that removes at least 1/8 of its rows
+
+Request = tuple[int, int, Sequence[int]]
+
+
+class RolloutError(ValueError):
+    """A bad generation request: names the field and the request (position, uid, sample index)."""
+
+    def __init__(self, field: str, message: str, position: int | None = None, uid: int | None = None,
+                 index: int | None = None):
+        where = f" (requests[{position}], uid {uid}, sample {index})" if position is not None else ""
+        super().__init__(f"{field}{where}: {message}")
+        self.field, self.position, self.uid, self.index = field, position, uid, index
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What to generate. ``top_k`` -1 (or 0) and ``top_p`` 1.0 are off; greedy when ``do_sample`` is
+    False or ``temperature`` is 0. ``seed`` keys every sampling stream."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    do_sample: bool = True
+    max_response_length: int = 512
+    seed: int = 42
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample or self.temperature == 0
+
+    def validate(self) -> "SamplingParams":
+        def integer(name: str, low: int) -> None:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= _INT64_MAX:
+                raise ConfigError(name, f"must be an integer in [{low}, 2^63), got {value!r}")
+
+        integer("n", 1)
+        integer("max_response_length", 1)
+        integer("seed", 0)
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
+            raise ConfigError("top_k", f"must be -1 (off), 0 (off) or a positive integer, got {self.top_k!r}")
+        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0 \
+                or self.temperature == float("inf"):
+            raise ConfigError("temperature", f"must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise ConfigError("top_p", f"must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.do_sample, bool):
+            raise ConfigError("do_sample", f"must be a bool, got {self.do_sample!r}")
+        return self
+
+
+@dataclass
+class Sample:
+    """One generated response. ``response_ids`` end with the EOS token when ``finished``; ``log_probs``
+    are the rollout's log-probs of each response token under the temperature-scaled distribution
+    (before top-k / top-p)."""
+
+    uid: int
+    index: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    log_probs: list[float]
+    finished: bool
+
+
+def requests_for(prompts: Iterable[tuple[int, Sequence[int]]], n: int) -> list[tuple[int, int, list[int]]]:
+    """``n`` requests per ``(uid, prompt_ids)``, prompt-major: (u0, 0), (u0, 1), ..., (u1, 0), ..."""
+    return [(uid, j, list(ids)) for uid, ids in prompts for j in range(n)]
+
+
+def canonical_prompt_width(length: int, pad_multiple: int) -> int:
+    """Columns a prompt of ``length`` tokens is left-padded to: the next multiple above ``length``."""
+    return (length // pad_multiple + 1) * pad_multiple
+
+
+def _eos_tuple(eos_token_ids) -> tuple[int, ...]:
+    if eos_token_ids is None:
+        return ()
+    ids = (eos_token_ids,) if isinstance(eos_token_ids, int) else tuple(eos_token_ids)
+    for i in ids:
+        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+            raise ConfigError("eos_token_ids", f"must be non-negative token ids, got {eos_token_ids!r}")
+    return ids
+
+
+def _cache_keyword(model: nn.Module) -> str:
+    """``cache`` (transformers >= 5.2x) or ``past_key_values`` (earlier, and remote-code models)."""
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _cache_of(out):
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+def _select_rows(cache, index: Tensor):
+    """The cache restricted to (and reordered by) the batch rows ``index``."""
+    if hasattr(cache, "reorder_cache"):
+        cache.reorder_cache(index)
+        return cache
+    return tuple(tuple(t.index_select(0, index) for t in layer) for layer in cache)  # legacy tuples
+
+
+class HFRollout:
+    """Generation with a Hugging Face causal LM (eval mode, no grad, KV cache).
+
+    ``max_num_seqs`` sequences decode at once (requests are taken in chunks of that many, in order).
+    ``pad_multiple`` and ``min_rows`` are the two layout rules of the module docstring; they change the
+    cost, never the tokens.
+    """
+
+    def __init__(self, model: nn.Module, *, eos_token_ids: int | Iterable[int] | None, pad_token_id: int | None,
+                 max_num_seqs: int = 256, pad_multiple: int = 16, min_rows: int = 16):
+        for name, value in (("max_num_seqs", max_num_seqs), ("pad_multiple", pad_multiple), ("min_rows", min_rows)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(name, f"must be a positive integer, got {value!r}")
+        self.model = model
+        self.vocab_size = vocab_size_of(model)
+        self.eos_token_ids = _eos_tuple(eos_token_ids)
+        bad_eos = [i for i in self.eos_token_ids if i >= self.vocab_size]
+        if bad_eos:
+            raise ConfigError("eos_token_ids", f"{bad_eos} outside the model's vocabulary [0, {self.vocab_size})")
+        # Padding columns are masked out; their input id only has to be a valid embedding row.
+        pad_ok = isinstance(pad_token_id, int) and 0 <= pad_token_id < self.vocab_size
+        self.pad_token_id = pad_token_id
+        self._pad_input_id = pad_token_id if pad_ok else 0
+        self.max_num_seqs = max_num_seqs
+        self.pad_multiple = pad_multiple
+        self.min_rows = min_rows
+
+    # ------------------------------------------------------------------------------------ validation
+
+    def _check_requests(self, requests: Sequence[Request], params: SamplingParams) -> None:
+        seen: dict[tuple[int, int], int] = {}
+        for pos, request in enumerate(requests):
+            if not isinstance(request, (tuple, list)) or len(request) != 3:
+                raise RolloutError("requests", f"each request is (uid, sample index, prompt_ids), got {request!r}", pos)
+            uid, j, ids = request
+            for name, value in (("uid", uid), ("sample index", j)):
+                if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT64_MAX:
+                    raise RolloutError(name, f"must be an integer in [0, 2^63), got {value!r}", pos, uid, j)
+            if j >= params.n:
+                raise RolloutError("sample index", f"must be < n = {params.n}", pos, uid, j)
+            if (uid, j) in seen:
+                raise RolloutError("requests", f"duplicate (uid, sample index): also requests[{seen[uid, j]}]",
+                                   pos, uid, j)
+            seen[uid, j] = pos
+            if len(ids) == 0:
+                raise RolloutError("prompt_ids", "empty prompt", pos, uid, j)
+            bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size]
+            if bad:
+                raise RolloutError("prompt_ids", f"token id {bad[0]!r} outside the model's vocabulary "
+                                   f"[0, {self.vocab_size})", pos, uid, j)
+
+    # ------------------------------------------------------------------------------------ generation
+
+    def generate(self, requests: Sequence[Request], params: SamplingParams, *, step: int,
+                 stream: int = 0) -> list[Sample]:
+        """One :class:`Sample` per request, in request order."""
+        params.validate()
+        for name, value in (("step", step), ("stream", stream)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT64_MAX:
+                raise ConfigError(name, f"must be an integer in [0, 2^63), got {value!r}")
+        self._check_requests(requests, params)
+        model = unwrap(self.model)
+        was_training = model.training
+        model.eval()
+        samples: list[Sample] = []
+        try:
+            with torch.no_grad():
+                for start in range(0, len(requests), self.max_num_seqs):
+                    chunk = requests[start:start + self.max_num_seqs]
+                    samples.extend(self._generate_chunk(model, chunk, params, step, stream))
+        finally:
+            model.train(was_training)
+        return samples
+
+    def _prefill_inputs(self, prompts: list[Sequence[int]], device: torch.device) -> tuple[Tensor, Tensor]:
+        width = max(canonical_prompt_width(len(p), self.pad_multiple) for p in prompts)
+        ids = torch.full((len(prompts), width), self._pad_input_id, dtype=torch.long)
+        mask = torch.zeros(len(prompts), width, dtype=torch.long)
+        for r, p in enumerate(prompts):
+            ids[r, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
+            mask[r, width - len(p):] = 1
+        return ids.to(device), mask.to(device)
+
+    def _generate_chunk(self, model: nn.Module, chunk: Sequence[Request], params: SamplingParams, step: int,
+                        stream: int) -> list[Sample]:
+        device = next(model.parameters()).device
+        real = len(chunk)
+        rows = max(real, self.min_rows)
+        prompts = [list(ids) for _, _, ids in chunk]
+        ids, mask = self._prefill_inputs(prompts + [prompts[0]] * (rows - real), device)
+        keys = stream_keys(params.seed, stream, step, torch.tensor([u for u, _, _ in chunk], device=device),
+                           torch.tensor([j for _, j, _ in chunk], device=device))
+        prompt_lengths = torch.tensor([len(p) for p in prompts], device=device)
+        eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
+        T = params.max_response_length
+
+        # Batch position p holds chunk row row_of[p]; `live` marks real, unfinished rows (fillers are dead).
+        row_of = torch.cat([torch.arange(real, device=device), torch.zeros(rows - real, dtype=torch.long, device=device)])
+        live = torch.arange(rows, device=device) < real
+        responses = torch.zeros(real, T, dtype=torch.long, device=device)
+        log_probs = None
+        lengths = torch.zeros(real, dtype=torch.long, device=device)
+        finished = torch.zeros(real, dtype=torch.bool, device=device)
+
+        cache_kw = _cache_keyword(model)
+        kwargs = {"logits_to_keep": 1} if _takes_logits_to_keep(model) else {}
+        out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                    use_cache=True, **kwargs)
+        for t in range(T):
+            logits = _logits_of(out)[:, -1]
+            tokens, lp = sample_tokens(logits, token_uniforms(keys[row_of], t), temperature=params.temperature,
+                                       top_k=params.top_k, top_p=params.top_p, greedy=params.greedy)
+            if log_probs is None:
+                log_probs = torch.zeros(real, T, dtype=lp.dtype, device=device)
+            writing = row_of[live]
+            responses[writing, t] = tokens[live]
+            log_probs[writing, t] = lp[live]
+            lengths[writing] = t + 1
+            stopped = live & torch.isin(tokens, eos)
+            finished[row_of[stopped]] = True
+            live = live & ~stopped
+            n_live = int(live.sum())
+            if n_live == 0 or t + 1 == T:
+                break
+            cache = _cache_of(out)
+            target = max(n_live, self.min_rows)
+            if (live.numel() - target) * _COMPACT_SHARE >= live.numel():
+                keep = live.nonzero().squeeze(1)
+                keep = torch.cat([keep, keep[:1].expand(target - n_live)])
+                cache = _select_rows(cache, keep)
+                mask, row_of, tokens = mask[keep], row_of[keep], tokens[keep]
+                live = torch.arange(target, device=device) < n_live
+            mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+            positions = (prompt_lengths[row_of] + t).unsqueeze(1)
+            out = model(input_ids=tokens.unsqueeze(1), attention_mask=mask, position_ids=positions, use_cache=True,
+                        **{cache_kw: cache})
+
+        responses, log_probs = responses.cpu(), log_probs.cpu()
+        lengths, finished = lengths.tolist(), finished.tolist()
+        return [Sample(uid=uid, index=j, prompt_ids=list(p), response_ids=responses[r, :lengths[r]].tolist(),
+                       log_probs=log_probs[r, :lengths[r]].tolist(), finished=finished[r])
+                for r, ((uid, j, _), p) in enumerate(zip(chunk, prompts))]
+
+
+def samples_to_batch(samples: Sequence[Sample], *, pad_token_id: int = 0, dtype: torch.dtype | None = None,
+                     device: torch.device | str = "cpu") -> RolloutBatch:
+    """The samples as a :class:`splitproof.RolloutBatch`, one row each in the given order: prompts
+    left-padded and responses right-padded with ``pad_token_id``, ``response_mask`` = the generated
+    tokens (EOS included), ``old_log_probs`` = the rollout log-probs (``dtype``, default float64),
+    advantages zero."""
+    if not samples:
+        raise RolloutError("samples", "no samples to batch")
+    dtype = dtype or torch.float64
+    B = len(samples)
+    P = max(len(s.prompt_ids) for s in samples)
+    T = max(max(len(s.response_ids) for s in samples), 1)
+    prompts = torch.full((B, P), pad_token_id, dtype=torch.long)
+    responses = torch.full((B, T), pad_token_id, dtype=torch.long)
+    attention = torch.zeros(B, P + T, dtype=torch.bool)
+    log_probs = torch.zeros(B, T, dtype=dtype)
+    for r, s in enumerate(samples):
+        n, m = len(s.prompt_ids), len(s.response_ids)
+        prompts[r, P - n:] = torch.tensor(s.prompt_ids, dtype=torch.long)
+        attention[r, P - n:P + m] = True
+        if m:
+            responses[r, :m] = torch.tensor(s.response_ids, dtype=torch.long)
+            log_probs[r, :m] = torch.tensor(s.log_probs, dtype=dtype)
+    batch = RolloutBatch(prompts=prompts, responses=responses, attention_mask=attention,
+                         response_mask=attention[:, P:].clone(), old_log_probs=log_probs,
+                         advantages=torch.zeros(B, dtype=dtype))
+    return batch.to(device)
