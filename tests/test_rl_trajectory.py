@@ -58,7 +58,7 @@ def test_baseline_learns_something(baseline):
     first = baseline["records"][0]
     assert first["critic/score/max"] > first["critic/score/min"]
     assert first["critic/advantages/max"] > 0
-    assert relative_update_difference(baseline["weights"], baseline["initial"], baseline["initial"]) == 1.0
+    assert relative_update_difference(baseline["initial"], baseline["weights"], baseline["initial"]) == 1.0
 
 
 @pytest.mark.parametrize("layout", ["ones", "budget-packed"])
