@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from splitproof.cli import main
 from splitproof.diagnose.compare import tolerance, verdict
 from splitproof.diagnose.splits import SplitError, parse_split
 
+ROOT = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SPLIT_FIELDS = {"split", "grad_max_abs_diff", "grad_rel_diff", "update_max_abs_diff", "update_rel_diff", "objective",
                 "objective_reference", "verdict", "control"}
@@ -196,17 +198,29 @@ def test_audit_bad_function_exits_2(capsys, monkeypatch):
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+def _run_command(command: list[str], *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=300, env=env)
+
+
 def test_console_script():
     exe = shutil.which("splitproof", path=str(Path(sys.executable).parent)) or shutil.which("splitproof")
     if exe is None:
         pytest.skip("the splitproof console script is not installed")
-    done = subprocess.run([exe, "diagnose", "--loss-mode", "gpg", "--split", "sizes:3,5", "--no-progress"],
-                          capture_output=True, text=True, timeout=300)
+    done = _run_command([exe], "diagnose", "--loss-mode", "gpg", "--split", "sizes:3,5", "--no-progress")
     assert done.returncode == 0, done.stderr
     assert "overall: PASS" in done.stdout
-    bad = subprocess.run([exe, "diagnose", "--split", "even:x"], capture_output=True, text=True, timeout=300)
+    bad = _run_command([exe], "diagnose", "--split", "even:x")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().startswith("splitproof: error:")
+
+
+def test_python_dash_m_runs_the_command():
+    """`python -m splitproof` is the `splitproof` command (torchrun -m needs it): same report, same exit status."""
+    done = _run_command([sys.executable, "-m", "splitproof"], "diagnose", "--loss-mode", "gpg", "--split", "sizes:3,5",
+                        "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "overall: PASS" in done.stdout and "gpg x token-mean" in done.stdout
 
 
 def test_local_checkpoint_with_model_flag(tmp_path):

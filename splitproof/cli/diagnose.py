@@ -1,4 +1,4 @@
-"""The ``splitproof`` command. ``splitproof diagnose --help`` explains the diagnosis.
+"""``splitproof diagnose``: rerun one update under different splits and compare (see docs/diagnose.md).
 
 Exit status: 0 when every verdict passes, 1 when one fails, 2 on bad usage (a one-line message on stderr,
 never a traceback).
@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import warnings
 
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
+from .common import (EXIT_FAIL, EXIT_PASS, OneLineParser, UsageError, check_output_path, flag, nonnegative_int,
+                     positive_float, positive_int)
 
 DIAGNOSE_DESCRIPTION = """\
 Rerun one policy update of the same optimizer minibatch under different splits (microbatches, token
@@ -56,37 +56,9 @@ OVERRIDES = ("split", "lr", "grad_clip", "optimizer", "cov_strategy", "statistic
 AUDIT_ONLY = ("loss_fn", "convention")
 
 
-class UsageError(Exception):
-    """Bad usage: printed as one line, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, no usage dump
-        raise UsageError(message)
-
-
-def _number(kind: type, check, expected: str):
-    """An argparse type: ``kind(text)`` that must satisfy ``check``, else a one-line error."""
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or not check(value):
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-        return value
-    return parse
-
-
-_positive_int = _number(int, lambda v: v >= 1, "a positive integer")
-_positive_float = _number(float, lambda v: 0 < v < float("inf"), "a positive finite number")
-_nonnegative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="splitproof", description="Split-invariant RL policy updates for language models.")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    d = sub.add_parser("diagnose", help="check that splitting a minibatch does not change the update",
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``splitproof diagnose`` on the top-level parser's subparsers."""
+    d = subparsers.add_parser("diagnose", help="check that splitting a minibatch does not change the update",
                        description=DIAGNOSE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("scenario", nargs="?", choices=("gmpo", "klcov", "sweep", "audit"), metavar="SCENARIO",
                    help="gmpo | klcov | sweep | audit (default: gmpo and klcov)")
@@ -97,23 +69,23 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32",
                    help="model dtype (default float32; float64 is the exactness run)")
     m.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]; dp splits run on CPU")
-    m.add_argument("--seed", type=_nonnegative_int, default=0, help="model init and rollout seed (default 0)")
-    m.add_argument("--threads", type=_positive_int, default=None,
+    m.add_argument("--seed", type=nonnegative_int, default=0, help="model init and rollout seed (default 0)")
+    m.add_argument("--threads", type=positive_int, default=None,
                    help="torch CPU threads (default: 1 for the embedded model, torch's default otherwise)")
     m.add_argument("--dp-wrapper", choices=("ddp", "fsdp2"), default="ddp", help="wrapper for dp:D splits (default ddp)")
 
     c = d.add_argument_group("custom scenario (no SCENARIO name; unset flags take the defaults shown)")
     c.add_argument("--loss-mode", metavar="MODE", help="policy loss (default vanilla)")
     c.add_argument("--agg-mode", metavar="MODE", help="loss_agg_mode (default token-mean)")
-    c.add_argument("--sequences", type=_positive_int, help="sequences in the minibatch (default 8)")
-    c.add_argument("--response-length", type=_positive_int, help="response tokens per sequence, max (default 16)")
-    c.add_argument("--prompt-length", type=_positive_int, help="prompt tokens per sequence, max (default 8)")
-    c.add_argument("--lr", type=_positive_float, help="learning rate (default 0.02)")
-    c.add_argument("--grad-clip", type=_positive_float, help="gradient clipping by total norm (default 1.0)")
+    c.add_argument("--sequences", type=positive_int, help="sequences in the minibatch (default 8)")
+    c.add_argument("--response-length", type=positive_int, help="response tokens per sequence, max (default 16)")
+    c.add_argument("--prompt-length", type=positive_int, help="prompt tokens per sequence, max (default 8)")
+    c.add_argument("--lr", type=positive_float, help="learning rate (default 0.02)")
+    c.add_argument("--grad-clip", type=positive_float, help="gradient clipping by total norm (default 1.0)")
     c.add_argument("--optimizer", choices=("sgd", "adamw"), help="optimizer (default sgd)")
     c.add_argument("--split", action="append", metavar="SPEC", help="a split to compare (repeatable; see above)")
-    c.add_argument("--kl-cov-ratio", type=_positive_float, help="kl_cov_ratio (default 2e-4)")
-    c.add_argument("--clip-cov-ratio", type=_positive_float, help="clip_cov_ratio (default 2e-4)")
+    c.add_argument("--kl-cov-ratio", type=positive_float, help="kl_cov_ratio (default 2e-4)")
+    c.add_argument("--clip-cov-ratio", type=positive_float, help="clip_cov_ratio (default 2e-4)")
     c.add_argument("--cov-strategy", choices=("auto", "prepass", "deferred", "microbatch"),
                    help="how KL-Cov/Clip-Cov get their minibatch selection (default auto; microbatch = legacy)")
     c.add_argument("--kl-loss-coef", type=float, help="enable the KL loss with this coefficient")
@@ -132,15 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     a = d.add_argument_group("audit (SCENARIO = audit)")
     a.add_argument("--loss-fn", metavar="MODULE:FUNCTION", help="the policy-loss function to audit")
     a.add_argument("--convention", default=None, help="calling convention of the function (default verl)")
-    return parser
+    d.set_defaults(run=run)
+    return d
 
 
 def _given(args, names) -> list[str]:
     return [n for n in names if getattr(args, n) not in (None, False)]
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def _progress_printer(enabled: bool):
@@ -186,11 +155,11 @@ def _scenarios(args):
         chosen = [sc.custom(seed=args.seed, **values)]
     else:
         if custom_given:
-            raise UsageError(f"{_flag(custom_given[0])} defines a custom scenario; drop the scenario name "
+            raise UsageError(f"{flag(custom_given[0])} defines a custom scenario; drop the scenario name "
                              f"{args.scenario!r} to use it")
         if args.scenario == "sweep":
             if override_given:
-                raise UsageError(f"{_flag(override_given[0])} does not apply to the sweep (it runs fixed splits)")
+                raise UsageError(f"{flag(override_given[0])} does not apply to the sweep (it runs fixed splits)")
             chosen = sc.sweep(args.seed)
         else:
             chosen = [sc.gmpo(args.seed) if args.scenario == "gmpo" else sc.klcov(args.seed)]
@@ -258,7 +227,7 @@ def _audit(args) -> int:
     stray = _given(args, CUSTOM_ONLY + OVERRIDES)
     stray = [n for n in stray if n not in ("loss_mode", "agg_mode")]
     if stray:
-        raise UsageError(f"{_flag(stray[0])} does not apply to audit (flags: --loss-fn, --convention, --loss-mode, "
+        raise UsageError(f"{flag(stray[0])} does not apply to audit (flags: --loss-fn, --convention, --loss-mode, "
                          "--agg-mode, --seed, --json)")
     if args.plot or args.model:
         raise UsageError(f"{'--plot' if args.plot else '--model'} does not apply to audit")
@@ -290,8 +259,8 @@ def _audit(args) -> int:
     return EXIT_PASS if report.passed else EXIT_FAIL
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def run(args) -> int:
+    """Run the parsed ``splitproof diagnose`` command; returns the exit status."""
     import torch
 
     threads = torch.get_num_threads()
@@ -299,45 +268,19 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             # geo_mean/gspo/sapo fix their policy aggregation; the diagnosis documents it (docs/diagnose.md)
             warnings.filterwarnings("ignore", message=r"loss_mode .* aggregates its policy term")
-            return _main(argv)
+            return _run(args)
     finally:
         torch.set_num_threads(threads)  # in-process callers keep their own setting
 
 
-def _main(argv: list[str]) -> int:
-    parser = build_parser()
-    try:
-        try:
-            args = parser.parse_args(argv)
-        except SystemExit as exc:  # --help / --version
-            return int(exc.code or 0)
-        if args.command is None:
-            parser.print_help()
-            return EXIT_USAGE
-        args.argv = argv[1:]
-        if args.scenario == "audit":
-            return _audit(args)
-        given = _given(args, AUDIT_ONLY)
-        if given:
-            raise UsageError(f"{_flag(given[0])} is for the audit scenario: splitproof diagnose audit {_flag(given[0])} ...")
-        if args.json:
-            _check_writable(args.json, "--json")
-        if args.plot:
-            _check_writable(args.plot, "--plot")
-        return _diagnose(args)
-    except UsageError as exc:
-        print(f"splitproof: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("splitproof: interrupted", file=sys.stderr)
-        return 130
-
-
-def _check_writable(path: str, flag: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise UsageError(f"{flag} {path}: folder {folder} does not exist")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+def _run(args) -> int:
+    if args.scenario == "audit":
+        return _audit(args)
+    given = _given(args, AUDIT_ONLY)
+    if given:
+        raise UsageError(f"{flag(given[0])} is for the audit scenario: splitproof diagnose audit {flag(given[0])} ...")
+    if args.json:
+        check_output_path(args.json, "--json")
+    if args.plot:
+        check_output_path(args.plot, "--plot")
+    return _diagnose(args)
