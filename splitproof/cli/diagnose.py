@@ -7,13 +7,14 @@ never a traceback).
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 import time
 import warnings
+from contextlib import contextmanager
 
-from .common import (EXIT_FAIL, EXIT_PASS, OneLineParser, UsageError, check_output_path, flag, nonnegative_int,
-                     positive_float, positive_int)
+from . import diagnose_options as opts
+from .common import EXIT_FAIL, EXIT_PASS, STDOUT, UsageError, check_output_path, output_stream
 
 DIAGNOSE_DESCRIPTION = """\
 Rerun one policy update of the same optimizer minibatch under different splits (microbatches, token
@@ -29,6 +30,7 @@ scenarios:
            one microbatch vs eight dynamic microbatches of 1,024 response tokens; control = penalty off
   sweep    every loss mode x every aggregation mode x {even, uneven, tokens, shuffle, dp:2}
   audit    audit a third-party policy-loss function: --loss-fn package.module:function --convention verl
+A flag a scenario does not use is refused (exit 2); SCENARIO --help lists the ones it accepts.
 
 split specs (--split, repeatable; parts joined by '+'):
   even:K        K microbatches per rank, as equal as possible     e.g. even:8
@@ -44,72 +46,55 @@ examples:
   splitproof diagnose --loss-mode vanilla --agg-mode seq-mean-token-mean --split even:8 --split dp:2 --scope microbatch
   splitproof diagnose klcov --plot klcov.png
   splitproof diagnose audit --loss-fn mypkg.losses:my_policy_loss --convention verl --loss-mode my_loss
+  splitproof diagnose gmpo --help          (a scenario's runs and the flags it accepts)
 
 verdict: pass iff the gradient's and the update's relative differences are <= max(16 x the control's,
 64 x eps(dtype)) and the objective is within the reference's precision floor. See docs/diagnose.md.
-exit status: 0 all pass, 1 a verdict fails, 2 bad usage."""
-
-# Flags that define a custom scenario, and those a named scenario may override.
-CUSTOM_ONLY = ("loss_mode", "agg_mode", "sequences", "response_length", "prompt_length", "kl_cov_ratio",
-               "clip_cov_ratio", "kl_loss_coef", "entropy_coeff")
-OVERRIDES = ("split", "lr", "grad_clip", "optimizer", "cov_strategy", "statistics_scope")
-AUDIT_ONLY = ("loss_fn", "convention")
-
+exit status: 0 all pass, 1 a verdict fails, 2 bad usage (nothing runs)."""
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``splitproof diagnose`` on the top-level parser's subparsers."""
     d = subparsers.add_parser("diagnose", help="check that splitting a minibatch does not change the update",
-                       description=DIAGNOSE_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    d.add_argument("scenario", nargs="?", choices=("gmpo", "klcov", "sweep", "audit"), metavar="SCENARIO",
+                              description=DIAGNOSE_DESCRIPTION, add_help=False,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    d.add_argument("scenario", nargs="?", choices=opts.SCENARIOS, metavar="SCENARIO",
                    help="gmpo | klcov | sweep | audit (default: gmpo and klcov)")
-
-    m = d.add_argument_group("model and numerics")
-    m.add_argument("--model", metavar="PATH", help="local Hugging Face checkpoint (default: embedded tiny random Llama)")
-    m.add_argument("--trust-remote-code", action="store_true", help="allow the checkpoint's own modelling code")
-    m.add_argument("--dtype", choices=("float32", "float64", "bfloat16"), default="float32",
-                   help="model dtype (default float32; float64 is the exactness run)")
-    m.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]; dp splits run on CPU")
-    m.add_argument("--seed", type=nonnegative_int, default=0, help="model init and rollout seed (default 0)")
-    m.add_argument("--threads", type=positive_int, default=None,
-                   help="torch CPU threads (default: 1 for the embedded model, torch's default otherwise)")
-    m.add_argument("--dp-wrapper", choices=("ddp", "fsdp2"), default="ddp", help="wrapper for dp:D splits (default ddp)")
-
-    c = d.add_argument_group("custom scenario (no SCENARIO name; unset flags take the defaults shown)")
-    c.add_argument("--loss-mode", metavar="MODE", help="policy loss (default vanilla)")
-    c.add_argument("--agg-mode", metavar="MODE", help="loss_agg_mode (default token-mean)")
-    c.add_argument("--sequences", type=positive_int, help="sequences in the minibatch (default 8)")
-    c.add_argument("--response-length", type=positive_int, help="response tokens per sequence, max (default 16)")
-    c.add_argument("--prompt-length", type=positive_int, help="prompt tokens per sequence, max (default 8)")
-    c.add_argument("--lr", type=positive_float, help="learning rate (default 0.02)")
-    c.add_argument("--grad-clip", type=positive_float, help="gradient clipping by total norm (default 1.0)")
-    c.add_argument("--optimizer", choices=("sgd", "adamw"), help="optimizer (default sgd)")
-    c.add_argument("--split", action="append", metavar="SPEC", help="a split to compare (repeatable; see above)")
-    c.add_argument("--kl-cov-ratio", type=positive_float, help="kl_cov_ratio (default 2e-4)")
-    c.add_argument("--clip-cov-ratio", type=positive_float, help="clip_cov_ratio (default 2e-4)")
-    c.add_argument("--cov-strategy", choices=("auto", "prepass", "deferred", "microbatch"),
-                   help="how KL-Cov/Clip-Cov get their minibatch selection (default auto; microbatch = legacy)")
-    c.add_argument("--kl-loss-coef", type=float, help="enable the KL loss with this coefficient")
-    c.add_argument("--entropy-coeff", type=float, help="entropy bonus coefficient (default 0)")
-    c.add_argument("--statistics-scope", choices=("minibatch", "microbatch"),
-                   help="the candidate's statistics (microbatch reproduces other frameworks' behaviour, and fails)")
-
-    o = d.add_argument_group("output")
-    o.add_argument("--json", metavar="PATH", help="write the full record as JSON")
-    o.add_argument("--plot", metavar="PATH", help="write a PNG of the update differences (needs matplotlib)")
-    o.add_argument("--scope", choices=("minibatch", "microbatch"), default=None,
-                   help="microbatch: add the legacy column (per-microbatch statistics); minibatch: leave it out "
-                        "(default: shown for gmpo, klcov and sweep)")
-    o.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-
-    a = d.add_argument_group("audit (SCENARIO = audit)")
-    a.add_argument("--loss-fn", metavar="MODULE:FUNCTION", help="the policy-loss function to audit")
-    a.add_argument("--convention", default=None, help="calling convention of the function (default verl)")
-    d.set_defaults(run=run)
+    opts.add_options(d)
+    d.set_defaults(run=run, help_text=d.format_help)
     return d
 
 
-def _given(args, names) -> list[str]:
-    return [n for n in names if getattr(args, n) not in (None, False)]
+def run(args) -> int:
+    """Run the parsed ``splitproof diagnose`` command; returns the exit status."""
+    with warnings.catch_warnings():
+        # geo_mean/gspo/sapo fix their policy aggregation; the diagnosis documents it (docs/diagnose.md)
+        warnings.filterwarnings("ignore", message=r"loss_mode .* aggregates its policy term")
+        if args.help:
+            print(opts.scenario_help(args.scenario) if args.scenario else args.help_text(), end="")
+            return EXIT_PASS
+        _check_usage(args)
+        import torch
+
+        threads = torch.get_num_threads()
+        try:
+            return _audit(args) if args.scenario == "audit" else _diagnose(args)
+        finally:
+            torch.set_num_threads(threads)  # in-process callers keep their own setting
+
+
+def _check_usage(args) -> None:
+    """Everything about the flags that can be refused before any work."""
+    opts.refuse_unaccepted(args)
+    if args.trust_remote_code and not args.model:
+        raise UsageError("--trust-remote-code applies only with --model PATH")
+    if args.json:
+        check_output_path(args.json, "--json", allow_stdout=True)
+    if args.plot:
+        from splitproof.diagnose.plot import FORMATS
+
+        check_output_path(args.plot, "--plot", suffixes=tuple("." + f for f in FORMATS))
+    if args.json and args.plot and os.path.abspath(args.json) == os.path.abspath(args.plot):
+        raise UsageError(f"--json and --plot name the same file {args.json}")
 
 
 def _progress_printer(enabled: bool):
@@ -136,33 +121,51 @@ def _progress_printer(enabled: bool):
     return show
 
 
-def _scenarios(args):
-    from splitproof.config import AGG_MODES, LOSS_MODES
-    from splitproof.diagnose import scenarios as sc
+@contextmanager
+def _loading_bars(enabled: bool):
+    """transformers' weight-loading progress bar on or off for the duration (restored afterwards)."""
+    from transformers.utils import logging as hf_logging
 
-    custom_given = _given(args, CUSTOM_ONLY)
-    override_given = _given(args, OVERRIDES)
-    if args.scenario is None and not custom_given and not override_given:
+    was = hf_logging.is_progress_bar_enabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was and not enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _scenarios(args) -> list:
+    """The scenarios the flags ask for, with their overrides; refuses what a scenario cannot honour."""
+    from dataclasses import replace
+
+    from splitproof.config import AGG_MODES, COV_MODES, LOSS_MODES
+    from splitproof.diagnose import scenarios as sc
+    from splitproof.diagnose.splits import parse_split
+
+    custom = opts.given(args, opts.CUSTOM_FLAGS + opts.STEP_FLAGS)
+    if args.scenario is None and not custom:
         chosen = [sc.gmpo(args.seed), sc.klcov(args.seed)]
     elif args.scenario is None:
-        if args.loss_mode is not None and args.loss_mode not in LOSS_MODES:
-            raise UsageError(f"unknown loss mode {args.loss_mode!r}; expected one of {', '.join(LOSS_MODES)}")
+        loss_mode = args.loss_mode or "vanilla"
+        if loss_mode not in LOSS_MODES:
+            raise UsageError(f"unknown loss mode {loss_mode!r}; expected one of {', '.join(LOSS_MODES)}")
         if args.agg_mode is not None and args.agg_mode not in AGG_MODES:
             raise UsageError(f"unknown aggregation mode {args.agg_mode!r}; expected one of {', '.join(AGG_MODES)}")
-        values = {k: getattr(args, k) for k in CUSTOM_ONLY + OVERRIDES if getattr(args, k) is not None}
+        for option, needs in (("kl_cov_ratio", ("kl_cov",)), ("clip_cov_ratio", ("clip_cov",)),
+                              ("cov_strategy", COV_MODES)):
+            if getattr(args, option) is not None and loss_mode not in needs:
+                raise UsageError(f"{opts.flag(option)} applies only with --loss-mode {' or '.join(needs)} "
+                                 f"(this run: {loss_mode})")
+        values = {k: getattr(args, k) for k in opts.CUSTOM_FLAGS + opts.STEP_FLAGS if getattr(args, k) is not None}
         values["splits"] = tuple(values.pop("split", ()) or ())
         values["legacy"] = args.scope == "microbatch"
         chosen = [sc.custom(seed=args.seed, **values)]
+    elif args.scenario == "sweep":
+        chosen = sc.sweep(args.seed)
     else:
-        if custom_given:
-            raise UsageError(f"{flag(custom_given[0])} defines a custom scenario; drop the scenario name "
-                             f"{args.scenario!r} to use it")
-        if args.scenario == "sweep":
-            if override_given:
-                raise UsageError(f"{flag(override_given[0])} does not apply to the sweep (it runs fixed splits)")
-            chosen = sc.sweep(args.seed)
-        else:
-            chosen = [sc.gmpo(args.seed) if args.scenario == "gmpo" else sc.klcov(args.seed)]
+        chosen = [sc.gmpo(args.seed) if args.scenario == "gmpo" else sc.klcov(args.seed)]
     settings = {k: getattr(args, k) for k in ("lr", "grad_clip", "optimizer", "cov_strategy", "statistics_scope")
                 if getattr(args, k) is not None}
     chosen = [sc.with_overrides(s, splits=args.split, settings=settings) for s in chosen]
@@ -170,14 +173,12 @@ def _scenarios(args):
         chosen = [sc.without_dp(s, "dp splits skipped: they run as CPU gloo processes (use --device cpu)")
                   for s in chosen]
     if args.scope == "minibatch":
-        from dataclasses import replace
         chosen = [replace(s, legacy=None) for s in chosen]
-    return chosen
-
-
-def _apply_wrapper(scenarios, wrapper: str):
-    from dataclasses import replace
-    return [replace(s, settings=s.settings.with_(wrapper=wrapper)) for s in scenarios]
+    has_dp = any(parse_split(spec).ranks > 1 for s in chosen for spec in s.splits)
+    if args.dp_wrapper is not None and not has_dp:
+        raise UsageError("--dp-wrapper applies to dp:D splits, and none runs here")
+    wrapper = args.dp_wrapper or "ddp"
+    return [replace(s, settings=s.settings.with_(wrapper=wrapper)) for s in chosen]
 
 
 def _diagnose(args) -> int:
@@ -188,99 +189,74 @@ def _diagnose(args) -> int:
     from splitproof.diagnose import report as rep
     from splitproof.diagnose.context import ModelError, ModelSpec, check_device
     from splitproof.diagnose.diagnosis import Diagnosis
+    from splitproof.diagnose.plot import PlotUnavailable, require_matplotlib
     from splitproof.diagnose.splits import SplitError
 
-    from splitproof.diagnose.plot import PlotUnavailable, require_matplotlib
-
+    args.dtype = args.dtype or "float32"
+    args.device = args.device or "cpu"
     try:
         if args.plot:
             require_matplotlib()  # fail before running when matplotlib is missing
         check_device(args.device)
-        scenarios = _apply_wrapper(_scenarios(args), args.dp_wrapper)
+        scenarios = _scenarios(args)
         threads = args.threads or (1 if not args.model else None)
         if threads:
             torch.set_num_threads(threads)
         spec = ModelSpec(path=args.model, dtype=args.dtype, device=args.device, seed=args.seed,
                          trust_remote_code=args.trust_remote_code)
         show = _progress_printer(not args.no_progress and (args.scenario == "sweep" or sys.stderr.isatty()))
-        diagnosis = Diagnosis(scenarios, spec, progress=show)
+        with _loading_bars(not args.no_progress):
+            diagnosis = Diagnosis(scenarios, spec, progress=show)
     except (SplitError, ModelError, ConfigError, BatchError, PlotUnavailable) as exc:
         raise UsageError(str(exc)) from None
     diagnosis.run()
     records = [diagnosis.results(s) for s in scenarios]
     settings = {"model": spec.describe(), "model_path": args.model, "dtype": args.dtype, "device": args.device,
-                "seed": args.seed, "threads": torch.get_num_threads(), "dp_wrapper": args.dp_wrapper,
+                "seed": args.seed, "threads": torch.get_num_threads(), "dp_wrapper": scenarios[0].settings.wrapper,
                 "scenarios": [s.name for s in scenarios], "command": "splitproof diagnose " + " ".join(args.argv)}
     report = rep.build(records, settings)
-    rep.print_text(report)
+    written = []
     if args.json:
-        rep.write_json(report, args.json)
-        print(f"wrote {args.json}")
+        with output_stream(args.json, "--json") as f:
+            rep.dump_json(report, f)
+        written.append(args.json)
     if args.plot:
         from splitproof.diagnose.plot import write_plot
-        write_plot(report, args.plot)
-        print(f"wrote {args.plot}")
+        try:
+            write_plot(report, args.plot)
+        except OSError as exc:
+            raise UsageError(f"--plot {args.plot}: cannot write ({exc.strerror or type(exc).__name__})") from None
+        written.append(args.plot)
+    _print_report(rep.text(report), written, args.json == STDOUT)
     return EXIT_PASS if report["passed"] else EXIT_FAIL
 
 
+def _print_report(text: str, written: list[str], json_on_stdout: bool) -> None:
+    """The human report and the files written: on stdout, or on stderr when stdout carries the JSON."""
+    stream = sys.stderr if json_on_stdout else sys.stdout
+    print(text, file=stream)
+    for path in written:
+        if path != STDOUT:
+            print(f"wrote {path}", file=stream)
+
+
 def _audit(args) -> int:
-    stray = _given(args, CUSTOM_ONLY + OVERRIDES)
-    stray = [n for n in stray if n not in ("loss_mode", "agg_mode")]
-    if stray:
-        raise UsageError(f"{flag(stray[0])} does not apply to audit (flags: --loss-fn, --convention, --loss-mode, "
-                         "--agg-mode, --seed, --json)")
-    if args.plot or args.model:
-        raise UsageError(f"{'--plot' if args.plot else '--model'} does not apply to audit")
+    import torch
+
+    from splitproof.diagnose.audit import load_loss_fn, run_audit
+
     if not args.loss_fn:
-        raise UsageError("audit needs --loss-fn package.module:function")
-    try:
-        from splitproof.diagnose.audit import load_loss_fn, run_audit
-    except ImportError as exc:
-        raise UsageError(f"audit is not available in this installation ({exc})") from None
+        raise UsageError("audit needs --loss-fn package.module:function (or path/to/file.py:function)")
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         fn = load_loss_fn(args.loss_fn)
         report = run_audit(fn, convention=args.convention or "verl", loss_mode=args.loss_mode,
-                           agg_mode=args.agg_mode or "token-mean", seed=args.seed)
+                           agg_mode=args.agg_mode or "token-mean", seed=args.seed, name=args.loss_fn)
     except ValueError as exc:
         raise UsageError(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from None
-    data = report.to_json()
-    data = json.loads(data) if isinstance(data, str) else data
-    if hasattr(report, "format_table"):
-        print(report.format_table())
-    else:
-        for row in report.rows:
-            print(f"{row['split']:<16} grad rel {row['grad_rel_diff']}  control {row['control_rel_diff']}  {row['verdict']}")
-        print("PASS" if report.passed else "FAIL")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-        print(f"wrote {args.json}")
+        with output_stream(args.json, "--json") as f:
+            f.write(report.to_json() + "\n")
+    _print_report(report.format_table(), [args.json] if args.json else [], args.json == STDOUT)
     return EXIT_PASS if report.passed else EXIT_FAIL
-
-
-def run(args) -> int:
-    """Run the parsed ``splitproof diagnose`` command; returns the exit status."""
-    import torch
-
-    threads = torch.get_num_threads()
-    try:
-        with warnings.catch_warnings():
-            # geo_mean/gspo/sapo fix their policy aggregation; the diagnosis documents it (docs/diagnose.md)
-            warnings.filterwarnings("ignore", message=r"loss_mode .* aggregates its policy term")
-            return _run(args)
-    finally:
-        torch.set_num_threads(threads)  # in-process callers keep their own setting
-
-
-def _run(args) -> int:
-    if args.scenario == "audit":
-        return _audit(args)
-    given = _given(args, AUDIT_ONLY)
-    if given:
-        raise UsageError(f"{flag(given[0])} is for the audit scenario: splitproof diagnose audit {flag(given[0])} ...")
-    if args.json:
-        check_output_path(args.json, "--json")
-    if args.plot:
-        check_output_path(args.plot, "--plot")
-    return _diagnose(args)

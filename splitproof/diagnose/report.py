@@ -48,10 +48,10 @@ def _clean(value):
     return value
 
 
-def write_json(report: dict, path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(_clean(report), f, indent=2, allow_nan=False)
-        f.write("\n")
+def dump_json(report: dict, stream) -> None:
+    """The record as JSON (no NaN/Infinity literals) on an open text stream."""
+    json.dump(_clean(report), stream, indent=2, allow_nan=False)
+    stream.write("\n")
 
 
 # ------------------------------------------------------------------------------------------- text
