@@ -1,4 +1,4 @@
-"""The audit of third-party policy-loss functions in verl's calling convention (issue 5, item 3)."""
+"""The audit of third-party policy-loss functions in verl's calling convention."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ gradient, the parameter update, and the objective against an independent float64
 control that measures the floating-point floor of the same comparison.
 
 scenarios:
-  (none)   gmpo and klcov, the two seed bug reports (or a custom scenario when custom flags are given)
+  (none)   gmpo and klcov: verl issues #7913 and #7829 (or a custom scenario when custom flags are given)
   gmpo     GMPO (geo_mean) + KL loss: 8 sequences x 16 tokens, one SGD step lr 0.02, clip 1.0;
            one microbatch of 8 vs eight of 1, uneven sizes, a token budget, a shuffled order, dp:2
   klcov    KL-Cov, kl_cov_ratio 2e-4: 64 sequences x 128 tokens (8,192 valid), SGD lr 0.02, clip 0.05;

@@ -84,7 +84,7 @@ OPTIONS = (
          help="entropy coefficient, any finite number as verl's entropy_coeff: the objective subtracts "
               "coeff x entropy, so > 0 rewards entropy (a bonus) and < 0 penalises it (default 0: no entropy term)"),
 
-    _opt("--split", group=STEP_GROUP, by=STEP, action="append", metavar="SPEC",
+    _opt("--split", group=STEP_GROUP, by=STEP, action="append", metavar="SPLIT",
          help="a split to compare (repeatable; replaces the scenario's splits; see split specs)"),
     _opt("--lr", group=STEP_GROUP, by=STEP, type=positive_float, help="learning rate (default 0.02)"),
     _opt("--grad-clip", group=STEP_GROUP, by=STEP, type=positive_float,

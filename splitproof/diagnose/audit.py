@@ -1,4 +1,4 @@
-"""Audit a third-party policy-loss function for split invariance (issue 5, item 3).
+"""Audit a third-party policy-loss function for split invariance (docs/diagnose.md, docs/audit-verl.md).
 
 The function follows verl's calling convention::
 
