@@ -234,12 +234,15 @@ def test_a_closed_pipe_ends_quietly():
     assert err == "", err
 
 
-def test_plot_formats_and_panels(default_run, tmp_path, monkeypatch):
+def test_plot_formats_and_panels(tmp_path, monkeypatch):
     """The extension picks the format; each scenario gets a gradient and an update panel with their bounds."""
     from splitproof.diagnose import plot
 
-    _, record, _ = default_run
-    record = dict(record, scenarios=[_scenario(record, "gmpo")])  # one scenario is enough (and quicker)
+    path = tmp_path / "g.json"  # GMPO with the legacy column, on one process (cheap)
+    assert main(["diagnose", "--loss-mode", "geo_mean", "--agg-mode", "seq-mean-token-mean", "--sequences", "8",
+                 "--response-length", "8", "--split", "even:8", "--split", "sizes:3,5", "--scope", "microbatch",
+                 "--json", str(path), "--no-progress"]) == 0
+    record = json.loads(path.read_text())
     drawn = []
     original = plot._draw
     monkeypatch.setattr(plot, "_draw", lambda ax, labels, series, title, ylabel: (
@@ -249,9 +252,9 @@ def test_plot_formats_and_panels(default_run, tmp_path, monkeypatch):
     assert (tmp_path / "d.pdf").read_bytes()[:5] == b"%PDF-"
     assert b"<svg" in (tmp_path / "d.svg").read_bytes()[:2000]
     panels = dict(drawn[:2])
-    assert set(panels) == {"gmpo: gradient (before clipping)", "gmpo: update (after clipping)"}
+    assert set(panels) == {"custom: gradient (before clipping)", "custom: update (after clipping)"}
     # GMPO's legacy runs fail on the gradient: the plot shows them above the gradient bound
-    grad = panels["gmpo: gradient (before clipping)"]
+    grad = panels["custom: gradient (before clipping)"]
     assert all(leg > bound for leg, bound in zip(grad["legacy (per-microbatch)"], grad["bound"]))
     with pytest.raises(ValueError):
         plot.plot_format("x.jpg")
