@@ -32,7 +32,8 @@ def test_the_examples_are_found():
 
 
 @pytest.mark.parametrize("path, index, block", EXAMPLES, ids=[f"{p.name}:{i}" for p, i, _ in EXAMPLES])
-def test_example_runs_clean(path, index, block, monkeypatch, capsys):
+def test_example_runs_clean(path, index, block, monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)  # examples may write files (a reward file, outputs)
     monkeypatch.setattr(splitproof.config, "_warned_forced", set())  # warnings said once per process: reset
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
