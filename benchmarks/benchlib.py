@@ -4,6 +4,10 @@ medians and paired ratios, the machine description, and the generated sections o
 Every figure that reaches the docs is computed here or in a script; nothing is typed by hand.
 A section is the text between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->``; hand-written prose
 lives outside the markers and is never touched.
+
+The published tables (docs/benchmarks.md) are written only by a full run (never ``--quick``) from a clean
+tree, and name the commit they measured; the docs file itself does not count as a change, since the run
+writes it. ``--docs OTHER.md`` writes anywhere else, from any tree (the revision then says so).
 """
 
 from __future__ import annotations
@@ -50,7 +54,9 @@ def parser(description: str, *, repeats: int, quick_repeats: int = 2) -> argpars
     p.add_argument("--threads", type=int, default=None,
                    help="torch intra-op threads on CPU (default 1: stable ratios on a shared machine)")
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
-    p.add_argument("--docs", default=str(DEFAULT_DOCS), help="markdown file whose section is rewritten")
+    p.add_argument("--docs", default=None,
+                   help="markdown file whose section is rewritten (default docs/benchmarks.md: only a full run "
+                        "from a clean tree writes it)")
     p.add_argument("--no-docs", action="store_true", help="print only; leave the docs file alone")
     p.set_defaults(_repeats=repeats, _quick_repeats=quick_repeats)
     return p
@@ -84,7 +90,7 @@ def setup(args: argparse.Namespace) -> Env:
         torch.set_num_threads(args.threads)
     repeats = args.repeats if args.repeats else (args._quick_repeats if args.quick else args._repeats)
     dtype = {"float32": torch.float32, "float64": torch.float64}[args.dtype]
-    docs = None if args.no_docs else Path(args.docs)
+    docs = docs_target(args.docs, no_docs=args.no_docs, quick=args.quick)
     warnings.filterwarnings("ignore", message="cov_strategy 'microbatch' selects tokens per microbatch")
     warnings.filterwarnings("ignore", message="loss_mode .* aggregates its policy term")
     return Env(device, dtype, args.quick, max(1, repeats), torch.get_num_threads(), docs, args)
@@ -281,15 +287,65 @@ def load_average() -> str:
         return "n/a"
 
 
-def git_revision() -> str:
+def _git(args: list[str], repo: Path) -> str | None:
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return f"{rev}{' + uncommitted changes' if dirty else ''}" if rev else "n/a"
+        done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def tree_changes(repo: Path = REPO, ignore: Path | None = None) -> list[str] | None:
+    """Tracked files with uncommitted changes (None without git), leaving out ``ignore`` (the docs the run writes)."""
+    status = _git(["status", "--porcelain", "--untracked-files=no"], repo)
+    if status is None:
+        return None
+    changed = [line[3:].split(" -> ")[-1] for line in status.splitlines() if line.strip()]  # "XY path"
+    if ignore is not None:
+        changed = [c for c in changed if (repo / c).resolve() != Path(ignore).resolve()]
+    return changed
+
+
+def git_revision(repo: Path = REPO, ignore: Path | None = None) -> str:
+    """'commit abc1234 (clean tree)', 'commit abc1234 + uncommitted changes', or 'n/a' without git."""
+    rev = (_git(["rev-parse", "--short", "HEAD"], repo) or "").strip()
+    changed = tree_changes(repo, ignore)
+    if not rev or changed is None:
         return "n/a"
+    return f"commit {rev} + uncommitted changes" if changed else f"commit {rev} (clean tree)"
+
+
+def is_published(path: Path | str | None) -> bool:
+    return path is not None and Path(path).resolve() == DEFAULT_DOCS.resolve()
+
+
+def docs_target(docs: str | None, *, no_docs: bool, quick: bool, repo: Path = REPO) -> Path | None:
+    """The file a run writes its section into, or None (print only).
+
+    The published docs are written only by a full run from a clean tree (the docs file aside), so that
+    they name the commit they measured; a quick run never writes them. Anything else exits with a
+    one-line error before measuring.
+    """
+    if no_docs:
+        return None
+    if quick and docs is None:
+        log("quick run: results are printed only (docs/benchmarks.md is never written by --quick)")
+        return None
+    path = Path(docs) if docs is not None else DEFAULT_DOCS
+    if not is_published(path):
+        return path
+    if quick:
+        sys.exit(f"error: --quick never writes {DEFAULT_DOCS.relative_to(REPO)} (its figures mean nothing); "
+                 "use --no-docs or --docs OTHER.md")
+    changed = tree_changes(repo, ignore=path)
+    if changed is None:
+        sys.exit("error: the published benchmarks name the commit they measured, and git cannot tell it here; "
+                 "use --no-docs or --docs OTHER.md")
+    if changed:
+        sys.exit(f"error: the published benchmarks are written only from a clean tree (uncommitted: "
+                 f"{', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''}); commit first, or use --no-docs "
+                 "or --docs OTHER.md")
+    return path
 
 
 def machine(env: Env, *, load_before: str) -> list[str]:
@@ -308,7 +364,7 @@ def machine(env: Env, *, load_before: str) -> list[str]:
         + (f" ({torch.cuda.get_device_name(env.device)})" if env.device.type == "cuda" else "")
         + f", torch threads: {env.threads}, dtype: {str(env.dtype).replace('torch.', '')}",
         f"load average (1/5/15 min) before: {load_before}, after: {load_average()}",
-        f"repeats: {env.repeats}{' (quick mode)' if env.quick else ''}, revision: {git_revision()}, "
+        f"repeats: {env.repeats}{' (quick mode)' if env.quick else ''}, revision: {git_revision(ignore=env.docs)}, "
         f"run at {_dt.datetime.now(_dt.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')}",
     ]
     return lines

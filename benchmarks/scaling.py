@@ -3,7 +3,7 @@
 One optimizer step over minibatches of 4 sizes, microbatches of a fixed size, every sequence the same
 length, the sizes interleaved within each repeat. A linear least-squares fit t = a + b·n over the medians
 shows whether the cost per sequence stays constant. The diagnose run is a fresh subprocess
-(`python -m splitproof.cli diagnose`, its defaults) in a temporary directory; skipped with --quick or
+(`python -m splitproof diagnose`, its defaults) in a temporary directory; skipped with --quick or
 when splitproof.cli does not exist.
 
     python benchmarks/scaling.py [--quick] [--device cuda] [--repeats N] [--threads N] [--no-diagnose]

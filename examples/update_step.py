@@ -1,10 +1,12 @@
 """One policy update of a tiny causal LM — on one process, or data-parallel under torchrun.
 
-    python examples/update_step.py --loss-mode geo_mean
+    python examples/update_step.py --loss-mode geo_mean --agg-mode seq-mean-token-mean
     torchrun --standalone --nproc_per_node 2 examples/update_step.py --loss-mode kl_cov --strategy fsdp2
 
-Every rank builds the same model and rollout batch; the engine takes each rank's shard of every
-minibatch. Rank 0 prints the step metrics and writes them (with the updated parameters) to --out.
+Every rank builds the same model and rollout batch (plain per-sequence lists through
+``RolloutBatch.from_sequences``, old log-probs recomputed by the current policy); the engine takes each
+rank's shard of every minibatch. Rank 0 prints the step metrics and writes them (with the updated
+parameters) to --out.
 """
 
 from __future__ import annotations
@@ -15,10 +17,30 @@ import os
 import torch
 import torch.distributed as dist
 
-from splitproof import LossConfig
-from splitproof.diagnose.synthetic import synthetic_rollout
-from splitproof.engine import UpdateConfig, update_policy, wrap_model
+from splitproof import LossConfig, RolloutBatch
+from splitproof.engine import UpdateConfig, compute_log_probs, update_policy, wrap_model
 from splitproof.models import tiny_causal_lm
+
+
+def rollout(model, dtype: torch.dtype, *, prompts: int = 2, group: int = 4, seed: int = 1) -> RolloutBatch:
+    """A stand-in for generation and rewards: random prompts and responses (``group`` per prompt), a 0/1
+    reward per response, GRPO advantages per group, and the policy's own log-probs as the old ones."""
+    g = torch.Generator().manual_seed(seed)
+    prompt_ids, response_ids, advantages = [], [], []
+    for _ in range(prompts):
+        prompt = torch.randint(3, 256, (int(torch.randint(4, 9, (1,), generator=g)),), generator=g).tolist()
+        rewards = torch.tensor([0.0, 1.0] + torch.randint(0, 2, (group - 2,), generator=g).tolist())
+        advantages += ((rewards - rewards.mean()) / (rewards.std() + 1e-6)).tolist()
+        for _ in range(group):
+            length = int(torch.randint(1, 17, (1,), generator=g))
+            prompt_ids.append(prompt)
+            response_ids.append(torch.randint(3, 256, (length,), generator=g).tolist())
+    zeros = [[0.0] * len(r) for r in response_ids]
+    batch = RolloutBatch.from_sequences(prompt_ids, response_ids, zeros, advantages, ref_log_probs=zeros, dtype=dtype)
+    old, _ = compute_log_probs(model, batch, micro_batch_size=4)  # no micro-batching changes them
+    batch.old_log_probs = old
+    batch.ref_log_probs = old.clone()  # the reference policy is the initial policy
+    return batch
 
 
 def main() -> None:
@@ -36,7 +58,7 @@ def main() -> None:
         dist.init_process_group("gloo")
     torch.set_num_threads(1)
     model = tiny_causal_lm("llama", dtype=getattr(torch, args.dtype), seed=0)
-    batch = synthetic_rollout(model, 8, 8, 16, seed=1)
+    batch = rollout(model, getattr(torch, args.dtype))
     if distributed:
         model = wrap_model(model, args.strategy)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02)

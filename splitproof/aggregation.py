@@ -1,4 +1,4 @@
-"""Aggregation modes (SPEC §2) as per-token weights over the whole minibatch.
+"""Aggregation modes (docs/semantics.md, "Aggregation") as per-token weights over the whole minibatch.
 
 Every mode is linear in the per-token loss: J = Σ_{i,t} c_{i,t} ℓ_{i,t}, where c depends only on the
 token's own sequence and the minibatch statistics. A part's share is the same sum over its own tokens,

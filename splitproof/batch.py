@@ -1,4 +1,4 @@
-"""The batch contract (SPEC §1): per-sequence tensors, validated once at the boundary.
+"""The batch contract (docs/semantics.md, "The batch"): per-sequence tensors, validated once at the boundary.
 
 Layout: prompts are left-padded ``[B, P]``, responses right-padded ``[B, T]``; ``attention_mask`` covers
 both ``[B, P + T]``; ``response_mask`` ``[B, T]`` says which response tokens count in the loss (multi-turn
@@ -114,6 +114,35 @@ class RolloutBatch:
 
     def __len__(self) -> int:
         return self.prompts.shape[0]
+
+    @classmethod
+    def from_sequences(cls, prompt_ids, response_ids, old_log_probs, advantages, *, response_mask=None,
+                       ref_log_probs=None, rollout_is_weights=None, seq_ids=None, pad_token_id: int = 0,
+                       dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> "RolloutBatch":
+        """A validated batch from plain per-sequence data; row i is sequence i of every list.
+
+        - ``prompt_ids[i]``: the prompt's token ids (at least one); left-padded with ``pad_token_id``.
+        - ``response_ids[i]``: the response's token ids (EOS included when generated; may be empty);
+          right-padded with ``pad_token_id``.
+        - ``old_log_probs[i]``: log π_old of each response token (one per token).
+        - ``advantages[i]``: a number for the whole sequence, or one per response token (computing them
+          from rewards, e.g. GRPO, is the caller's step, done on the whole rollout batch).
+        - ``response_mask[i]`` (optional): 0/1 per response token, which tokens count in the loss
+          (multi-turn masks); default every response token.
+        - ``ref_log_probs[i]``, ``rollout_is_weights[i]`` (optional): one per response token.
+        - ``seq_ids`` (optional): a unique integer id per sequence, its canonical key (default 0..B-1).
+
+        A row may be a list, tuple, NumPy array or 1-D tensor. Bad input raises :class:`BatchError`
+        naming the field and the row (``old_log_probs[3]: 5 values for 6 response tokens``). Per-token
+        values are stored in ``dtype`` (padding holds 0); masks as 0/1 integers. See docs/semantics.md
+        (the batch).
+        """
+        from .sequences import batch_from_sequences
+
+        return batch_from_sequences(cls, prompt_ids, response_ids, old_log_probs, advantages,
+                                    response_mask=response_mask, ref_log_probs=ref_log_probs,
+                                    rollout_is_weights=rollout_is_weights, seq_ids=seq_ids,
+                                    pad_token_id=pad_token_id, dtype=dtype, device=device)
 
     @property
     def prompt_width(self) -> int:

@@ -39,6 +39,10 @@ FORCED_AGG = {
     "geo_mean": "sequence-mean",  # (1/G) sum_i l_i, a per-sequence loss
 }
 
+# The configured mode that gives the forced aggregation anyway: seq-mean-token-mean of a per-sequence loss
+# (constant over a sequence's tokens) is (1/G) sum_i l_i, GMPO's sequence mean. No warning for it.
+SAME_AS_FORCED = {"geo_mean": "seq-mean-token-mean"}
+
 _warned_forced: set[tuple[str, str]] = set()
 
 
@@ -110,7 +114,8 @@ class LossConfig:
                    f"loss_mode 'dro' needs dro_beta > 0, got {self.dro_beta!r}")
         _check(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", f"must be an int, got {self.seed!r}")
         forced = FORCED_AGG.get(self.loss_mode)
-        if forced and forced != self.loss_agg_mode and (self.loss_mode, self.loss_agg_mode) not in _warned_forced:
+        agrees = self.loss_agg_mode in (forced, SAME_AS_FORCED.get(self.loss_mode))
+        if forced and not agrees and (self.loss_mode, self.loss_agg_mode) not in _warned_forced:
             _warned_forced.add((self.loss_mode, self.loss_agg_mode))
             warnings.warn(
                 f"loss_mode {self.loss_mode!r} aggregates its policy term as {forced} by definition; "

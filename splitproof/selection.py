@@ -1,4 +1,4 @@
-"""Batch-coupled token selection for KL-Cov and Clip-Cov (SPEC §4), made once per minibatch.
+"""Batch-coupled token selection for KL-Cov and Clip-Cov (docs/semantics.md, "Cov selection"), made once per minibatch.
 
 c_j = (A_j − Ā)(log π_j − L̄) with Ā, L̄ token means over every valid token of the minibatch (sums in
 float64, reduced over ranks). Both losses take a "global top-k under a deterministic order":

@@ -29,6 +29,14 @@ def correct_token_mean(old_log_prob, log_prob, advantages, response_mask, loss_a
     return pg_loss, {"actor/pg_clipfrac": 0.0}
 
 
+def missing_dp_size(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
+                    config=None, rollout_is_weights=None):
+    """A per-token sum over the minibatch's N, not multiplied by dp_size: exact except under DP (x 1/D)."""
+    info = config.global_batch_info
+    loss = -advantages * torch.exp(log_prob - old_log_prob)
+    return torch.where(response_mask.bool(), loss, torch.zeros_like(loss)).sum() / info["batch_num_tokens"], {}
+
+
 def microbatch_mean(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
                     config=None, rollout_is_weights=None):
     """GMPO-like: a per-sequence loss, then torch.mean over the microbatch's rows (no global info)."""

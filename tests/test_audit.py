@@ -1,4 +1,4 @@
-"""The audit of third-party policy-loss functions in verl's calling convention (issue 5, item 3)."""
+"""The audit of third-party policy-loss functions in verl's calling convention."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from splitproof.diagnose.audit import (
     AuditError,
     AuditReport,
     VerlActorConfig,
+    likely_cause,
     load_loss_fn,
     run_audit,
 )
@@ -50,6 +51,28 @@ def test_split_dependent_functions_fail(reports, name):
     for split in ("uneven", "many_small"):
         assert rows[split]["verdict"] == "fail", rows[split]
         assert rows[split]["grad_rel_diff"] > 1e-3  # a real difference, far above the float floor
+
+
+def test_missing_dp_size_fails_only_under_dp_and_says_why():
+    report = run_audit(ex.missing_dp_size, name="my_losses.py:plain_sum")
+    rows = _by_split(report)
+    assert [k for k, r in rows.items() if r["verdict"] != "pass"] == ["dp2"]
+    assert rows["dp2"]["grad_scale"] == pytest.approx(0.5, rel=1e-12)
+    assert "dp_size" in rows["dp2"]["cause"] and rows["uneven"]["cause"] is None
+    table = report.format_table()
+    assert "FAIL dp2 (2 ranks" in table and "global_batch_info['dp_size']" in table
+    assert report.settings["loss_fn"] == "my_losses.py:plain_sum" and "my_losses.py:plain_sum: FAIL on dp2" in table
+
+
+def test_likely_cause_tells_rescaled_from_reweighted(reports):
+    rows = _by_split(reports["microbatch_mean"])
+    # one sequence per microbatch: every row weighs 1 instead of 1/16, a constant factor
+    assert rows["many_small"]["grad_scale"] == pytest.approx(16.0, rel=1e-12)
+    assert "constant multiple" in rows["many_small"]["cause"]
+    # uneven microbatches: each row weighs 1/|microbatch|, a reweighting
+    assert rows["uneven"]["grad_scale"] is None and "reweighted" in rows["uneven"]["cause"]
+    text, factor = likely_cause(None, None, torch.zeros(1), torch.ones(1, dtype=torch.bool), 1e-12, error="boom")
+    assert factor is None and "raises" in text
 
 
 def test_microbatch_mean_fails_every_split(reports):

@@ -25,6 +25,15 @@ def _load(name: str):
     return module
 
 
+def _benchlib():
+    import sys
+
+    sys.path.insert(0, str(BENCH))
+    import benchlib
+
+    return benchlib
+
+
 def _positive(x) -> bool:
     return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
@@ -117,10 +126,7 @@ def test_docs_sections(results, docs):
 
 
 def test_write_section_replaces_only_its_own_block(tmp_path):
-    import sys
-
-    sys.path.insert(0, str(BENCH))
-    import benchlib
+    benchlib = _benchlib()
 
     path = tmp_path / "b.md"
     path.write_text("# T\n\nintro\n\n<!-- bench:a -->\nold a\n<!-- /bench:a -->\n\nprose about a\n")
@@ -136,3 +142,45 @@ def test_run_all_rejects_unknown_names():
     with pytest.raises(SystemExit) as err:
         _load("run_all").main(["--only", "nope", "--no-docs"])
     assert err.value.code == 2
+
+
+def test_quick_runs_never_write_the_published_docs(capsys):
+    bl = _benchlib()
+    assert bl.docs_target(None, no_docs=False, quick=True) is None
+    with pytest.raises(SystemExit) as err:
+        bl.docs_target(str(bl.DEFAULT_DOCS), no_docs=False, quick=True)
+    assert "--quick never writes" in str(err.value.code)
+
+
+def test_published_docs_need_a_clean_tree(monkeypatch):
+    bl = _benchlib()
+    monkeypatch.setattr(bl, "tree_changes", lambda repo=None, ignore=None: ["splitproof/objective.py"])
+    with pytest.raises(SystemExit) as err:
+        bl.docs_target(None, no_docs=False, quick=False)
+    assert "clean tree" in str(err.value.code) and "splitproof/objective.py" in str(err.value.code)
+    monkeypatch.setattr(bl, "tree_changes", lambda repo=None, ignore=None: [])
+    assert bl.docs_target(None, no_docs=False, quick=False) == bl.DEFAULT_DOCS
+    assert bl.docs_target("elsewhere.md", no_docs=False, quick=True).name == "elsewhere.md"
+
+
+def test_revision_names_the_commit_and_ignores_the_docs_it_writes(tmp_path):
+    import subprocess
+
+    bl = _benchlib()
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "bench.md").write_text("tables\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True,
+                          text=True).stdout.strip()
+    (tmp_path / "bench.md").write_text("new tables\n")  # what the run itself writes
+    assert bl.tree_changes(tmp_path, ignore=tmp_path / "bench.md") == []
+    assert bl.git_revision(tmp_path, ignore=tmp_path / "bench.md") == f"commit {head} (clean tree)"
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert bl.tree_changes(tmp_path, ignore=tmp_path / "bench.md") == ["code.py"]
+    assert bl.git_revision(tmp_path, ignore=tmp_path / "bench.md") == f"commit {head} + uncommitted changes"

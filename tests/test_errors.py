@@ -1,4 +1,4 @@
-"""SPEC §1 bad input: every case raises before any gradient, and the message names the field (and sequence)."""
+"""Bad input (docs/semantics.md, "The batch"): every case raises before any gradient, and the message names the field (and sequence)."""
 
 from __future__ import annotations
 

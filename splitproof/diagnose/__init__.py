@@ -1,1 +1,1 @@
-"""Diagnosis: rerun one update under different splits and compare (SPEC §6)."""
+"""Diagnosis: rerun one update under different splits and compare (docs/diagnose.md)."""

@@ -1,4 +1,4 @@
-"""Audit a third-party policy-loss function for split invariance (issue 5, item 3).
+"""Audit a third-party policy-loss function for split invariance (docs/diagnose.md, docs/audit-verl.md).
 
 The function follows verl's calling convention::
 
@@ -28,6 +28,7 @@ import json
 import math
 import os
 import sys
+import textwrap
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -41,6 +42,12 @@ CONVENTIONS = ("verl",)
 TOLERANCE_FACTOR = 16.0
 TOLERANCE_FLOOR = 1e-12
 SPLIT_KINDS = ("uneven", "many_small", "token_budget", "dp2")
+
+
+CONTRACT = ("a split-invariant loss in verl's convention divides by the minibatch's figures in "
+            "config.global_batch_info\n(batch_num_tokens for token means, global_batch_size for sequence means, "
+            "loss_scale_factor), never by the\nmicrobatch's own counts or a torch.mean over its rows, and multiplies "
+            "by global_batch_info['dp_size'] (DDP/FSDP\naverage the ranks' gradients); see docs/audit-verl.md")
 
 
 class AuditError(ValueError):
@@ -132,7 +139,8 @@ class AuditReport:
         return json.dumps(self.to_dict(), indent=indent, default=_json_default)
 
     def format_table(self) -> str:
-        """A plain-text table, one line per split, and the verdict."""
+        """A plain-text table, one line per split; per failing split its kind and the likely cause; the
+        verdict; and what a split-invariant loss in verl's convention does."""
         head = f"{'split':<14}{'microbatches':>13}{'grad_rel_diff':>15}{'control':>11}  verdict"
         lines = [head, "-" * len(head)]
         for r in self.rows:
@@ -140,8 +148,14 @@ class AuditReport:
                          f"{_fmt(r['control_rel_diff']):>11}  {r['verdict']}"
                          + (f" ({r['error']})" if r.get("error") else ""))
         fn = self.settings.get("loss_fn", "loss function")
-        lines.append(f"{fn}: {'PASS' if self.passed else 'FAIL'} "
+        failed = [r for r in self.rows if r["verdict"] != "pass"]
+        for r in failed:
+            lines.append(textwrap.fill(f"FAIL {r['split']} ({r['description']}): {r['cause']}", width=110,
+                                       subsequent_indent="  "))
+        where = f" on {', '.join(r['split'] for r in failed)}" if failed else " on every split"
+        lines.append(f"{fn}: {'PASS' if self.passed else 'FAIL'}{where} "
                      f"(pass: grad_rel_diff <= max({TOLERANCE_FACTOR:g} x control, {TOLERANCE_FLOOR:g}))")
+        lines.append(CONTRACT)
         return "\n".join(lines)
 
 
@@ -364,6 +378,34 @@ def _compare(grad: Tensor, base: Tensor, mask: Tensor) -> tuple[float, float]:
     return diff, diff / scale
 
 
+def likely_cause(split: _Split, grad: Tensor | None, base: Tensor, mask: Tensor, tolerance: float,
+                 error: str | None = None) -> tuple[str, float | None]:
+    """Why a split's gradient differs from the whole minibatch's, as far as its shape tells: (text, factor).
+
+    ``factor`` is c of the best fit grad ≈ c·base when that fit is exact (within ``tolerance``, relative
+    to max |base|), else None. An exact 1/D under D ranks is the missing ``dp_size``; another constant is
+    a per-microbatch normaliser; anything else reweights tokens or sequences per microbatch.
+    """
+    if error is not None or grad is None:
+        return ("the function raises on a microbatch this split makes (e.g. one whose sequences have no valid "
+                "token), so whether training crashes depends on the split"), None
+    g, b = grad[mask], base[mask]
+    factor = float((g * b).sum() / (b * b).sum()) if float((b * b).sum()) > 0 else math.nan
+    scale = float(b.abs().max()) if b.numel() else 0.0
+    exact = math.isfinite(factor) and scale > 0 and float((g - factor * b).abs().max()) / scale <= tolerance
+    if not exact:
+        return ("the gradient is reweighted, not just rescaled: the loss uses statistics of the microbatch (a mean "
+                "over its rows or tokens, its own token count, or tokens selected inside it: a top-k, a random "
+                "draw) where the minibatch's are needed (config.global_batch_info)"), None
+    if split.dp_size > 1 and abs(factor * split.dp_size - 1.0) <= 1e-6:
+        return (f"the gradient is exactly 1/{split.dp_size} of the whole-minibatch one: the loss is not multiplied "
+                f"by global_batch_info['dp_size'] (DDP/FSDP average the {split.dp_size} ranks' gradients, so each "
+                "rank's loss must be scaled by dp_size)"), factor
+    return (f"the gradient is a constant multiple (x{factor:.4g}) of the whole-minibatch one: the loss divides by a "
+            "quantity of the microbatch (its token or sequence count, a torch.mean, its padded width) instead of "
+            "global_batch_info's batch_num_tokens / global_batch_size / loss_scale_factor"), factor
+
+
 def _verl_importable() -> bool:
     try:
         return importlib.util.find_spec("verl") is not None
@@ -380,7 +422,7 @@ def _fn_name(fn: Callable) -> str:
 def run_audit(loss_fn: Callable, *, convention: str = "verl", loss_mode: str | None = None,
               agg_mode: str = "token-mean", seed: int = 0, sequences: int = 16, response_length: int = 24,
               loss_config: LossConfig | None = None, overrides: dict | None = None,
-              native_config: bool | None = None) -> AuditReport:
+              native_config: bool | None = None, name: str | None = None) -> AuditReport:
     """Audit ``loss_fn`` (verl convention) for split invariance of its gradient w.r.t. the log-probs.
 
     ``loss_mode`` sets ``config.policy_loss.loss_mode``; ``agg_mode`` is passed as ``loss_agg_mode`` and set
@@ -390,6 +432,8 @@ def run_audit(loss_fn: Callable, *, convention: str = "verl", loss_mode: str | N
     The config passed is a :class:`VerlActorConfig`, or — with ``native_config=True``, or by default when
     the function lives in a ``verl`` module and verl is importable — the same values in verl's own
     ``ActorConfig`` (some verl losses assert ``isinstance(config, ActorConfig)``).
+
+    ``name`` is how the function is shown (default ``module:qualname``; the CLI passes what the user typed).
 
     Raises ValueError for an unsupported convention or bad settings, and AuditError (a ValueError) when
     the function fails on the whole minibatch. A failure on a split is reported in that row (verdict
@@ -408,6 +452,7 @@ def run_audit(loss_fn: Callable, *, convention: str = "verl", loss_mode: str | N
     if not callable(loss_fn):
         raise ValueError(f"the loss function is not callable: {loss_fn!r}")
 
+    label = name or _fn_name(loss_fn)
     config = VerlActorConfig.from_loss_config(loss_config, **(overrides or {}))
     config.loss_agg_mode = agg_mode
     if loss_mode is not None:
@@ -428,9 +473,9 @@ def run_audit(loss_fn: Callable, *, convention: str = "verl", loss_mode: str | N
         try:
             base, base_loss = _accumulate(loss_fn, mb, whole, config, agg_mode, seed)
         except Exception as exc:
-            raise AuditError(f"{_fn_name(loss_fn)} failed on the whole minibatch: {one_line(exc)}") from None
+            raise AuditError(f"{label} failed on the whole minibatch: {one_line(exc)}") from None
         if not torch.isfinite(base[mask]).all():
-            raise AuditError(f"{_fn_name(loss_fn)} gives a non-finite gradient on the whole minibatch")
+            raise AuditError(f"{label} gives a non-finite gradient on the whole minibatch")
         control_base, _ = _accumulate(control_token_mean, mb, whole, control_config, agg_mode, seed)
 
         rows: list[dict] = []
@@ -451,7 +496,10 @@ def run_audit(loss_fn: Callable, *, convention: str = "verl", loss_mode: str | N
                 "loss_abs_diff": None,
                 "verdict": "error",
                 "error": None,
+                "cause": None,
+                "grad_scale": None,
             }
+            grad = None
             try:
                 grad, loss = _accumulate(loss_fn, mb, split, config, agg_mode, seed)
             except Exception as exc:
@@ -462,10 +510,12 @@ def run_audit(loss_fn: Callable, *, convention: str = "verl", loss_mode: str | N
                 row["grad_rel_diff"] = rel_diff
                 row["loss_abs_diff"] = abs(loss - base_loss)
                 row["verdict"] = "pass" if rel_diff <= row["tolerance"] else "fail"
+            if row["verdict"] != "pass":
+                row["cause"], row["grad_scale"] = likely_cause(split, grad, base, mask, row["tolerance"], row["error"])
             rows.append(row)
 
     settings = {
-        "loss_fn": _fn_name(loss_fn),
+        "loss_fn": label,
         "convention": convention,
         "loss_mode": config.policy_loss.loss_mode,
         "agg_mode": agg_mode,
@@ -484,6 +534,7 @@ def run_audit(loss_fn: Callable, *, convention: str = "verl", loss_mode: str | N
         "tolerance": f"grad_rel_diff <= max({TOLERANCE_FACTOR:g} x control_rel_diff, {TOLERANCE_FLOOR:g})",
         "overrides": dict(overrides or {}),
         "config_class": f"{type(config).__module__}.{type(config).__qualname__}",
+        "contract": " ".join(CONTRACT.split()),
     }
     passed = all(r["verdict"] == "pass" for r in rows)
     return AuditReport(passed=passed, rows=rows, settings=settings)

@@ -11,7 +11,7 @@ Verdict: a comparison passes iff, for the gradient and for the update,
 with FACTOR = 16 and FLOOR_EPS = 64: within a small multiple of the floating-point floor that the control
 measured on the same model, batch and split, and never stricter than 64 machine epsilons of the run's
 dtype (a relative bound, i.e. 64·eps·‖update‖ in absolute terms); and the split's objective is within
-the reference's own precision floor of the float64 reference (``Context.reference``).
+:func:`objective_tolerance` of the independent float64 reference (``Context.reference``).
 """
 
 from __future__ import annotations
@@ -60,6 +60,28 @@ def tolerance(control: dict[str, float], dtype) -> dict[str, float]:
     """The bound each relative difference must stay under, from the control and the dtype."""
     floor = FLOOR_EPS * eps_of(dtype)
     return {name: max(FACTOR * control[name], floor) for name in ("grad_rel_diff", "update_rel_diff")}
+
+
+def objective_tolerance(value: float, rounding: float, scale: float, dtype,
+                        control_deviation: float | None = None) -> float:
+    """The bound on |objective − J_ref|: how far the run's objective may sit from the float64 reference
+    for reasons of precision alone.
+
+    Default: max(FACTOR × rounding, FLOOR_EPS × eps(dtype) × scale) — the measured effect of the run dtype's
+    log-probs, and a bound proportional to the size of the summed terms (``scale``, see
+    ``Context.reference``), which holds however the terms cancel.
+
+    With ``control_deviation`` — the control's own |objective − J_ref| on the same split, where the control
+    is the same objective without its split-sensitive term (KL-Cov, Clip-Cov) and so sums the same terms
+    in the same dtype — the measured floor replaces the size bound:
+    max(FACTOR × control_deviation, FACTOR × rounding, FLOOR_EPS × eps(dtype) × |J|, FLOOR_EPS × eps(float64)
+    × scale). The size bound is pessimistic where J is a near-cancelling sum (KL-Cov's token mean of
+    zero-mean advantages × ratios can be 1e-5 from terms of size 1), and would then exceed |J| itself.
+    """
+    if control_deviation is None:
+        return max(FACTOR * rounding, FLOOR_EPS * eps_of(dtype) * scale)
+    return max(FACTOR * control_deviation, FACTOR * rounding, FLOOR_EPS * eps_of(dtype) * abs(value),
+               FLOOR_EPS * eps_of(torch.float64) * scale)
 
 
 def verdict(figures: dict[str, float], bounds: dict[str, float]) -> str:

@@ -137,12 +137,13 @@ class Context:
             entropy=entropy if loss.entropy_coeff != 0 else None, seq_ids=b.seq_ids, step=0)
         return total
 
-    def reference(self, loss: LossConfig) -> tuple[float, float]:
-        """(J(ℬ) from the independent float64 reference on the float64 pre-update log-probs, its floor).
+    def reference(self, loss: LossConfig) -> ReferenceObjective:
+        """J(ℬ) from the independent float64 reference on the float64 pre-update log-probs, with the two
+        figures its precision floor is made of (:func:`compare.objective_tolerance`):
 
-        The floor is how far an objective computed in the run's dtype may sit from the reference for
-        reasons of precision alone: max(16 × |J_ref(run-dtype log-probs) − J_ref(float64 log-probs)|,
-        64·eps·scale), scale = |J| + Σ|∂J/∂log π|·(1 + |log π|) + Σ|∂J/∂H|·(1 + |H|) over valid tokens.
+        - ``rounding`` = |J_ref(run-dtype log-probs) − J_ref(float64 log-probs)|, measured;
+        - ``scale`` = |J| + Σ|∂J/∂log π|·(1 + |log π|) + Σ|∂J/∂H|·(1 + |H|) over valid tokens (the size of
+          the terms that are summed).
         """
         if loss not in self._references:
             (lp64, h64), (lp_run, h_run) = self._cached_log_probs()
@@ -157,10 +158,18 @@ class Context:
                     scale += float((g.abs() * (1 + x.abs()))[mask].sum())
             with torch.no_grad():
                 run = self._reference_at(loss, lp_run, h_run)
-            eps = float(torch.finfo(_param_dtype(self.model)).eps)
-            floor = max(16.0 * abs(float(run) - float(exact.detach())), 64.0 * eps * scale)
-            self._references[loss] = (float(exact.detach()), floor)
+            value = float(exact.detach())
+            self._references[loss] = ReferenceObjective(value, abs(float(run) - value), scale)
         return self._references[loss]
+
+
+@dataclass(frozen=True)
+class ReferenceObjective:
+    """The float64 reference objective of a loss on a context, and what its precision floor is made of."""
+
+    value: float
+    rounding: float  # |J_ref(run-dtype log-probs) − J_ref(float64 log-probs)|
+    scale: float  # |J| + Σ|∂J/∂x|·(1 + |x|) over the per-token inputs x (log-probs, entropy)
 
 
 def _param_dtype(model: nn.Module) -> torch.dtype:

@@ -48,10 +48,10 @@ def _clean(value):
     return value
 
 
-def write_json(report: dict, path: str) -> None:
-    with open(path, "w") as f:
-        json.dump(_clean(report), f, indent=2, allow_nan=False)
-        f.write("\n")
+def dump_json(report: dict, stream) -> None:
+    """The record as JSON (no NaN/Infinity literals) on an open text stream."""
+    json.dump(_clean(report), stream, indent=2, allow_nan=False)
+    stream.write("\n")
 
 
 # ------------------------------------------------------------------------------------------- text
@@ -86,7 +86,8 @@ def scenario_text(record: dict) -> list[str]:
              f"{base['objective_reference']:.10g}   (tolerance {_e(base['objective_tolerance'])})"]
     if cov:
         lines[-1] += f"   selected tokens: {base.get('selected_tokens')} ({base.get('cov_strategy')})"
-    header = ["split", "mb x ranks", "grad rel", "update rel", "bound", "control grad", "control upd", "objective"]
+    header = ["split", "mb x ranks", "grad rel", "grad bound", "update rel", "upd bound", "control grad", "control upd",
+              "objective"]
     if cov:
         header += ["selected (mask)"]
     if legacy:
@@ -94,8 +95,9 @@ def scenario_text(record: dict) -> list[str]:
     header += ["verdict"]
     rows = []
     for s in record["splits"]:
-        row = [s["split"], f"{s['microbatches']} x {s['ranks']}", _e(s["grad_rel_diff"]), _e(s["update_rel_diff"]),
-               _e(s["tolerance"]["update_rel_diff"]), _e(s["control"]["grad_rel_diff"]),
+        bound = s["tolerance"]
+        row = [s["split"], f"{s['microbatches']} x {s['ranks']}", _e(s["grad_rel_diff"]), _e(bound["grad_rel_diff"]),
+               _e(s["update_rel_diff"]), _e(bound["update_rel_diff"]), _e(s["control"]["grad_rel_diff"]),
                _e(s["control"]["update_rel_diff"]), f"{s['objective']:.10g}"]
         if cov:
             row.append(_sel(s))
@@ -151,7 +153,8 @@ def sweep_text(records: list[dict]) -> list[str]:
                  f"split); legacy differs for {legacy_differs}/{len(records)} modes")
     failures = [(r, s) for r in records for s in r["splits"] if s["verdict"] != "pass"]
     for r, s in failures[:20]:
-        lines.append(f"  FAIL {r['name']} {s['split']}: grad rel {_e(s['grad_rel_diff'])}, update rel "
+        lines.append(f"  FAIL {r['name']} {s['split']}: grad rel {_e(s['grad_rel_diff'])} (bound "
+                     f"{_e(s['tolerance']['grad_rel_diff'])}), update rel "
                      f"{_e(s['update_rel_diff'])} (bound {_e(s['tolerance']['update_rel_diff'])}), objective diff "
                      f"{_e(s['objective_abs_diff'])} (bound {_e(s['tolerance']['objective_abs_diff'])})")
     return lines

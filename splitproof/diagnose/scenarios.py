@@ -1,4 +1,4 @@
-"""The named scenarios (SPEC §6): the two seed reports, the sweep, and a custom one from flags.
+"""The named scenarios (docs/diagnose.md, "Scenarios"): the two public bug reports, the sweep, and a custom one from flags.
 
 A scenario fixes the loss, the batch shape, the optimizer step and the splits to compare with one
 microbatch on one rank. It also names its control — the same comparison with the split-sensitive term
@@ -61,7 +61,7 @@ def _loss(**values) -> LossConfig:
 
 
 def gmpo(seed: int = 0) -> Scenario:
-    """Seed 1: GMPO through micro-batches (SPEC §6.1)."""
+    """GMPO through micro-batches: verl issue #7913's experiment (docs/diagnose.md, "Scenarios")."""
     loss = _loss(loss_mode="geo_mean", use_kl_loss=True, kl_loss_coef=0.001)
     control, note = control_loss(loss)
     # rollout seed + 3: with the default --seed both groups of four hold mixed rewards (no zero advantages)
@@ -75,7 +75,7 @@ def gmpo(seed: int = 0) -> Scenario:
 
 
 def klcov(seed: int = 0) -> Scenario:
-    """Seed 2: KL-Cov selection under a token budget (SPEC §6.2)."""
+    """KL-Cov selection under a token budget: verl issue #7829's experiment (docs/diagnose.md, "Scenarios")."""
     loss = _loss(loss_mode="kl_cov", kl_cov_ratio=2e-4)
     control, note = control_loss(loss)
     batch = BatchSpec(sequences=64, prompt_length=8, response_length=128, full_length=True, seed=seed + 1)

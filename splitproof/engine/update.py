@@ -1,4 +1,4 @@
-"""The update engine: one RL policy update of a causal LM from a rollout batch (SPEC §5).
+"""The update engine: one RL policy update of a causal LM from a rollout batch (docs/architecture.md).
 
 Per optimizer minibatch: statistics over the whole minibatch (all ranks) → for KL-Cov/Clip-Cov the
 minibatch-wide selection → forward/backward of each microbatch's share of J(ℬ) → one gradient reduction

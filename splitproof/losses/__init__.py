@@ -1,4 +1,4 @@
-"""Policy losses (SPEC §3): pure functions of per-token inputs and the config.
+"""Policy losses (docs/semantics.md, "Policy losses"): pure functions of per-token inputs and the config.
 
 Each loss maps ``PolicyInputs`` to ``LossTerms`` — a per-token loss ``[B, T]`` (or, for GMPO, a
 per-sequence loss ``[B]``) plus per-token metric indicators. None of them sees minibatch statistics or

@@ -1,0 +1,74 @@
+"""The ``splitproof`` command (also ``python -m splitproof``): one subcommand per module
+(``splitproof/cli/diagnose.py``, ...).
+
+A subcommand module has ``add_parser(subparsers)``, which registers its parser and sets ``run`` (a
+function of the parsed arguments returning the exit status) as that parser's default.
+
+Exit status: 0 success (every verdict passes), 1 a verdict fails, 2 bad usage (a one-line message on
+stderr, never a traceback), 130 interrupted, 141 the reader of the output went away (``| head``): the
+command stops quietly.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from . import diagnose
+from .common import EXIT_BROKEN_PIPE, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, OneLineParser, UsageError
+
+__all__ = ["EXIT_BROKEN_PIPE", "EXIT_FAIL", "EXIT_PASS", "EXIT_USAGE", "UsageError", "build_parser", "main"]
+
+COMMANDS = (diagnose,)
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="splitproof", description="Split-invariant RL policy updates for language models.")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
+    for command in COMMANDS:
+        command.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``splitproof ARGV...``; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exc:  # --help / --version
+            code = int(exc.code or 0)
+        else:
+            if args.command is None:
+                parser.print_help()
+                code = EXIT_USAGE
+            else:
+                args.argv = argv[1:]
+                code = args.run(args)
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except UsageError as exc:
+        print(f"splitproof: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        print("splitproof: interrupted", file=sys.stderr)
+        return 130
+
+
+def _discard_stdout() -> None:
+    """Point standard output at /dev/null, so that the interpreter's final flush cannot fail again."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # an in-process stream without a file descriptor
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

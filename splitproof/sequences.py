@@ -1,0 +1,163 @@
+"""A :class:`~splitproof.batch.RolloutBatch` from plain per-sequence lists (``RolloutBatch.from_sequences``).
+
+Row i of the batch is sequence i of the lists. Prompts are left-padded and responses right-padded with
+``pad_token_id``; the attention mask marks the real tokens of both; per-token values are padded with 0
+(padding is never read). Every list is checked row by row first, so that an error names the field and the
+row (``old_log_probs[3]: 5 values for 6 response tokens``); then the whole batch contract is validated.
+"""
+
+from __future__ import annotations
+
+from numbers import Integral, Real
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from .batch import BatchError, RolloutBatch
+
+
+def _rows(name: str, values, count: int | None) -> list:
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
+        raise BatchError(name, f"must be a list with one entry per sequence, got {type(values).__name__}")
+    rows = list(values)
+    if count is not None and len(rows) != count:
+        raise BatchError(name, f"has {len(rows)} sequences, prompt_ids has {count}")
+    return rows
+
+
+def _row_tensor(name: str, row, i: int, dtype: torch.dtype | None = None) -> Tensor:
+    """One row as a 1-D tensor (a list, tuple, NumPy array or tensor), read in ``dtype`` when given."""
+    try:
+        tensor = torch.as_tensor(row, dtype=dtype)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise BatchError(f"{name}[{i}]", f"not a list of numbers ({exc})") from None
+    if tensor.dim() != 1:
+        raise BatchError(f"{name}[{i}]", f"must be a flat list, got shape {tuple(tensor.shape)}")
+    return tensor
+
+
+def _token_ids(name: str, rows: list, allow_empty: bool) -> list[Tensor]:
+    out = []
+    for i, row in enumerate(rows):
+        ids = _row_tensor(name, row, i)
+        if ids.numel() == 0 and not allow_empty:
+            raise BatchError(f"{name}[{i}]", "empty: the first response token is predicted from the prompt, "
+                                             "so a prompt needs at least one token")
+        if ids.numel() and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
+            raise BatchError(f"{name}[{i}]", f"token ids must be integers, got {ids.dtype}")
+        if ids.numel() and int(ids.min()) < 0:
+            raise BatchError(f"{name}[{i}]", f"negative token id {int(ids.min())}")
+        out.append(ids.long())
+    return out
+
+
+def _per_token_row(name: str, row, i: int, n: int, dtype: torch.dtype) -> Tensor:
+    values = _row_tensor(name, row, i, dtype)  # read in dtype: no detour through float32
+    if values.numel() != n:
+        raise BatchError(f"{name}[{i}]", f"{values.numel()} values for {n} response tokens (response_ids[{i}])")
+    return values
+
+
+def _per_token(name: str, rows: list, lengths: list[int], dtype: torch.dtype) -> list[Tensor]:
+    return [_per_token_row(name, row, i, n, dtype) for i, (row, n) in enumerate(zip(rows, lengths))]
+
+
+def _advantages(rows: list, lengths: list[int], dtype: torch.dtype) -> list[float | Tensor]:
+    """Per row a float (one advantage for the sequence) or a tensor (one per response token)."""
+    out: list[float | Tensor] = []
+    for i, (row, n) in enumerate(zip(rows, lengths)):
+        if (isinstance(row, Real) and not isinstance(row, bool)) or (isinstance(row, Tensor) and row.dim() == 0):
+            out.append(float(row))
+        elif hasattr(row, "__len__") and not isinstance(row, (str, bytes)):
+            out.append(_per_token_row("advantages", row, i, n, dtype))
+        else:
+            raise BatchError(f"advantages[{i}]", "must be a number or a list of one number per response token, "
+                                                 f"got {type(row).__name__}")
+    return out
+
+
+def _pad(rows: Sequence[Tensor], width: int, fill, dtype: torch.dtype, *, left: bool) -> Tensor:
+    out = torch.full((len(rows), width), fill, dtype=dtype)
+    for i, row in enumerate(rows):
+        n = row.numel()
+        if n:
+            if left:
+                out[i, width - n:] = row
+            else:
+                out[i, :n] = row
+    return out
+
+
+def batch_from_sequences(
+    cls: type[RolloutBatch],
+    prompt_ids,
+    response_ids,
+    old_log_probs,
+    advantages,
+    *,
+    response_mask=None,
+    ref_log_probs=None,
+    rollout_is_weights=None,
+    seq_ids=None,
+    pad_token_id: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> RolloutBatch:
+    """See :meth:`RolloutBatch.from_sequences`."""
+    if not isinstance(pad_token_id, Integral) or isinstance(pad_token_id, bool) or pad_token_id < 0:
+        raise BatchError("pad_token_id", f"must be an integer >= 0, got {pad_token_id!r}")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise BatchError("dtype", f"must be a floating-point torch dtype, got {dtype!r}")
+    prompts = _token_ids("prompt_ids", _rows("prompt_ids", prompt_ids, None), allow_empty=False)
+    count = len(prompts)
+    if count == 0:
+        raise BatchError("prompt_ids", "no sequences")
+    responses = _token_ids("response_ids", _rows("response_ids", response_ids, count), allow_empty=True)
+    lengths = [r.numel() for r in responses]
+    old = _per_token("old_log_probs", _rows("old_log_probs", old_log_probs, count), lengths, dtype)
+    adv = _advantages(_rows("advantages", advantages, count), lengths, dtype)
+    optional = {}
+    for name, rows in (("ref_log_probs", ref_log_probs), ("rollout_is_weights", rollout_is_weights)):
+        if rows is not None:
+            optional[name] = _per_token(name, _rows(name, rows, count), lengths, dtype)
+    if response_mask is not None:
+        masks = _per_token("response_mask", _rows("response_mask", response_mask, count), lengths, torch.float64)
+        for i, m in enumerate(masks):
+            if not bool(((m == 0) | (m == 1)).all()):
+                raise BatchError(f"response_mask[{i}]", "must contain only 0 and 1")
+        masks = [m.long() for m in masks]
+    else:
+        masks = [torch.ones(n, dtype=torch.long) for n in lengths]
+    if seq_ids is not None:
+        ids = _row_tensor("seq_ids", seq_ids, 0) if not isinstance(seq_ids, Tensor) else seq_ids
+        if ids.dim() != 1 or ids.numel() != count:
+            raise BatchError("seq_ids", f"must hold one id per sequence ({count}), got shape {tuple(ids.shape)}")
+        if ids.is_floating_point() or ids.dtype == torch.bool:
+            raise BatchError("seq_ids", f"must be integers, got {ids.dtype}")
+        seq_ids = ids.long()
+
+    prompt_width = max(p.numel() for p in prompts)
+    width = max(lengths)
+    real_prompt = [torch.ones(p.numel(), dtype=torch.long) for p in prompts]
+    real_response = [torch.ones(n, dtype=torch.long) for n in lengths]
+    if any(isinstance(a, Tensor) for a in adv):  # per token; a number broadcasts over its row
+        adv_rows = [a if isinstance(a, Tensor) else torch.full((n,), a, dtype=dtype) for a, n in zip(adv, lengths)]
+        adv_tensor = _pad(adv_rows, width, 0.0, dtype, left=False)
+    else:
+        adv_tensor = torch.tensor(adv, dtype=dtype)
+    batch = cls(
+        prompts=_pad(prompts, prompt_width, pad_token_id, torch.long, left=True),
+        responses=_pad(responses, width, pad_token_id, torch.long, left=False),
+        attention_mask=torch.cat([_pad(real_prompt, prompt_width, 0, torch.long, left=True),
+                                  _pad(real_response, width, 0, torch.long, left=False)], dim=1),
+        response_mask=_pad(masks, width, 0, torch.long, left=False),
+        old_log_probs=_pad(old, width, 0.0, dtype, left=False),
+        advantages=adv_tensor,
+        seq_ids=seq_ids,
+        **{name: _pad(rows, width, 0.0, dtype, left=False) for name, rows in optional.items()},
+    )
+    if device is not None:
+        batch = batch.to(device)
+    batch.validate()  # the whole contract: finite values on valid tokens, unique ids, a non-empty minibatch
+    return batch
