@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib as bl  # noqa: E402
 
 NAME = "run_all"
-SCRIPTS = ("engine_overhead", "cov_strategies", "token_budget", "memory", "scaling")
+SCRIPTS = ("engine_overhead", "cov_strategies", "token_budget", "memory", "scaling", "rollout")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

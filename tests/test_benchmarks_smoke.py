@@ -15,7 +15,7 @@ import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-SCRIPTS = ("engine_overhead", "cov_strategies", "token_budget", "memory", "scaling")
+SCRIPTS = ("engine_overhead", "cov_strategies", "token_budget", "memory", "scaling", "rollout")
 
 
 def _load(name: str):
@@ -113,6 +113,24 @@ def test_scaling(results):
         assert _positive(row["step_s"]) and _positive(row["vs_linear"]) and _positive(row["per_sequence_s"])
     assert math.isfinite(r["slope"]) and math.isfinite(r["r2"])
     assert r["diagnose"]["status"] == "skipped"
+
+
+def test_rollout(results):
+    r = results["rollout"]
+    assert {(row["model"], row["setting"]) for row in r["generation"]} == {
+        (m, s) for m in ("tiny", "small") for s in ("T 1", "T 0.8, top-k 50, top-p 0.9")}
+    for row in r["generation"]:
+        assert all(_positive(row[k]) for k in ("ours_s", "plain_s", "ratio", "q1", "q3"))
+    assert {row["pick"] for row in r["picks"]} == {"log_softmax only", "counter-based inverse CDF",
+                                                    "torch.multinomial", "counter-based Gumbel-max"}
+    assert all(_positive(row["ms"]) for row in r["picks"])
+    assert {row["variant"] for row in r["old"]} == {"compute_log_probs", "plain forward", "forward + log_softmax head"}
+    assert all(_positive(row["ms"]) and _positive(row["ratio"].median) for row in r["old"])
+    assert {row["dtype"] for row in r["drift"]} == {"float32", "float64"}
+    for row in r["drift"]:
+        assert 0 <= row["differ"] <= row["samples"] and math.isfinite(row["max_logprob_gap"])
+        if row["dtype"] == "float64":  # layout-independent generation: identical, and equal to the full forward
+            assert row["differ"] == 0 and row["max_logprob_gap"] == 0.0 and row["vs_full"] < 1e-12
 
 
 def test_docs_sections(results, docs):

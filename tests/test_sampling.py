@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from splitproof.rl.sampling import (inverse_cdf, mix64, sample_tokens, stream_keys, token_uniforms, top_k_mask,
-                                    top_p_mask)
+from splitproof.rl.sampling import (inverse_cdf, mix64, sample_tokens, stream_keys, stream_uniforms, token_uniforms,
+                                    top_k_mask, top_p_mask)
 
 M64 = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15
@@ -97,6 +97,14 @@ def test_uniforms_are_well_spread():
     assert ((cells - 20) ** 2 / 20).sum().item() < 60  # 24 degrees of freedom
 
 
+def test_stream_uniforms_are_the_token_uniforms():
+    keys = stream_keys(3, 1, 2, torch.arange(5), torch.arange(5))
+    table = stream_uniforms(keys, 9)
+    assert table.shape == (5, 9)
+    for t in range(9):
+        assert torch.equal(table[:, t], token_uniforms(keys, t))
+
+
 def test_uniform_bounds_are_open():
     assert token_uniforms(torch.tensor([0]), 0).item() > 0
     from splitproof.rl.sampling import uniform_from_bits
@@ -163,6 +171,21 @@ def test_top_p_never_leaves_the_nucleus_and_matches_renormalised_probabilities()
     assert set(tokens.unique().tolist()) == {1, 7}  # mass before id 3 is 0.66 >= 0.6
 
 
+def test_top_p_after_top_k_equals_top_p_over_the_whole_filtered_vocabulary():
+    from splitproof.rl.sampling import scaled_log_probs, truncated_weights
+
+    g = torch.Generator().manual_seed(5)
+    z = (torch.randn(40, 500, generator=g) * 2).round()  # many ties
+    z[3] = 0.0  # a row of ties only
+    _, lp = scaled_log_probs(z, 1.0)
+    for k, p in ((1, 0.5), (7, 0.3), (50, 0.9), (499, 0.99)):
+        fast = truncated_weights(z, lp, k, p)
+        step = truncated_weights(z, lp, k, 1.0)
+        slow = torch.where(top_p_mask(step, p), step, torch.zeros_like(step))
+        assert torch.equal(fast, slow)
+        assert bool(((fast > 0).sum(-1) <= k).all())
+
+
 def test_greedy_and_its_equivalents():
     logits = torch.randn(64, 300, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     logits[5, [10, 20]] = logits[5].max() + 1  # a tie: the lowest id wins
@@ -196,6 +219,27 @@ def test_inverse_cdf_edges():
     assert inverse_cdf(w, u).tolist() == [1, 1, 3, 3]  # zero-weight ids are never picked
     # u · total rounding up to total: the last token of positive weight
     assert inverse_cdf(w[:1], torch.tensor([1.0], dtype=torch.float64)).tolist() == [3]
+
+
+def test_two_level_inverse_cdf_is_the_one_level_search():
+    g = torch.Generator().manual_seed(4)
+    for vocab in (128, 300, 1000):  # a multiple of the block, and two that need padding
+        w = torch.rand(16, vocab, generator=g, dtype=torch.float64) ** 4
+        w[:, ::7] = 0  # zero-weight ids
+        w[3, :vocab // 2 + 10] = 0  # whole empty blocks
+        for seed in range(40):
+            u = _uniforms(16, seed=100 + seed)
+            cdf = torch.cumsum(w, -1)
+            naive = (cdf <= (u * cdf[:, -1]).unsqueeze(-1)).sum(-1)  # smallest i with cdf_i > u * total
+            assert torch.equal(inverse_cdf(w, u), naive)
+    # float32 weights, vocabulary not a multiple of the block: frequencies still match
+    n, vocab = 20000, 1000
+    logits = torch.randn(vocab, generator=g) * 2
+    logits[500:] -= 6  # a long tail
+    tokens, _ = sample_tokens(logits.expand(n, -1), _uniforms(n, seed=3))
+    probs = torch.softmax(logits.double(), -1)
+    coarse = torch.zeros(20, dtype=torch.float64).index_add_(0, torch.arange(vocab) // 50, probs)
+    assert _chi2(tokens // 50, coarse) < 60  # 19 degrees of freedom, ids pooled by 50
 
 
 def test_log_probs_are_of_the_temperature_scaled_distribution_before_filtering():

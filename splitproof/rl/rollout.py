@@ -33,7 +33,7 @@ from splitproof.batch import RolloutBatch
 from splitproof.config import ConfigError
 from splitproof.engine.logprobs import _logits_of, _takes_logits_to_keep
 from splitproof.models import unwrap, vocab_size_of
-from splitproof.rl.sampling import sample_tokens, stream_keys, token_uniforms
+from splitproof.rl.sampling import sample_tokens, stream_keys, stream_uniforms
 
 _INT64_MAX = (1 << 63) - 1
 _COMPACT_SHARE = 8  # compact the decode batch when that removes at least 1/8 of its rows
@@ -216,6 +216,11 @@ class HFRollout:
             model.train(was_training)
         return samples
 
+    def _sample(self, logits: Tensor, uniforms: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor]:
+        """The next token of each row (one uniform each) and its log-prob: ``splitproof.rl.sampling``'s rule."""
+        return sample_tokens(logits, uniforms, temperature=params.temperature, top_k=params.top_k,
+                             top_p=params.top_p, greedy=params.greedy)
+
     def _prefill_inputs(self, prompts: list[Sequence[int]], device: torch.device) -> tuple[Tensor, Tensor]:
         width = max(canonical_prompt_width(len(p), self.pad_multiple) for p in prompts)
         ids = torch.full((len(prompts), width), self._pad_input_id, dtype=torch.long)
@@ -234,6 +239,7 @@ class HFRollout:
         ids, mask = self._prefill_inputs(prompts + [prompts[0]] * (rows - real), device)
         keys = stream_keys(params.seed, stream, step, torch.tensor([u for u, _, _ in chunk], device=device),
                            torch.tensor([j for _, j, _ in chunk], device=device))
+        uniforms = stream_uniforms(keys, params.max_response_length)  # [real, T]: token t of row r
         prompt_lengths = torch.tensor([len(p) for p in prompts], device=device)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
         T = params.max_response_length
@@ -251,9 +257,7 @@ class HFRollout:
         out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
                     use_cache=True, **kwargs)
         for t in range(T):
-            logits = _logits_of(out)[:, -1]
-            tokens, lp = sample_tokens(logits, token_uniforms(keys[row_of], t), temperature=params.temperature,
-                                       top_k=params.top_k, top_p=params.top_p, greedy=params.greedy)
+            tokens, lp = self._sample(_logits_of(out)[:, -1], uniforms[row_of, t], params)
             if log_probs is None:
                 log_probs = torch.zeros(real, T, dtype=lp.dtype, device=device)
             writing = row_of[live]

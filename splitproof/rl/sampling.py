@@ -13,7 +13,8 @@ Sampling rule, per row of logits and nothing else (no batch-wide operation):
 ``z = logits / T``; top-k keeps exactly the k largest z (ties to the lower id); top-p then keeps the
 smallest set of the most probable remaining tokens (descending probability, ties to the lower id) whose
 renormalised mass reaches p; the token is the inverse CDF of the kept probabilities in vocabulary-index
-order at ``u_t``: the smallest id i with ``cumsum(w)_i > u_t · sum(w)``. Greedy is ``argmax(logits)``,
+order at ``u_t``: the smallest id i with ``cumsum(w)_i > u_t · sum(w)`` (one uniform per token; a Gumbel-max
+pick would need one per vocabulary entry, measured 20x dearer — docs/benchmarks.md). Greedy is ``argmax(logits)``,
 ties to the lowest id. The log-prob is ``log_softmax(z)`` at the token (before top-k / top-p).
 """
 
@@ -80,6 +81,13 @@ def token_uniforms(keys: Tensor, t: int) -> Tensor:
     return uniform_from_bits(mix64(keys + _int64((t + 1) * GAMMA)))
 
 
+def stream_uniforms(keys: Tensor, count: int) -> Tensor:
+    """The uniforms of tokens 0 .. count - 1 of each stream in ``keys`` [R]: float64 [R, count];
+    column t equals ``token_uniforms(keys, t)``."""
+    steps = torch.arange(1, count + 1, dtype=torch.int64, device=keys.device) * _GAMMA  # wraps mod 2^64
+    return uniform_from_bits(mix64(keys.unsqueeze(-1) + steps))
+
+
 # ------------------------------------------------------------------------------------------ the rule
 
 def top_k_mask(z: Tensor, k: int) -> Tensor:
@@ -87,8 +95,11 @@ def top_k_mask(z: Tensor, k: int) -> Tensor:
     kth = torch.topk(z, k, dim=-1).values[..., -1:]
     above = z > kth
     at = z == kth
-    room = k - above.sum(dim=-1, keepdim=True)
-    return above | (at & (torch.cumsum(at, dim=-1) <= room))
+    keep = above | at
+    if bool((keep.sum(dim=-1) > k).any()):  # ties at the boundary in some row: the lower ids take the room
+        room = k - above.sum(dim=-1, keepdim=True)
+        keep = above | (at & (torch.cumsum(at, dim=-1) <= room))
+    return keep
 
 
 def top_p_mask(weights: Tensor, p: float) -> Tensor:
@@ -101,35 +112,76 @@ def top_p_mask(weights: Tensor, p: float) -> Tensor:
     return torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
 
 
+CDF_BLOCK = 128
+
+
+_BELOW_ONE = 1.0 - 2.0 ** -53  # the largest uniform; u · x < x for every positive float64 x
+
+
+def _first_above(cdf: Tensor, target: Tensor) -> Tensor:
+    """Per row of the non-decreasing ``cdf`` [R, n]: the first index whose entry exceeds ``target`` [R]."""
+    return torch.searchsorted(cdf, target.unsqueeze(-1), right=True).squeeze(-1)
+
+
 def inverse_cdf(weights: Tensor, uniforms: Tensor) -> Tensor:
-    """Token ids [R]: the smallest id i with ``cumsum(weights)_i > u · sum(weights)`` (float64 sums)."""
-    cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)
-    total = cdf[..., -1:].contiguous()
-    tokens = torch.searchsorted(cdf, uniforms.to(cdf.device).unsqueeze(-1) * total, right=True)
-    # u·total can round up to total: then take the last token of positive weight.
-    last_positive = torch.searchsorted(cdf, total, right=False)
-    return torch.where(tokens < cdf.shape[-1], tokens, last_positive).squeeze(-1)
+    """Token ids [R]: per row of non-negative ``weights`` [R, V] (some positive), the smallest id i with
+    ``cumsum(w)_i > u · sum(w)`` for ``u`` in (0, 1); ids of zero weight are never chosen.
+
+    Evaluated in two levels, which is the same search: the masses of blocks of ``CDF_BLOCK`` consecutive
+    ids pick the block (float64 cumulative sum over the blocks), then the float64 cumulative sum inside
+    that block alone picks the id, at the target's share of the block's mass. One vectorised pass over
+    the vocabulary instead of a sequential float64 scan of all of it.
+    """
+    rows, vocab = weights.shape
+    pad = -vocab % CDF_BLOCK
+    padded = torch.nn.functional.pad(weights, (0, pad)) if pad else weights
+    blocks = padded.reshape(rows, -1, CDF_BLOCK)
+    mass = blocks.sum(dim=-1).to(torch.float64)
+    outer = torch.cumsum(mass, dim=-1)
+    u = uniforms.to(device=outer.device, dtype=torch.float64).clamp(max=_BELOW_ONE)
+    target = u * outer[:, -1]  # < total, as u <= 1 - 2^-53
+    block = _first_above(outer, target).unsqueeze(-1)  # a block of positive mass
+    before = torch.nn.functional.pad(outer[:, :-1], (1, 0)).gather(-1, block).squeeze(-1)
+    share = ((target - before) / mass.gather(-1, block).squeeze(-1)).clamp(max=_BELOW_ONE)
+    inner = torch.cumsum(blocks.gather(1, block.unsqueeze(-1).expand(-1, 1, CDF_BLOCK)).squeeze(1),
+                         dim=-1, dtype=torch.float64)
+    return block.squeeze(-1) * CDF_BLOCK + _first_above(inner, share * inner[:, -1])
+
+
+def scaled_log_probs(logits: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
+    """``(z, log_softmax(z))`` with ``z = logits / T`` (T = 1 when ``temperature`` is 0), in float32 at
+    least (float64 for float64 logits)."""
+    z = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+    if temperature > 0 and temperature != 1.0:  # x / 1.0 == x: skip a pass
+        z = z / temperature
+    return z, torch.log_softmax(z, dim=-1)
+
+
+def truncated_weights(z: Tensor, log_probs: Tensor, top_k: int, top_p: float) -> Tensor:
+    """The probabilities ``exp(log_probs)`` with everything outside top-k, then outside the top-p nucleus
+    of what is left, set to 0 (unnormalised). ``top_k`` <= 0 and ``top_p`` = 1 switch a filter off."""
+    weights = log_probs.exp()
+    if 0 < top_k < z.shape[-1]:
+        kept = top_k_mask(z, top_k)
+        if top_p < 1.0:  # the nucleus of the k survivors: sort k entries per row, not the vocabulary
+            ids = kept.nonzero()[:, 1].view(z.shape[0], top_k)  # exactly k per row, ascending ids
+            kept = torch.zeros_like(kept).scatter(-1, ids, top_p_mask(weights.gather(-1, ids), top_p))
+        weights = torch.where(kept, weights, torch.zeros_like(weights))
+    elif top_p < 1.0:
+        weights = torch.where(top_p_mask(weights, top_p), weights, torch.zeros_like(weights))
+    return weights
 
 
 def sample_tokens(logits: Tensor, uniforms: Tensor, *, temperature: float = 1.0, top_k: int = -1,
                   top_p: float = 1.0, greedy: bool = False) -> tuple[Tensor, Tensor]:
     """``(tokens [R], log_probs [R])`` for logits [R, V] and one uniform per row (ignored when greedy).
 
-    ``log_probs`` are ``log_softmax(logits / T)`` at the token (T = 1 when ``temperature`` is 0), in
-    float32 at least (float64 for float64 logits). ``top_k`` <= 0 and ``top_p`` = 1 switch a filter off.
+    ``log_probs`` are ``log_softmax(logits / T)`` at the token, before top-k / top-p (see
+    :func:`scaled_log_probs`). Greedy (or ``temperature`` 0) is ``argmax(logits)``, ties to the lowest id.
     """
-    z = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
-    if temperature > 0 and temperature != 1.0:  # x / 1.0 == x: skip a pass
-        z = z / temperature
-    log_probs = torch.log_softmax(z, dim=-1)
+    z, log_probs = scaled_log_probs(logits, temperature)
     if greedy or temperature == 0:
         tokens = torch.argmax(logits, dim=-1)  # first maximum: ties go to the lowest id
     else:
-        weights = log_probs.exp()
-        vocab = z.shape[-1]
-        if 0 < top_k < vocab:
-            weights = torch.where(top_k_mask(z, top_k), weights, torch.zeros_like(weights))
-        if top_p < 1.0:
-            weights = torch.where(top_p_mask(weights, top_p), weights, torch.zeros_like(weights))
-        tokens = inverse_cdf(weights, uniforms)
+        tokens = inverse_cdf(truncated_weights(z, log_probs, top_k, top_p), uniforms)
     return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

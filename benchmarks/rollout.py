@@ -1,0 +1,288 @@
+"""Rollout costs: layout-independent sampling against ordinary `torch.multinomial` in the same decode loop,
+and the old-log-prob pass against a plain no-grad forward of the same tokens.
+
+- Generation: `HFRollout.generate` with its token pick swapped and nothing else — the same prefill,
+  KV-cached decode, row compaction and layout rules. "counter-based" is the shipped rule (one
+  counter-based uniform per token, inverse CDF); "multinomial" draws with `torch.multinomial` from one
+  shared `torch.Generator`. Both apply the same temperature / top-k / top-p and compute the same log-probs.
+  No EOS, so both generate exactly the same number of tokens.
+- Token pick alone, on one decode step's logits: the two above and a counter-based Gumbel-max (one
+  uniform per vocabulary entry), the alternative the shipped rule was chosen against.
+- Old log-probs: `splitproof.engine.compute_log_probs` against a plain no-grad forward of the same
+  microbatches (the model's own forward, logits at every position) and against that forward plus the
+  usual `log_softmax` + `gather` at the response positions.
+- Layout drift: the same requests generated whole, in chunks of 5 in a shuffled order, and split over
+  two "ranks"; samples whose tokens differ, the largest log-prob difference, and the rollout log-probs
+  against the full forward of `compute_log_probs` — in float32 and float64.
+
+    python benchmarks/rollout.py [--quick] [--device cuda] [--repeats N] [--threads N]
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import benchlib as bl  # noqa: E402
+
+NAME = "rollout"
+GOAL = 1.05
+
+MODELS_FULL = {
+    "tiny": dict(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128),
+    "small": dict(vocab_size=16384, hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
+                  intermediate_size=768),
+}
+MODELS_QUICK = {
+    "tiny": dict(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64),
+    "small": dict(vocab_size=512, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64),
+}
+SETTINGS = {"T 1": dict(), "T 0.8, top-k 50, top-p 0.9": dict(temperature=0.8, top_k=50, top_p=0.9)}
+
+
+def make_model(env: bl.Env, name: str, dtype: torch.dtype | None = None):
+    from splitproof.models import tiny_causal_lm
+
+    sizes = (MODELS_QUICK if env.quick else MODELS_FULL)[name]
+    return tiny_causal_lm("llama", dtype=dtype or env.dtype, seed=0, max_position_embeddings=1024,
+                          **sizes).to(env.device).eval()
+
+
+def workload_sizes(env: bl.Env) -> dict:
+    return (dict(prompts=4, n=2, shortest=2, longest=8, length=8) if env.quick
+            else dict(prompts=16, n=4, shortest=16, longest=64, length=64))
+
+
+def workload(env: bl.Env, vocab: int) -> tuple[list, int]:
+    """(requests, max_response_length): prompts of random lengths, n samples each."""
+    from splitproof.rl.rollout import requests_for
+
+    w = workload_sizes(env)
+    g = random.Random(0)
+    prompts = [(u, [g.randrange(vocab) for _ in range(g.randint(w["shortest"], w["longest"]))])
+               for u in range(w["prompts"])]
+    return requests_for(prompts, w["n"]), w["length"]
+
+
+# ---------------------------------------------------------------------------------------- token picks
+
+def multinomial_pick(logits, generator, params):
+    """Ordinary sampling: the shipped filters, then `torch.multinomial` from a shared generator."""
+    from splitproof.rl.sampling import scaled_log_probs, truncated_weights
+
+    z, log_probs = scaled_log_probs(logits, params.temperature)
+    tokens = torch.multinomial(truncated_weights(z, log_probs, params.top_k, params.top_p), 1,
+                               generator=generator).squeeze(-1)
+    return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def gumbel_pick(logits, keys, t, params):
+    """Counter-based Gumbel-max: one uniform per (token, vocabulary entry), argmax of log p + Gumbel noise."""
+    from splitproof.rl.sampling import GAMMA, _int64, mix64, scaled_log_probs, truncated_weights, uniform_from_bits
+
+    z, log_probs = scaled_log_probs(logits, params.temperature)
+    weights = truncated_weights(z, log_probs, params.top_k, params.top_p)
+    offsets = torch.arange(1, z.shape[-1] + 1, device=z.device, dtype=torch.int64) * _int64(GAMMA)
+    u = uniform_from_bits(mix64(mix64(keys + _int64((t + 1) * GAMMA)).unsqueeze(-1) + offsets))
+    noisy = torch.where(weights > 0, log_probs.double() - torch.log(-torch.log(u)), -torch.inf)
+    tokens = noisy.argmax(-1)
+    return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def rollouts(model, device):
+    """The shipped backend and the same loop with `torch.multinomial`, both without EOS."""
+    from splitproof.rl.rollout import HFRollout
+
+    class MultinomialRollout(HFRollout):
+        generator = torch.Generator(device=device)
+
+        def _sample(self, logits, uniforms, params):
+            return multinomial_pick(logits, self.generator, params)
+
+    return {"counter-based": HFRollout(model, eos_token_ids=None, pad_token_id=0),
+            "multinomial": MultinomialRollout(model, eos_token_ids=None, pad_token_id=0)}
+
+
+def generation_rows(env: bl.Env, model_name: str) -> list[dict]:
+    from splitproof.rl.rollout import SamplingParams
+
+    model = make_model(env, model_name)
+    requests, length = workload(env, model.config.vocab_size)
+    backends = rollouts(model, env.device)
+    rows = []
+    for setting, kwargs in SETTINGS.items():
+        params = SamplingParams(n=4, max_response_length=length, **kwargs)
+        variants = {name: (lambda b=b: b.generate(requests, params, step=0)) for name, b in backends.items()}
+        bl.log(f"[{NAME}] generation: {model_name}, {setting}")
+        times = bl.interleaved(variants, repeats=env.repeats, env=env,
+                               prepare=lambda: backends["multinomial"].generator.manual_seed(0))
+        ratio = bl.Ratio.paired(times["counter-based"], times["multinomial"])
+        tokens = len(requests) * length
+        rows.append(dict(model=model_name, setting=setting, ours_s=bl.median(times["counter-based"]),
+                         plain_s=bl.median(times["multinomial"]), ratio=ratio.median, q1=ratio.q1, q3=ratio.q3,
+                         tokens=tokens, clock=times.clock))
+    return rows
+
+
+def pick_rows(env: bl.Env, model_name: str) -> list[dict]:
+    """The token pick alone on one decode step's logits [requests, V]."""
+    from splitproof.rl.rollout import SamplingParams
+    from splitproof.rl.sampling import sample_tokens, scaled_log_probs, stream_keys, token_uniforms
+
+    model = make_model(env, model_name)
+    requests, _ = workload(env, model.config.vocab_size)
+    R, V = len(requests), model.config.vocab_size
+    g = torch.Generator().manual_seed(1)
+    logits = (3 * torch.randn(R, V, generator=g)).to(device=env.device, dtype=env.dtype)
+    keys = stream_keys(42, 0, 0, torch.tensor([u for u, _, _ in requests], device=env.device),
+                       torch.tensor([j for _, j, _ in requests], device=env.device))
+    uniforms = token_uniforms(keys, 3)  # the loop takes them from a per-chunk table: one gather per step
+    generator = torch.Generator(device=env.device).manual_seed(0)
+    params = SamplingParams()
+    variants = {
+        "log_softmax only": lambda: scaled_log_probs(logits, 1.0),
+        "counter-based inverse CDF": lambda: sample_tokens(logits, uniforms),
+        "torch.multinomial": lambda: multinomial_pick(logits, generator, params),
+        "counter-based Gumbel-max": lambda: gumbel_pick(logits, keys, 3, params),
+    }
+    times = bl.interleaved(variants, repeats=max(9, 3 * env.repeats), env=env, warmup=2)
+    return [dict(model=model_name, shape=f"{R} × {V}", pick=name, ms=bl.median(times[name]) * 1e3) for name in variants]
+
+
+# ---------------------------------------------------------------------------------------- old log-probs
+
+def old_log_prob_rows(env: bl.Env, model_name: str) -> list[dict]:
+    from splitproof.diagnose.synthetic import synthetic_rollout
+    from splitproof.engine import compute_log_probs
+
+    model = make_model(env, model_name)
+    B, P, T, micro = (8, 8, 8, 4) if env.quick else (64, 64, 64, 8)
+    batch = synthetic_rollout(model, B, P, T, seed=1).validate()
+    chunks = [torch.arange(s, min(s + micro, B), device=env.device) for s in range(0, B, micro)]
+    input_ids, attention, responses = batch.input_ids, batch.attention_mask.long(), batch.responses
+
+    def microbatches():
+        """The rows of each microbatch, as any forward loop takes them from the batch."""
+        for rows in chunks:
+            mask = attention[rows]
+            yield input_ids[rows], mask, (mask.cumsum(-1) - 1).clamp(min=0), responses[rows].unsqueeze(-1)
+
+    @torch.no_grad()
+    def plain_forward():
+        for ids, mask, pos, _ in microbatches():
+            model(input_ids=ids, attention_mask=mask, position_ids=pos)
+
+    @torch.no_grad()
+    def forward_and_head():
+        for ids, mask, pos, tokens in microbatches():
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, P - 1:-1]
+            torch.log_softmax(logits, -1).gather(-1, tokens)
+
+    variants = {"compute_log_probs": lambda: compute_log_probs(model, batch, micro_batch_size=micro),
+                "plain forward": plain_forward, "forward + log_softmax head": forward_and_head}
+    bl.log(f"[{NAME}] old log-probs: {model_name}")
+    times = bl.interleaved(variants, repeats=env.repeats, env=env)
+    base = times["plain forward"]
+    return [dict(model=model_name, variant=name, ms=bl.median(times[name]) * 1e3,
+                 ratio=bl.Ratio.paired(times[name], base), sequences=B, micro=micro, prompt=P, response=T,
+                 tokens=int(batch.attention_mask.sum()))
+            for name in variants]
+
+
+# ---------------------------------------------------------------------------------------- layout drift
+
+def drift_rows(env: bl.Env) -> list[dict]:
+    from splitproof.engine import compute_log_probs
+    from splitproof.rl.rollout import HFRollout, SamplingParams, samples_to_batch
+
+    rows = []
+    for dtype in (torch.float32, torch.float64):
+        model = make_model(env, "small", dtype)
+        requests, length = workload(env, model.config.vocab_size)
+        params = SamplingParams(n=4, max_response_length=length)
+
+        def generate(reqs, max_num_seqs):
+            return HFRollout(model, eos_token_ids=None, pad_token_id=0, max_num_seqs=max_num_seqs).generate(
+                reqs, params, step=0)
+
+        bl.log(f"[{NAME}] layout drift: {dtype}")
+        base = generate(requests, len(requests))
+        keyed = {(s.uid, s.index): s for s in base}
+        order = list(range(len(requests)))
+        random.Random(2).shuffle(order)
+        shuffled = [requests[i] for i in order]
+        half = len(requests) // 2
+        layouts = {"chunks of 5, shuffled": generate(shuffled, 5),
+                   "two ranks (8 + 8 per chunk)": generate(shuffled[:half], 8) + generate(shuffled[half:], 8)}
+        batch = samples_to_batch(base, dtype=dtype, device=env.device)
+        full, _ = compute_log_probs(model, batch, micro_batch_size=8)
+        vs_full = (full - batch.old_log_probs).abs()[batch.response_mask].max().item()
+        for name, samples in layouts.items():
+            differ = sum(s.response_ids != keyed[s.uid, s.index].response_ids for s in samples)
+            gap = max(abs(a - b) for s in samples for a, b in zip(s.log_probs, keyed[s.uid, s.index].log_probs))
+            rows.append(dict(dtype=str(dtype).replace("torch.", ""), layout=name, samples=len(samples), differ=differ,
+                             max_logprob_gap=gap, vs_full=vs_full))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------- run, render
+
+def run(env: bl.Env) -> dict:
+    generation = [row for name in ("tiny", "small") for row in generation_rows(env, name)]
+    picks = [row for name in ("tiny", "small") for row in pick_rows(env, name)]
+    old = [row for name in ("tiny", "small") for row in old_log_prob_rows(env, name)]
+    describe = {name: bl.describe_model(make_model(env, name)) for name in ("tiny", "small")}
+    return dict(generation=generation, picks=picks, old=old, drift=drift_rows(env), models=describe,
+                clock=generation[0]["clock"], workload=workload_sizes(env))
+
+
+def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
+    models = "; ".join(f"{name}: {text}" for name, text in result["models"].items())
+    w = result["workload"]
+    setup = (f"Models — {models}. Generation: {w['prompts'] * w['n']} requests ({w['prompts']} prompts × {w['n']} "
+             f"samples, prompts of {w['shortest']}–{w['longest']} random tokens), {w['length']} new tokens each, all "
+             f"in one chunk (max_num_seqs 256), no EOS. Times are medians over the repeats; a ratio is the median of "
+             f"the per-repeat ratios. {bl.clock_note(result['clock'])}")
+    gen = bl.table(
+        ["model", "sampling", "counter-based ms", "multinomial ms", "counter-based / multinomial", "paired-ratio IQR",
+         f"goal ≤ {GOAL}"],
+        [[r["model"], r["setting"], bl.ms(r["ours_s"]), bl.ms(r["plain_s"]), f"{r['ratio']:.3f}",
+          f"{r['q1']:.3f}–{r['q3']:.3f}", bl.verdict(r["ratio"], GOAL)] for r in result["generation"]])
+    picks = bl.table(["model", "logits [R, V]", "token pick (incl. log_softmax)", "ms per decode step"],
+                     [[r["model"], r["shape"], r["pick"], f"{r['ms']:.3f}"] for r in result["picks"]])
+    old_rows = result["old"]
+    o = old_rows[0]
+    old_text = (f"Old log-probs: {o['sequences']} sequences (prompts ≤ {o['prompt']}, responses ≤ {o['response']}, "
+                f"{o['tokens']} real tokens), microbatches of {o['micro']} rows. \"plain forward\" is the model's own "
+                "no-grad forward of the same padded microbatches (logits at every position, nothing else); "
+                "\"forward + log_softmax head\" adds what a hand-written old-log-prob pass does with them.")
+    old = bl.table(["model", "pass", "ms", "/ plain forward", "paired-ratio IQR", f"goal ≤ {GOAL}"],
+                   [[r["model"], r["variant"], f"{r['ms']:.1f}", f"{r['ratio'].median:.3f}", r["ratio"].spread(),
+                     bl.verdict(r["ratio"].median, GOAL) if r["variant"] == "compute_log_probs" else ""]
+                    for r in old_rows])
+    drift_text = ("Layout drift (small model, the generation workload above at T 1): the same requests generated "
+                  "whole (the reference), in chunks of 5 in a shuffled order, and split in two halves generated "
+                  "separately (chunks of 8), as two data-parallel ranks would. \"vs full forward\" is the largest "
+                  "|rollout log-prob − compute_log_probs| over all response tokens of the reference.")
+    drift = bl.table(["dtype", "layout", "samples", "samples whose tokens differ", "max |Δ log-prob|",
+                      "vs full forward"],
+                     [[r["dtype"], r["layout"], r["samples"], r["differ"], f"{r['max_logprob_gap']:.1e}",
+                       f"{r['vs_full']:.1e}"] for r in result["drift"]])
+    pick_text = ("Token pick alone — one decode step's sampling (log-probs included) on random logits; "
+                 "the counter-based Gumbel-max draws one uniform per vocabulary entry.")
+    return bl.section(NAME, "Rollout: layout-independent sampling and old log-probs", command, env, load_before,
+                      [setup, gen, pick_text, picks, old_text, old, drift_text, drift])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = bl.parser(__doc__.splitlines()[0], repeats=5).parse_args(argv)
+    return bl.run_script(NAME, args, argv, run, render)
+
+
+if __name__ == "__main__":
+    main()
