@@ -23,6 +23,7 @@ whenever that shrinks the decode batch by an eighth or more.
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -113,14 +114,18 @@ def canonical_prompt_width(length: int, pad_multiple: int) -> int:
     return (length // pad_multiple + 1) * pad_multiple
 
 
+def _is_int(value) -> bool:
+    """An integer (Python or NumPy), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _eos_tuple(eos_token_ids) -> tuple[int, ...]:
     if eos_token_ids is None:
         return ()
-    ids = (eos_token_ids,) if isinstance(eos_token_ids, int) else tuple(eos_token_ids)
-    for i in ids:
-        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
-            raise ConfigError("eos_token_ids", f"must be non-negative token ids, got {eos_token_ids!r}")
-    return ids
+    ids = (eos_token_ids,) if _is_int(eos_token_ids) else tuple(eos_token_ids)
+    if not all(_is_int(i) and i >= 0 for i in ids):
+        raise ConfigError("eos_token_ids", f"must be non-negative token ids, got {eos_token_ids!r}")
+    return tuple(int(i) for i in ids)
 
 
 def _cache_keyword(model: nn.Module) -> str:
@@ -178,8 +183,9 @@ class HFRollout:
                 raise RolloutError("requests", f"each request is (uid, sample index, prompt_ids), got {request!r}", pos)
             uid, j, ids = request
             for name, value in (("uid", uid), ("sample index", j)):
-                if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT64_MAX:
+                if not _is_int(value) or not 0 <= value <= _INT64_MAX:
                     raise RolloutError(name, f"must be an integer in [0, 2^63), got {value!r}", pos, uid, j)
+            uid, j = int(uid), int(j)
             if j >= params.n:
                 raise RolloutError("sample index", f"must be < n = {params.n}", pos, uid, j)
             if (uid, j) in seen:
@@ -188,7 +194,7 @@ class HFRollout:
             seen[uid, j] = pos
             if len(ids) == 0:
                 raise RolloutError("prompt_ids", "empty prompt", pos, uid, j)
-            bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size]
+            bad = [t for t in ids if not _is_int(t) or not 0 <= t < self.vocab_size]
             if bad:
                 raise RolloutError("prompt_ids", f"token id {bad[0]!r} outside the model's vocabulary "
                                    f"[0, {self.vocab_size})", pos, uid, j)
@@ -235,10 +241,10 @@ class HFRollout:
         device = next(model.parameters()).device
         real = len(chunk)
         rows = max(real, self.min_rows)
-        prompts = [list(ids) for _, _, ids in chunk]
+        prompts = [[int(t) for t in ids] for _, _, ids in chunk]
         ids, mask = self._prefill_inputs(prompts + [prompts[0]] * (rows - real), device)
-        keys = stream_keys(params.seed, stream, step, torch.tensor([u for u, _, _ in chunk], device=device),
-                           torch.tensor([j for _, j, _ in chunk], device=device))
+        keys = stream_keys(params.seed, stream, step, torch.tensor([int(u) for u, _, _ in chunk], device=device),
+                           torch.tensor([int(j) for _, j, _ in chunk], device=device))
         uniforms = stream_uniforms(keys, params.max_response_length)  # [real, T]: token t of row r
         prompt_lengths = torch.tensor([len(p) for p in prompts], device=device)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
@@ -285,7 +291,8 @@ class HFRollout:
 
         responses, log_probs = responses.cpu(), log_probs.cpu()
         lengths, finished = lengths.tolist(), finished.tolist()
-        return [Sample(uid=uid, index=j, prompt_ids=list(p), response_ids=responses[r, :lengths[r]].tolist(),
+        return [Sample(uid=int(uid), index=int(j), prompt_ids=list(p),
+                       response_ids=responses[r, :lengths[r]].tolist(),
                        log_probs=log_probs[r, :lengths[r]].tolist(), finished=finished[r])
                 for r, ((uid, j, _), p) in enumerate(zip(chunk, prompts))]
 
