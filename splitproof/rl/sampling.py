@@ -14,7 +14,7 @@ Sampling rule, per row of logits and nothing else (no batch-wide operation):
 smallest set of the most probable remaining tokens (descending probability, ties to the lower id) whose
 renormalised mass reaches p; the token is the inverse CDF of the kept probabilities in vocabulary-index
 order at ``u_t``: the smallest id i with ``cumsum(w)_i > u_t · sum(w)`` (one uniform per token; a Gumbel-max
-pick would need one per vocabulary entry, measured 20x dearer — docs/benchmarks.md). Greedy is ``argmax(logits)``,
+pick needs one per vocabulary entry and measured over ten times dearer — docs/benchmarks.md). Greedy is ``argmax(logits)``,
 ties to the lowest id. The log-prob is ``log_softmax(z)`` at the token (before top-k / top-p).
 """
 
