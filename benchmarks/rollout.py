@@ -188,7 +188,10 @@ def old_log_prob_rows(env: bl.Env, model_name: str) -> list[dict]:
             yield input_ids[rows], mask, (mask.cumsum(-1) - 1).clamp(min=0), responses[rows].unsqueeze(-1)
 
     rows = []
-    for kind, model in (("model", real), ("zero-logits stand-in", ZeroLogits(real.config.vocab_size, env.device))):
+    models = [("model", real)]
+    if model_name == "tiny":  # where the pass's own cost is a visible share of the forward
+        models.append(("zero-logits stand-in", ZeroLogits(real.config.vocab_size, env.device)))
+    for kind, model in models:
         @torch.no_grad()
         def plain_forward(model=model):
             for ids, mask, pos, _ in microbatches():
@@ -311,9 +314,9 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
                          for forward in [next(b for b in old_rows if b["kind"] == "model" and b["model"] == r["model"]
                                               and b["variant"] == "plain forward")]
                          if r["variant"] != "plain forward"])
-    stand_in_text = ("Attribution — the same three loops with a stand-in model whose forward returns zero logits of "
-                     "the right shape: what each pass costs besides the model (the last column relates it to the "
-                     "model's plain forward above).")
+    stand_in_text = ("Attribution (tiny model) — the same three loops with a stand-in model whose forward returns "
+                     "zero logits of the right shape: what each pass costs besides the model (the last column relates "
+                     "it to the model's plain forward above).")
     drift_text = ("Layout drift at T 1, no EOS: the same requests generated whole (the reference), in chunks of 5 "
                   "in a shuffled order, and split in two halves generated separately in chunks of 8, as two "
                   "data-parallel ranks would. \"max |Δ log-prob|\" is over the tokens before a sample's first "
