@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import random
 import sys
+from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -156,13 +157,27 @@ def pick_rows(env: bl.Env, model_name: str) -> list[dict]:
 
 # ---------------------------------------------------------------------------------------- old log-probs
 
+class ZeroLogits(torch.nn.Module):
+    """A stand-in model whose forward returns zero logits of the right shape: times a pass without the model."""
+
+    def __init__(self, vocab: int, device):
+        super().__init__()
+        self.vocab = vocab
+        self.anchor = torch.nn.Parameter(torch.zeros(1, device=device))
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, use_cache=False, logits_to_keep=0):
+        b, width = input_ids.shape
+        return SimpleNamespace(logits=self.anchor.new_zeros(b, logits_to_keep or width, self.vocab))
+
+
 def old_log_prob_rows(env: bl.Env, model_name: str) -> list[dict]:
+    """compute_log_probs against the plain loops, with the model and with a zero-logits stand-in."""
     from splitproof.diagnose.synthetic import synthetic_rollout
     from splitproof.engine import compute_log_probs
 
-    model = make_model(env, model_name)
+    real = make_model(env, model_name)
     B, P, T, micro = (8, 8, 8, 4) if env.quick else (64, 64, 64, 8)
-    batch = synthetic_rollout(model, B, P, T, seed=1).validate()
+    batch = synthetic_rollout(real, B, P, T, seed=1).validate()
     chunks = [torch.arange(s, min(s + micro, B), device=env.device) for s in range(0, B, micro)]
     input_ids, attention, responses = batch.input_ids, batch.attention_mask.long(), batch.responses
 
@@ -172,29 +187,50 @@ def old_log_prob_rows(env: bl.Env, model_name: str) -> list[dict]:
             mask = attention[rows]
             yield input_ids[rows], mask, (mask.cumsum(-1) - 1).clamp(min=0), responses[rows].unsqueeze(-1)
 
-    @torch.no_grad()
-    def plain_forward():
-        for ids, mask, pos, _ in microbatches():
-            model(input_ids=ids, attention_mask=mask, position_ids=pos)
+    rows = []
+    models = [("model", real)]
+    if model_name == "tiny":  # where the pass's own cost is a visible share of the forward
+        models.append(("zero-logits stand-in", ZeroLogits(real.config.vocab_size, env.device)))
+    for kind, model in models:
+        @torch.no_grad()
+        def plain_forward(model=model):
+            for ids, mask, pos, _ in microbatches():
+                model(input_ids=ids, attention_mask=mask, position_ids=pos)
 
-    @torch.no_grad()
-    def forward_and_head():
-        for ids, mask, pos, tokens in microbatches():
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, P - 1:-1]
-            torch.log_softmax(logits, -1).gather(-1, tokens)
+        @torch.no_grad()
+        def forward_and_head(model=model):
+            for ids, mask, pos, tokens in microbatches():
+                logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits[:, P - 1:-1]
+                torch.log_softmax(logits, -1).gather(-1, tokens)
 
-    variants = {"compute_log_probs": lambda: compute_log_probs(model, batch, micro_batch_size=micro),
-                "plain forward": plain_forward, "forward + log_softmax head": forward_and_head}
-    bl.log(f"[{NAME}] old log-probs: {model_name}")
-    times = bl.interleaved(variants, repeats=env.repeats, env=env)
-    base = times["plain forward"]
-    return [dict(model=model_name, variant=name, ms=bl.median(times[name]) * 1e3,
-                 ratio=bl.Ratio.paired(times[name], base), sequences=B, micro=micro, prompt=P, response=T,
-                 tokens=int(batch.attention_mask.sum()))
-            for name in variants]
+        variants = {"compute_log_probs": lambda model=model: compute_log_probs(model, batch, micro_batch_size=micro),
+                    "plain forward": plain_forward, "forward + log_softmax head": forward_and_head}
+        bl.log(f"[{NAME}] old log-probs: {model_name}, {kind}")
+        times = bl.interleaved(variants, repeats=env.repeats if kind == "model" else max(9, 3 * env.repeats), env=env)
+        rows += [dict(model=model_name, kind=kind, variant=name, ms=bl.median(times[name]) * 1e3,
+                      ratio=bl.Ratio.paired(times[name], times["plain forward"]), sequences=B, micro=micro, prompt=P,
+                      response=T, tokens=int(batch.attention_mask.sum()))
+                 for name in variants]
+    return rows
 
 
 # ---------------------------------------------------------------------------------------- layout drift
+
+def long_workload(env: bl.Env, vocab: int) -> tuple[list, int]:
+    """Long prompts and responses: sequences pass the CPU attention kernel's 512-key block."""
+    from splitproof.rl.rollout import requests_for
+
+    prompts, shortest, longest, length = (2, 20, 40, 8) if env.quick else (8, 300, 480, 200)
+    g = random.Random(1)
+    return requests_for([(u, [g.randrange(vocab) for _ in range(g.randint(shortest, longest))])
+                         for u in range(prompts)], 2), length
+
+
+def _prefix_gap(a, b) -> float:
+    """Largest |Δ log-prob| over the tokens before the first token that differs."""
+    same = next((t for t, (x, y) in enumerate(zip(a.response_ids, b.response_ids)) if x != y), len(a.response_ids))
+    return max((abs(x - y) for x, y in zip(a.log_probs[:same], b.log_probs[:same])), default=0.0)
+
 
 def drift_rows(env: bl.Env) -> list[dict]:
     from splitproof.engine import compute_log_probs
@@ -202,31 +238,35 @@ def drift_rows(env: bl.Env) -> list[dict]:
 
     rows = []
     for dtype in (torch.float32, torch.float64):
-        model = make_model(env, "small", dtype)
-        requests, length = workload(env, model.config.vocab_size)
-        params = SamplingParams(n=4, max_response_length=length)
+        for model_name, make_workload in (("small", workload), ("tiny", long_workload)):
+            model = make_model(env, model_name, dtype)
+            requests, length = make_workload(env, model.config.vocab_size)
+            params = SamplingParams(n=4, max_response_length=length)
 
-        def generate(reqs, max_num_seqs):
-            return HFRollout(model, eos_token_ids=None, pad_token_id=0, max_num_seqs=max_num_seqs).generate(
-                reqs, params, step=0)
+            def generate(reqs, max_num_seqs, model=model, params=params):
+                return HFRollout(model, eos_token_ids=None, pad_token_id=0, max_num_seqs=max_num_seqs).generate(
+                    reqs, params, step=0)
 
-        bl.log(f"[{NAME}] layout drift: {dtype}")
-        base = generate(requests, len(requests))
-        keyed = {(s.uid, s.index): s for s in base}
-        order = list(range(len(requests)))
-        random.Random(2).shuffle(order)
-        shuffled = [requests[i] for i in order]
-        half = len(requests) // 2
-        layouts = {"chunks of 5, shuffled": generate(shuffled, 5),
-                   "two ranks (8 + 8 per chunk)": generate(shuffled[:half], 8) + generate(shuffled[half:], 8)}
-        batch = samples_to_batch(base, dtype=dtype, device=env.device)
-        full, _ = compute_log_probs(model, batch, micro_batch_size=8)
-        vs_full = (full - batch.old_log_probs).abs()[batch.response_mask].max().item()
-        for name, samples in layouts.items():
-            differ = sum(s.response_ids != keyed[s.uid, s.index].response_ids for s in samples)
-            gap = max(abs(a - b) for s in samples for a, b in zip(s.log_probs, keyed[s.uid, s.index].log_probs))
-            rows.append(dict(dtype=str(dtype).replace("torch.", ""), layout=name, samples=len(samples), differ=differ,
-                             max_logprob_gap=gap, vs_full=vs_full))
+            bl.log(f"[{NAME}] layout drift: {model_name}, {dtype}")
+            base = generate(requests, len(requests))
+            keyed = {(s.uid, s.index): s for s in base}
+            order = list(range(len(requests)))
+            random.Random(2).shuffle(order)
+            shuffled = [requests[i] for i in order]
+            half = len(requests) // 2
+            layouts = {"chunks of 5, shuffled": generate(shuffled, 5),
+                       "two ranks (chunks of 8)": generate(shuffled[:half], 8) + generate(shuffled[half:], 8)}
+            batch = samples_to_batch(base, dtype=dtype, device=env.device)
+            full, _ = compute_log_probs(model, batch, micro_batch_size=8)
+            vs_full = (full - batch.old_log_probs).abs()[batch.response_mask].max().item()
+            lengths = [len(ids) for _, _, ids in requests]
+            for name, samples in layouts.items():
+                rows.append(dict(dtype=str(dtype).replace("torch.", ""), model=model_name,
+                                 workload=f"prompts {min(lengths)}–{max(lengths)}, {length} new tokens",
+                                 layout=name, samples=len(samples), tokens=len(samples) * length,
+                                 differ=sum(s.response_ids != keyed[s.uid, s.index].response_ids for s in samples),
+                                 max_logprob_gap=max(_prefix_gap(s, keyed[s.uid, s.index]) for s in samples),
+                                 vs_full=vs_full))
     return rows
 
 
@@ -264,19 +304,33 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
     old = bl.table(["model", "pass", "ms", "/ plain forward", "paired-ratio IQR", f"goal ≤ {GOAL}"],
                    [[r["model"], r["variant"], f"{r['ms']:.1f}", f"{r['ratio'].median:.3f}", r["ratio"].spread(),
                      bl.verdict(r["ratio"].median, GOAL) if r["variant"] == "compute_log_probs" else ""]
-                    for r in old_rows])
-    drift_text = ("Layout drift (small model, the generation workload above at T 1): the same requests generated "
-                  "whole (the reference), in chunks of 5 in a shuffled order, and split in two halves generated "
-                  "separately (chunks of 8), as two data-parallel ranks would. \"vs full forward\" is the largest "
-                  "|rollout log-prob − compute_log_probs| over all response tokens of the reference.")
-    drift = bl.table(["dtype", "layout", "samples", "samples whose tokens differ", "max |Δ log-prob|",
-                      "vs full forward"],
-                     [[r["dtype"], r["layout"], r["samples"], r["differ"], f"{r['max_logprob_gap']:.1e}",
-                       f"{r['vs_full']:.1e}"] for r in result["drift"]])
+                    for r in old_rows if r["kind"] == "model"])
+    stand_in = bl.table(["model", "pass (no forward)", "ms", "extra over the plain loop, ms", "share of the plain forward"],
+                        [[r["model"], r["variant"], f"{r['ms']:.2f}", f"{r['ms'] - base['ms']:.2f}",
+                          f"{100 * (r['ms'] - base['ms']) / forward['ms']:.1f} %"]
+                         for r in old_rows if r["kind"] != "model"
+                         for base in [next(b for b in old_rows if b["kind"] == r["kind"] and b["model"] == r["model"]
+                                           and b["variant"] == "plain forward")]
+                         for forward in [next(b for b in old_rows if b["kind"] == "model" and b["model"] == r["model"]
+                                              and b["variant"] == "plain forward")]
+                         if r["variant"] != "plain forward"])
+    stand_in_text = ("Attribution (tiny model) — the same three loops with a stand-in model whose forward returns "
+                     "zero logits of the right shape: what each pass costs besides the model (the last column relates "
+                     "it to the model's plain forward above).")
+    drift_text = ("Layout drift at T 1, no EOS: the same requests generated whole (the reference), in chunks of 5 "
+                  "in a shuffled order, and split in two halves generated separately in chunks of 8, as two "
+                  "data-parallel ranks would. \"max |Δ log-prob|\" is over the tokens before a sample's first "
+                  "differing token; \"vs full forward\" is the largest |rollout log-prob − compute_log_probs| over "
+                  "all response tokens of the reference. The second workload's sequences pass 512 keys, the CPU "
+                  "attention kernel's block.")
+    drift = bl.table(["dtype", "model", "workload", "layout", "samples", "samples whose tokens differ",
+                      "max |Δ log-prob|", "vs full forward"],
+                     [[r["dtype"], r["model"], r["workload"], r["layout"], r["samples"], r["differ"],
+                       f"{r['max_logprob_gap']:.1e}", f"{r['vs_full']:.1e}"] for r in result["drift"]])
     pick_text = ("Token pick alone — one decode step's sampling (log-probs included) on random logits; "
                  "the counter-based Gumbel-max draws one uniform per vocabulary entry.")
     return bl.section(NAME, "Rollout: layout-independent sampling and old log-probs", command, env, load_before,
-                      [setup, gen, pick_text, picks, old_text, old, drift_text, drift])
+                      [setup, gen, pick_text, picks, old_text, old, stand_in_text, stand_in, drift_text, drift])
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -126,6 +126,8 @@ def test_rollout(results):
     assert all(_positive(row["ms"]) for row in r["picks"])
     assert {row["variant"] for row in r["old"]} == {"compute_log_probs", "plain forward", "forward + log_softmax head"}
     assert all(_positive(row["ms"]) and _positive(row["ratio"].median) for row in r["old"])
+    assert {(row["model"], row["kind"]) for row in r["old"]} == {
+        ("tiny", "model"), ("tiny", "zero-logits stand-in"), ("small", "model")}
     assert {row["dtype"] for row in r["drift"]} == {"float32", "float64"}
     for row in r["drift"]:
         assert 0 <= row["differ"] <= row["samples"] and math.isfinite(row["max_logprob_gap"])

@@ -180,6 +180,17 @@ def test_loaded_checkpoint_generates_the_same(tmp_path):
     assert generate(loaded, requests, PARAMS) == generate(m, requests, PARAMS)
 
 
+def test_numpy_ids_and_tuple_prompts_are_accepted():
+    import numpy as np
+
+    m = model("llama")
+    requests = requests_for(prompts(), 2)
+    as_numpy = [(np.int64(u), np.int32(j), tuple(np.array(ids))) for u, j, ids in requests]
+    got = generate(m, as_numpy, PARAMS, eos=np.array([3, 16]))
+    assert got == generate(m, requests, PARAMS, eos=[3, 16])
+    assert all(type(s.uid) is int and type(s.prompt_ids[0]) is int for s in got)
+
+
 def test_model_mode_restored_and_no_grad():
     m = model("llama")
     m.train()

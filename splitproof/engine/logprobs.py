@@ -94,8 +94,10 @@ def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: fl
     if _takes_logits_to_keep(model):
         kwargs["logits_to_keep"] = t1 + 1
     logits = _logits_of(model(**kwargs))
-    # Last t1 + 1 positions: position j predicts response token j; the final one predicts nothing.
-    logits = logits[:, -(t1 + 1):-1]
+    # Last t1 + 1 positions: position j predicts response token j; the final one predicts nothing. It is
+    # dropped after the log-softmax, not before: the kept logits are then contiguous, and log_softmax on a
+    # strided slice first copies it (benchmarks/rollout.py: 20-40 % of the head). Same values per row.
+    logits = logits[:, -(t1 + 1):]
     z = logits.float() if logits.dtype in _LOW_PRECISION else logits
     if temperature != 1.0:  # x / 1.0 == x exactly: skip a full [b, T, V] pass (and its backward)
         z = z / temperature
@@ -104,10 +106,11 @@ def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: fl
     tokens = input_ids[:, -t1:].long()
     # log_softmax, not z - logsumexp(z): one fused pass each way instead of ~6 full [b, T, V] passes
     # (benchmarks/engine_overhead.py), and one saved [b, T, V] tensor less at the backward's peak.
-    logp = torch.log_softmax(z, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    logp = torch.log_softmax(z, dim=-1)[:, :-1].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     logp = F.pad(torch.where(valid, logp, torch.zeros_like(logp)), (0, T - t1))
     entropy = None
     if with_entropy:
+        z = z[:, :-1]
         lse = torch.logsumexp(z, dim=-1)
         h = lse - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
         entropy = F.pad(torch.where(valid, h, torch.zeros_like(h)), (0, T - t1))

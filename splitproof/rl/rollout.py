@@ -5,7 +5,9 @@ A request is ``(uid, j, prompt_ids)``: sample j of prompt uid. Token t of that s
 from the stream (seed, stream, step, uid, j, t) and is chosen from its own logits row alone, so the
 tokens do not depend on ``max_num_seqs``, on the order of the requests, on which requests share a chunk,
 or on how the requests are split across data-parallel ranks — provided the model computes a row's logits
-independently of the rest of the batch. Two rules make that exactly so on CPU (float64 and float32):
+independently of the rest of the batch. Two rules make that so on CPU (measured: float64 identical;
+float32 identical up to 512 keys per sequence, past which the attention kernel's key blocks move and
+log-probs differ by about 1e-6; docs/rollout.md):
 
 - canonical padding: a prompt of length L is left-padded to ``ceil((L + 1) / pad_multiple) · pad_multiple``
   columns, and a chunk to the widest of those. A row's tokens then move by a multiple of ``pad_multiple``
@@ -23,6 +25,7 @@ whenever that shrinks the decode batch by an eighth or more.
 from __future__ import annotations
 
 import inspect
+import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -31,7 +34,7 @@ from torch import Tensor, nn
 
 from splitproof.batch import RolloutBatch
 from splitproof.config import ConfigError
-from splitproof.engine.logprobs import _logits_of, _takes_logits_to_keep
+from splitproof.engine.logprobs import _logits_of, _param_dtype, _takes_logits_to_keep
 from splitproof.models import unwrap, vocab_size_of
 from splitproof.rl.sampling import sample_tokens, stream_keys, stream_uniforms
 
@@ -113,14 +116,23 @@ def canonical_prompt_width(length: int, pad_multiple: int) -> int:
     return (length // pad_multiple + 1) * pad_multiple
 
 
+def _is_int(value) -> bool:
+    """An integer (Python or NumPy), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
 def _eos_tuple(eos_token_ids) -> tuple[int, ...]:
     if eos_token_ids is None:
         return ()
-    ids = (eos_token_ids,) if isinstance(eos_token_ids, int) else tuple(eos_token_ids)
-    for i in ids:
-        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
-            raise ConfigError("eos_token_ids", f"must be non-negative token ids, got {eos_token_ids!r}")
-    return ids
+    ids = (eos_token_ids,) if _is_int(eos_token_ids) else tuple(eos_token_ids)
+    if not all(_is_int(i) and i >= 0 for i in ids):
+        raise ConfigError("eos_token_ids", f"must be non-negative token ids, got {eos_token_ids!r}")
+    return tuple(int(i) for i in ids)
+
+
+def _log_prob_dtype(model: nn.Module) -> torch.dtype:
+    """float64 for a float64 model, float32 otherwise (bf16 / fp16 logits are scored in float32)."""
+    return torch.float64 if _param_dtype(model) == torch.float64 else torch.float32
 
 
 def _cache_keyword(model: nn.Module) -> str:
@@ -153,7 +165,7 @@ class HFRollout:
     def __init__(self, model: nn.Module, *, eos_token_ids: int | Iterable[int] | None, pad_token_id: int | None,
                  max_num_seqs: int = 256, pad_multiple: int = 16, min_rows: int = 16):
         for name, value in (("max_num_seqs", max_num_seqs), ("pad_multiple", pad_multiple), ("min_rows", min_rows)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not _is_int(value) or value < 1:
                 raise ConfigError(name, f"must be a positive integer, got {value!r}")
         self.model = model
         self.vocab_size = vocab_size_of(model)
@@ -162,9 +174,9 @@ class HFRollout:
         if bad_eos:
             raise ConfigError("eos_token_ids", f"{bad_eos} outside the model's vocabulary [0, {self.vocab_size})")
         # Padding columns are masked out; their input id only has to be a valid embedding row.
-        pad_ok = isinstance(pad_token_id, int) and 0 <= pad_token_id < self.vocab_size
+        pad_ok = _is_int(pad_token_id) and 0 <= pad_token_id < self.vocab_size
         self.pad_token_id = pad_token_id
-        self._pad_input_id = pad_token_id if pad_ok else 0
+        self._pad_input_id = int(pad_token_id) if pad_ok else 0
         self.max_num_seqs = max_num_seqs
         self.pad_multiple = pad_multiple
         self.min_rows = min_rows
@@ -178,8 +190,9 @@ class HFRollout:
                 raise RolloutError("requests", f"each request is (uid, sample index, prompt_ids), got {request!r}", pos)
             uid, j, ids = request
             for name, value in (("uid", uid), ("sample index", j)):
-                if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT64_MAX:
+                if not _is_int(value) or not 0 <= value <= _INT64_MAX:
                     raise RolloutError(name, f"must be an integer in [0, 2^63), got {value!r}", pos, uid, j)
+            uid, j = int(uid), int(j)
             if j >= params.n:
                 raise RolloutError("sample index", f"must be < n = {params.n}", pos, uid, j)
             if (uid, j) in seen:
@@ -188,7 +201,7 @@ class HFRollout:
             seen[uid, j] = pos
             if len(ids) == 0:
                 raise RolloutError("prompt_ids", "empty prompt", pos, uid, j)
-            bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < self.vocab_size]
+            bad = [t for t in ids if not _is_int(t) or not 0 <= t < self.vocab_size]
             if bad:
                 raise RolloutError("prompt_ids", f"token id {bad[0]!r} outside the model's vocabulary "
                                    f"[0, {self.vocab_size})", pos, uid, j)
@@ -200,7 +213,7 @@ class HFRollout:
         """One :class:`Sample` per request, in request order."""
         params.validate()
         for name, value in (("step", step), ("stream", stream)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT64_MAX:
+            if not _is_int(value) or not 0 <= value <= _INT64_MAX:
                 raise ConfigError(name, f"must be an integer in [0, 2^63), got {value!r}")
         self._check_requests(requests, params)
         model = unwrap(self.model)
@@ -235,10 +248,10 @@ class HFRollout:
         device = next(model.parameters()).device
         real = len(chunk)
         rows = max(real, self.min_rows)
-        prompts = [list(ids) for _, _, ids in chunk]
+        prompts = [[int(t) for t in ids] for _, _, ids in chunk]
         ids, mask = self._prefill_inputs(prompts + [prompts[0]] * (rows - real), device)
-        keys = stream_keys(params.seed, stream, step, torch.tensor([u for u, _, _ in chunk], device=device),
-                           torch.tensor([j for _, j, _ in chunk], device=device))
+        keys = stream_keys(params.seed, stream, step, torch.tensor([int(u) for u, _, _ in chunk], device=device),
+                           torch.tensor([int(j) for _, j, _ in chunk], device=device))
         uniforms = stream_uniforms(keys, params.max_response_length)  # [real, T]: token t of row r
         prompt_lengths = torch.tensor([len(p) for p in prompts], device=device)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
@@ -248,7 +261,7 @@ class HFRollout:
         row_of = torch.cat([torch.arange(real, device=device), torch.zeros(rows - real, dtype=torch.long, device=device)])
         live = torch.arange(rows, device=device) < real
         responses = torch.zeros(real, T, dtype=torch.long, device=device)
-        log_probs = None
+        log_probs = torch.zeros(real, T, dtype=_log_prob_dtype(model), device=device)
         lengths = torch.zeros(real, dtype=torch.long, device=device)
         finished = torch.zeros(real, dtype=torch.bool, device=device)
 
@@ -258,8 +271,6 @@ class HFRollout:
                     use_cache=True, **kwargs)
         for t in range(T):
             tokens, lp = self._sample(_logits_of(out)[:, -1], uniforms[row_of, t], params)
-            if log_probs is None:
-                log_probs = torch.zeros(real, T, dtype=lp.dtype, device=device)
             writing = row_of[live]
             responses[writing, t] = tokens[live]
             log_probs[writing, t] = lp[live]
@@ -285,7 +296,8 @@ class HFRollout:
 
         responses, log_probs = responses.cpu(), log_probs.cpu()
         lengths, finished = lengths.tolist(), finished.tolist()
-        return [Sample(uid=uid, index=j, prompt_ids=list(p), response_ids=responses[r, :lengths[r]].tolist(),
+        return [Sample(uid=int(uid), index=int(j), prompt_ids=list(p),
+                       response_ids=responses[r, :lengths[r]].tolist(),
                        log_probs=log_probs[r, :lengths[r]].tolist(), finished=finished[r])
                 for r, ((uid, j, _), p) in enumerate(zip(chunk, prompts))]
 

@@ -1,21 +1,23 @@
 """Counter-based randomness and the per-token sampling rule.
 
-Randomness. Sample j of prompt uid at step s, in stream ``stream`` (0 = training, 1 = validation), owns the
-64-bit key ``K = fold(fold(fold(fold(fold(0, seed), stream), step), uid), j)`` with
+Randomness. Sample j of prompt uid at step s, in stream ``stream`` (0 = training, 1 = validation), owns
+the 64-bit key ``K = fold(fold(fold(fold(fold(0, seed), stream), step), uid), j)`` with
 ``fold(h, f) = mix64(mix64(h + γ) ^ f)``, ``mix64`` the splitmix64 finaliser and γ = 0x9E3779B97F4A7C15
 (all arithmetic mod 2^64). ``fold`` is a bijection of f for a fixed h, so two keys can only collide
-through a chance 64-bit coincidence between different prefixes. Its token t draws one uniform ``u_t = (x >> 12 + 1/2) · 2^-52 ∈ (0, 1)``
-with ``x = mix64(K + (t + 1)·γ)`` — the (t + 1)-th output of a splitmix64 generator seeded with K.
-Nothing is stateful: the uniform of a token is a function of (seed, stream, step, uid, j, t) alone, so
-which sequences share a forward, in which order, on which rank, never changes it.
+through a chance 64-bit coincidence between different prefixes. Token t draws one uniform
+``u_t = (x >> 12 + 1/2) · 2^-52 ∈ (0, 1)`` with ``x = mix64(K + (t + 1)·γ)`` — the (t + 1)-th output of
+a splitmix64 generator seeded with K. Nothing is stateful: the uniform of a token is a function of
+(seed, stream, step, uid, j, t) alone, so which sequences share a forward, in which order, on which
+rank, never changes it.
 
-Sampling rule, per row of logits and nothing else (no batch-wide operation):
-``z = logits / T``; top-k keeps exactly the k largest z (ties to the lower id); top-p then keeps the
-smallest set of the most probable remaining tokens (descending probability, ties to the lower id) whose
-renormalised mass reaches p; the token is the inverse CDF of the kept probabilities in vocabulary-index
-order at ``u_t``: the smallest id i with ``cumsum(w)_i > u_t · sum(w)`` (one uniform per token; a Gumbel-max
-pick would need one per vocabulary entry, measured 20x dearer — docs/benchmarks.md). Greedy is ``argmax(logits)``,
-ties to the lowest id. The log-prob is ``log_softmax(z)`` at the token (before top-k / top-p).
+Sampling rule, per row of logits and nothing else (no batch-wide operation): ``z = logits / T``; top-k
+keeps exactly the k largest z (ties to the lower id); top-p then keeps the smallest set of the most
+probable remaining tokens (descending probability, ties to the lower id) whose renormalised mass reaches
+p; the token is the inverse CDF of the kept probabilities in vocabulary-index order at ``u_t``: the
+smallest id i with ``cumsum(w)_i > u_t · sum(w)``. One uniform per token: a Gumbel-max pick needs one
+per vocabulary entry and measured over ten times dearer (docs/benchmarks.md). Greedy is
+``argmax(logits)``, ties to the lowest id. The log-prob is ``log_softmax(z)`` at the token, before
+top-k / top-p.
 """
 
 from __future__ import annotations
@@ -113,8 +115,6 @@ def top_p_mask(weights: Tensor, p: float) -> Tensor:
 
 
 CDF_BLOCK = 128
-
-
 _BELOW_ONE = 1.0 - 2.0 ** -53  # the largest uniform; u · x < x for every positive float64 x
 
 
