@@ -197,10 +197,11 @@ A {params:,}-parameter Llama (`LlamaForCausalLM`: {layers} layers, width {hidden
 {mlp}, tied embeddings, float32) over splitproof's character tokenizer (vocabulary {vocab}: `<pad>`=0,
 `<eos>`=1, `<unk>`=2, newline, printable ASCII; no BOS).
 
-Starting competence: a supervised warm-up on `{train_task}` (prompt as is, then the answer characters and
-`<eos>`; loss on the answer and `<eos>`), AdamW lr {lr}, batch {batch}, seed {seed}, stopped after
-{steps} steps, when the greedy exact-match rate on the first {eval_rows} training rows reached
-{train_acc:.1%} (target {target:.0%}). The test split was never trained on.
+Starting competence: a supervised warm-up on `{train_task}`
+(prompt as is, then the answer characters and `<eos>`; loss on the answer and `<eos>`), AdamW lr {lr},
+batch {batch}, seed {seed}, stopped after {steps} steps, when the greedy exact-match rate on the first
+{eval_rows} training rows reached {train_acc:.1%} (target {target:.0%}). The test split was never
+trained on. `warmup.json` records the settings and the accuracy at each check.
 
 Greedy exact-match rate on `{test_task}` (500 held-out problems): **{test_acc:.1%}**.
 
@@ -212,11 +213,12 @@ algorithms). Built with torch {torch}, transformers {transformers}, Python {pyth
 def save(model, tokenizer, out: str, card: str, record: dict) -> None:
     os.makedirs(out, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
+    os.chmod(os.path.join(out, "model.safetensors"), 0o644)  # readable by all, like the other files
     tokenizer.save_pretrained(out)
     with open(os.path.join(out, "README.md"), "w") as fh:
         fh.write(card)
     with open(os.path.join(out, "warmup.json"), "w") as fh:
-        json.dump(record, fh, indent=2, sort_keys=True)
+        json.dump(record, fh, indent=2)
         fh.write("\n")
 
 
@@ -264,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         "train_task": TRAIN_TASK,
         "test_task": TEST_TASK,
         "steps": result["steps"],
+        "history": {str(step): accuracy for step, accuracy in result["history"]},
         "train_slice_accuracy": result["train_slice_accuracy"],
         "test_accuracy": test_acc,
         "parameters": params,
