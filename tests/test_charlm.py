@@ -100,3 +100,15 @@ def test_script_writes_a_loadable_directory_with_its_record(make_charlm, tmp_pat
     assert record["steps"] == 2 and record["versions"]["torch"] == torch.__version__
     assert f"torch {torch.__version__}" in (out / "README.md").read_text()
     assert record["test_accuracy"] == make_charlm.exact_match_rate(model, tokenizer, task_rows(record["test_task"]))
+
+
+def test_hf_generate_stops_at_eos_and_agrees_with_the_script_greedy_decode(shipped, make_charlm):
+    model, tokenizer = shipped
+    rows = [row for row in task_rows("builtin://addition/test?size=60") if len(row["prompt"]) == 6][:20]
+    prompts = [tokenizer.encode(row["prompt"]) for row in rows]
+    ours = make_charlm.greedy_responses(model, prompts, tokenizer.eos_token_id, make_charlm.MAX_ANSWER_TOKENS)
+    generated = model.generate(torch.tensor(prompts), do_sample=False, max_new_tokens=make_charlm.MAX_ANSWER_TOKENS)
+    for response, full in zip(ours, generated[:, 6:].tolist()):
+        assert full[: len(response)] == response
+        assert response[-1] != tokenizer.eos_token_id or set(full[len(response) :]) <= {tokenizer.pad_token_id}
+    assert sum(r[-1] == tokenizer.eos_token_id for r in ours) >= 15  # the warm-up taught it to stop
