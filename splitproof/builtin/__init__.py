@@ -1,5 +1,15 @@
-"""Built-in pieces that let ``splitproof train`` run with nothing downloaded: a character tokenizer."""
+"""Built-in pieces that let ``splitproof train`` run with nothing downloaded: a character tokenizer and a
+small causal LM over it (``charlm``, built by ``scripts/make_charlm.py`` and shipped inside the package)."""
+
+import os
 
 from .tokenizer import char_tokenizer
 
-__all__ = ["char_tokenizer"]
+
+def charlm_directory() -> str:
+    """Path of the built-in model: a Hugging Face directory (Llama, ~100k parameters, float32) with the
+    character tokenizer's files, loadable by ``AutoModelForCausalLM`` / ``AutoTokenizer.from_pretrained``."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "charlm")
+
+
+__all__ = ["char_tokenizer", "charlm_directory"]
