@@ -25,15 +25,11 @@ def save_tiny_char_model(folder, *, dtype=torch.float32, arch: str = "llama", se
     return str(folder)
 
 
-def trajectory_config(model_dir: str, steps: int, overrides: list[str], *, dtype: str = "fp64"):
-    """GRPO on the built-in addition task with a reward that spreads (so advantages are non-zero)."""
-    from splitproof.rl.config_load import load_train_config
-
-    base = [
+def small_grpo(model_dir: str, dtype: str) -> list[str]:
+    """GRPO with a KL loss on 4 prompts x 4 samples per step, two minibatches, short sequences."""
+    return [
         f"actor_rollout_ref.model.path={model_dir}",
         f"actor_rollout_ref.actor.fsdp_config.model_dtype={dtype}",
-        "data.train_files=builtin://addition/train",
-        "data.val_files=null",
         "data.train_batch_size=4",
         "data.max_prompt_length=16",
         "data.max_response_length=6",
@@ -42,8 +38,18 @@ def trajectory_config(model_dir: str, steps: int, overrides: list[str], *, dtype
         "actor_rollout_ref.actor.optim.lr=0.05",
         "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.actor.kl_loss_coef=0.01",
-        "actor_rollout_ref.actor.entropy_coeff=0.001",
         "algorithm.adv_estimator=grpo",
+    ]
+
+
+def trajectory_config(model_dir: str, steps: int, overrides: list[str], *, dtype: str = "fp64"):
+    """GRPO on the built-in addition task with a reward that spreads (so advantages are non-zero)."""
+    from splitproof.rl.config_load import load_train_config
+
+    base = small_grpo(model_dir, dtype) + [
+        "data.train_files=builtin://addition/train",
+        "data.val_files=null",
+        "actor_rollout_ref.actor.entropy_coeff=0.001",
         f"custom_reward_function.path={HERE / 'spread_reward.py'}",
         f"trainer.total_training_steps={steps}",
         "trainer.val_before_train=false",
@@ -84,3 +90,19 @@ def relative_update_difference(a: dict, b: dict, initial: dict) -> float:
     diff = sum(float(((a[k] - b[k]) ** 2).sum()) for k in b)
     update = sum(float(((b[k] - initial[k]) ** 2).sum()) for k in b)
     return (diff / update) ** 0.5 if update > 0 else float("inf")
+
+
+def train_overrides(model_dir: str, out_dir, steps: int, *, dtype: str = "fp32", reward: str = "graded",
+                    extra=()) -> list[str]:
+    """A small `splitproof train` command line (key=value overrides): GRPO on the built-in addition task
+    with a tiny saved model and a graded reward, checkpoints and metrics under ``out_dir``."""
+    return small_grpo(model_dir, dtype) + [
+        "data.val_max_samples=8",
+        f"custom_reward_function.path={HERE / 'step_reward.py'}",
+        f"custom_reward_function.name={reward}",
+        f"trainer.total_training_steps={steps}",
+        "trainer.test_freq=2",
+        "trainer.logger=[file]",
+        f"trainer.default_local_dir={out_dir}",
+        *extra,
+    ]

@@ -152,6 +152,7 @@ class ActorRolloutRefConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: LogProbConfig = field(default_factory=LogProbConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    nccl_timeout: int = 600  # seconds a collective waits for the other ranks under torchrun (gloo too)
 
 
 @dataclass
