@@ -9,6 +9,19 @@ import torch
 
 HERE = Path(__file__).parent
 
+# memory and speed settings that must not change a training run: one piece, all ones, a packed token budget
+LAYOUTS = {
+    "one-piece": [],
+    "ones": ["actor_rollout_ref.rollout.max_num_seqs=1",
+             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
+             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"],
+    "budget-packed": ["actor_rollout_ref.rollout.max_num_seqs=5",
+                      "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40",
+                      "actor_rollout_ref.model.use_remove_padding=true"],
+}
+
 
 def save_tiny_char_model(folder, *, dtype=torch.float32, arch: str = "llama", seed: int = 0) -> str:
     """A random tiny causal LM over the built-in character tokenizer, saved as a Hugging Face directory."""
