@@ -19,6 +19,7 @@ from datetime import timedelta
 from .common import EXIT_FAIL, EXIT_PASS, EXIT_USAGE
 
 EXIT_INTERRUPTED = 130
+LEAVE_TIMEOUT_S = 60  # how long a rank waits for the others before it exits
 
 TRAIN_DESCRIPTION = """\
 Train a causal LM with RL (GRPO, RLOO, REINFORCE++, ... with verl's losses), configured by verl's key
@@ -123,6 +124,18 @@ def _init_distributed(timeout_s: int) -> None:
         dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
 
 
+def _leave_together() -> None:
+    """Under torchrun, every rank waits here for the others (rank 0 has printed by then), so that no
+    rank's exit makes torchrun stop rank 0 before it has said why the run ended."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        try:
+            dist.monitored_barrier(timeout=timedelta(seconds=LEAVE_TIMEOUT_S))
+        except RuntimeError:
+            pass  # a rank is gone: leaving is all that is left to do
+
+
 def _close_distributed() -> None:
     import torch.distributed as dist
 
@@ -145,26 +158,32 @@ def _stopped_message(cfg, argv: list[str], stopped: str) -> str:
 def run(args) -> int:
     """Run the parsed ``splitproof train`` command; returns the exit status."""
     from ..config import ConfigError
+    from ..rl.config import ActorRolloutRefConfig
     from ..rl.config_load import dump_config, load_train_config
 
     argv = list(getattr(args, "argv", None) or [])
     try:
         cfg = load_train_config(args.config, args.overrides, on_notice=lambda m: _say(f"notice: {m}"))
     except ConfigError as e:
+        cfg, code = None, EXIT_USAGE
+        _init_distributed(ActorRolloutRefConfig.nccl_timeout)
         _error(str(e))
-        return EXIT_USAGE
-    if args.print_config:
-        if _rank() == 0:
-            print(dump_config(cfg), end="")
-        return EXIT_PASS
-    _init_distributed(cfg.actor_rollout_ref.nccl_timeout)
+    else:
+        if args.print_config:
+            if _rank() == 0:
+                print(dump_config(cfg), end="")
+            return EXIT_PASS
+        _init_distributed(cfg.actor_rollout_ref.nccl_timeout)
+        code = _train(cfg, argv)
     try:
-        return _train(cfg, argv)
+        _leave_together()
+        return code
     finally:
         _close_distributed()
 
 
 def _train(cfg, argv: list[str]) -> int:
+    """The run, and the exit status with its message (rank 0). An unexpected error propagates."""
     from ..rl.loop import Interrupted, StepFailed
     from ..rl.train import SetupError, newest_checkpoint, train
 
