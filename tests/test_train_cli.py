@@ -165,3 +165,12 @@ def test_resume_command_turns_resume_on(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert resume_command([], "auto").startswith("torchrun --standalone --nproc_per_node 2 -m splitproof train")
 
+
+
+def test_readme_first_command_trains():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    first = readme.split("```bash\n", 1)[1].split("\n", 1)[0]
+    assert first.endswith("&& .venv/bin/splitproof train")
+    assert "splitproof diagnose" in readme.split("Run the tests", 1)[0]
