@@ -83,7 +83,9 @@ class StopRequest:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        _say("stopping at the next stage boundary (Ctrl-C again to stop at once; the last checkpoint stays intact)")
+        if _rank() == 0:  # os.write: a handler may interrupt a print in progress
+            os.write(2, b"\nsplitproof: stopping at the next boundary between stages "
+                        b"(Ctrl-C again to stop at once; the newest checkpoint stays intact)\n")
 
     @contextmanager
     def installed(self):
