@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shlex
+from pathlib import Path
 
 import pytest
 import yaml
 
 from splitproof.cli import main
 from splitproof.cli.train import resume_command
+from splitproof.engine.launch import run_data_parallel
 from splitproof.rl import run as run_module
 from splitproof.rl.checkpoint import is_complete, latest_checkpoint
 from splitproof.rl.tracking import read_metrics
@@ -168,9 +171,32 @@ def test_resume_command_turns_resume_on(monkeypatch):
 
 
 def test_readme_first_command_trains():
-    from pathlib import Path
-
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     first = readme.split("```bash\n", 1)[1].split("\n", 1)[0]
     assert first.endswith("&& .venv/bin/splitproof train")
     assert "splitproof diagnose" in readme.split("Run the tests", 1)[0]
+
+
+def _fail_on_rank_1(model_dir, out):
+    from splitproof.rl.config_load import load_train_config
+    from splitproof.rl.loop import StepFailed
+    from splitproof.rl.train import train
+
+    os.environ.update(STEP_REWARD_FAIL_AT="2", STEP_REWARD_FAIL_RANK="1")  # a forked worker's own environment
+    cfg = load_train_config(None, train_overrides(model_dir, out, 3, extra=["trainer.save_freq=1",
+                                                                            "actor_rollout_ref.actor.strategy=ddp"]))
+    try:
+        train(cfg)
+    except StepFailed as e:
+        return e.step, str(e)
+    return None
+
+
+@pytest.mark.dist
+def test_a_reward_failing_on_one_rank_stops_every_rank(model_dir, tmp_path):
+    out = tmp_path / "out"
+    ranks = run_data_parallel(_fail_on_rank_1, 2, model_dir, out)
+    assert [step for step, _ in ranks] == [2, 2]
+    assert all("reward function graded" in message and "cannot score step 2" in message for _, message in ranks)
+    assert latest_checkpoint(out) == out / "global_step_1"
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1]
