@@ -80,7 +80,9 @@ def test_torchrun_survives_a_dead_rank_resumes_and_matches_one_process(model_dir
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.stderr.count("resuming from") == 1  # rank 0 speaks
     weights = {k: v.double() for k, v in load_file(out / f"global_step_{STEPS}" / "actor" / "model.safetensors").items()}
-    assert relative_update_difference(weights, one_process["weights"], one_process["initial"]) <= 1e-10
+    difference = relative_update_difference(weights, one_process["weights"], one_process["initial"])
+    print(f"torchrun {strategy} (killed, resumed) vs one process: {difference:.2e} of the update")
+    assert difference <= 1e-10
     records, want = read_metrics(out / "metrics.jsonl"), one_process["records"]
     assert [r["step"] for r in records] == [r["step"] for r in want] == [0, 1, 2]
     for a, b in zip(records, want):
