@@ -9,6 +9,19 @@ import torch
 
 HERE = Path(__file__).parent
 
+# memory and speed settings that must not change a training run: one piece, all ones, a packed token budget
+LAYOUTS = {
+    "one-piece": [],
+    "ones": ["actor_rollout_ref.rollout.max_num_seqs=1",
+             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
+             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"],
+    "budget-packed": ["actor_rollout_ref.rollout.max_num_seqs=5",
+                      "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40",
+                      "actor_rollout_ref.model.use_remove_padding=true"],
+}
+
 
 def save_tiny_char_model(folder, *, dtype=torch.float32, arch: str = "llama", seed: int = 0) -> str:
     """A random tiny causal LM over the built-in character tokenizer, saved as a Hugging Face directory."""
@@ -25,15 +38,11 @@ def save_tiny_char_model(folder, *, dtype=torch.float32, arch: str = "llama", se
     return str(folder)
 
 
-def trajectory_config(model_dir: str, steps: int, overrides: list[str], *, dtype: str = "fp64"):
-    """GRPO on the built-in addition task with a reward that spreads (so advantages are non-zero)."""
-    from splitproof.rl.config_load import load_train_config
-
-    base = [
+def small_grpo(model_dir: str, dtype: str) -> list[str]:
+    """GRPO with a KL loss on 4 prompts x 4 samples per step, two minibatches, short sequences."""
+    return [
         f"actor_rollout_ref.model.path={model_dir}",
         f"actor_rollout_ref.actor.fsdp_config.model_dtype={dtype}",
-        "data.train_files=builtin://addition/train",
-        "data.val_files=null",
         "data.train_batch_size=4",
         "data.max_prompt_length=16",
         "data.max_response_length=6",
@@ -42,8 +51,18 @@ def trajectory_config(model_dir: str, steps: int, overrides: list[str], *, dtype
         "actor_rollout_ref.actor.optim.lr=0.05",
         "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.actor.kl_loss_coef=0.01",
-        "actor_rollout_ref.actor.entropy_coeff=0.001",
         "algorithm.adv_estimator=grpo",
+    ]
+
+
+def trajectory_config(model_dir: str, steps: int, overrides: list[str], *, dtype: str = "fp64"):
+    """GRPO on the built-in addition task with a reward that spreads (so advantages are non-zero)."""
+    from splitproof.rl.config_load import load_train_config
+
+    base = small_grpo(model_dir, dtype) + [
+        "data.train_files=builtin://addition/train",
+        "data.val_files=null",
+        "actor_rollout_ref.actor.entropy_coeff=0.001",
         f"custom_reward_function.path={HERE / 'spread_reward.py'}",
         f"trainer.total_training_steps={steps}",
         "trainer.val_before_train=false",
@@ -84,3 +103,19 @@ def relative_update_difference(a: dict, b: dict, initial: dict) -> float:
     diff = sum(float(((a[k] - b[k]) ** 2).sum()) for k in b)
     update = sum(float(((b[k] - initial[k]) ** 2).sum()) for k in b)
     return (diff / update) ** 0.5 if update > 0 else float("inf")
+
+
+def train_overrides(model_dir: str, out_dir, steps: int, *, dtype: str = "fp32", reward: str = "graded",
+                    extra=()) -> list[str]:
+    """A small `splitproof train` command line (key=value overrides): GRPO on the built-in addition task
+    with a tiny saved model and a graded reward, checkpoints and metrics under ``out_dir``."""
+    return small_grpo(model_dir, dtype) + [
+        "data.val_max_samples=8",
+        f"custom_reward_function.path={HERE / 'step_reward.py'}",
+        f"custom_reward_function.name={reward}",
+        f"trainer.total_training_steps={steps}",
+        "trainer.test_freq=2",
+        "trainer.logger=[file]",
+        f"trainer.default_local_dir={out_dir}",
+        *extra,
+    ]

@@ -12,21 +12,9 @@ import torch
 from splitproof.engine.launch import run_data_parallel
 from splitproof.rl.metrics import is_machine_dependent
 
-from .rl_helpers import final_weights, relative_update_difference, run_trajectory, trajectory_config
+from .rl_helpers import LAYOUTS, final_weights, relative_update_difference, run_trajectory, trajectory_config
 
 STEPS = 3
-
-LAYOUTS = {
-    "one-piece": [],
-    "ones": ["actor_rollout_ref.rollout.max_num_seqs=1",
-             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
-             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
-             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"],
-    "budget-packed": ["actor_rollout_ref.rollout.max_num_seqs=5",
-                      "actor_rollout_ref.actor.use_dynamic_bsz=true",
-                      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40",
-                      "actor_rollout_ref.model.use_remove_padding=true"],
-}
 
 
 @pytest.fixture(scope="module")

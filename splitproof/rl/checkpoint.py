@@ -55,6 +55,7 @@ FORMAT = 1
 LAYOUT_KEYS = (
     "*micro_batch_size_per_gpu", "*max_token_len_per_gpu", "*use_dynamic_bsz", "*.strategy", "*use_remove_padding",
     "actor_rollout_ref.rollout.max_num_seqs", "actor_rollout_ref.model.enable_gradient_checkpointing",
+    "actor_rollout_ref.nccl_timeout",
     "actor_rollout_ref.actor.policy_loss.cov_strategy", "data.val_batch_size",
     "trainer.logger", "trainer.save_freq", "trainer.test_freq", "trainer.total_training_steps", "trainer.total_epochs",
     "trainer.max_actor_ckpt_to_keep", "trainer.resume_mode", "trainer.resume_from_path",

@@ -24,29 +24,29 @@ BUILTIN_MODEL = "builtin://charlm"
 class DataConfig:
     train_files: Any = "builtin://addition/train"  # ours: a built-in task (verl: a gsm8k parquet path); str or list
     val_files: Any = "builtin://addition/test"  # ours: the task's held-out split; str, list or null (no evaluation)
-    prompt_key: str = "prompt"
-    reward_fn_key: str = "data_source"
-    max_prompt_length: int = 512
-    max_response_length: int = 512
-    train_batch_size: int = 1024
+    prompt_key: str = "prompt"  # the prompt column: a string, or a chat-message list (rendered with the chat template)
+    reward_fn_key: str = "data_source"  # the data-source column (picks the built-in rule)
+    max_prompt_length: int = 512  # prompt tokens, at most (longer: data.truncation)
+    max_response_length: int = 512  # generated tokens per response, at most
+    train_batch_size: int = 1024  # prompts per training step
     val_batch_size: Optional[int] = None  # no effect on results: validation runs in max_num_seqs chunks
     gen_batch_size: Optional[int] = None  # must be null or equal train_batch_size (no over-sampling)
-    shuffle: bool = True
-    validation_shuffle: bool = False
+    shuffle: bool = True  # a new prompt order every epoch, from (data.seed, epoch)
+    validation_shuffle: bool = False  # validation always runs every held-out prompt
     seed: Optional[int] = None  # null -> 1, as verl's sampler does
     truncation: str = "error"  # error | left | right
-    filter_overlong_prompts: bool = False
-    train_max_samples: int = -1
-    val_max_samples: int = -1
-    apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)
+    filter_overlong_prompts: bool = False  # over-long prompts follow data.truncation
+    train_max_samples: int = -1  # -1: every row; else the first N rows
+    val_max_samples: int = -1  # -1: every row; else the first N rows
+    apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)  # passed to apply_chat_template
 
 
 @dataclass
 class ModelConfig:
     path: str = BUILTIN_MODEL  # ours: the built-in character model (verl: a 7B checkpoint path)
-    tokenizer_path: Optional[str] = None
-    trust_remote_code: bool = False
-    custom_chat_template: Optional[str] = None
+    tokenizer_path: Optional[str] = None  # null: the model's directory
+    trust_remote_code: bool = False  # run the model directory's own Python code (off unless asked)
+    custom_chat_template: Optional[str] = None  # a Jinja chat template that replaces the tokenizer's
     use_remove_padding: bool = False  # ours: off (verl: on); on CPU packing is opt-in
     enable_gradient_checkpointing: bool = False  # ours: off (verl: on); exact either way
 
@@ -54,15 +54,15 @@ class ModelConfig:
 @dataclass
 class OptimConfig:
     optimizer: str = "AdamW"  # AdamW | SGD
-    lr: float = 1e-6
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
-    weight_decay: float = 0.01
+    lr: float = 1e-6  # learning rate
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW's betas
+    weight_decay: float = 0.01  # decoupled weight decay (AdamW), L2 (SGD)
     lr_warmup_steps: int = -1  # -1: use lr_warmup_steps_ratio
-    lr_warmup_steps_ratio: float = 0.0
+    lr_warmup_steps_ratio: float = 0.0  # warm-up steps as a fraction of the run
     lr_scheduler_type: str = "constant"  # constant | cosine
     warmup_style: Optional[str] = None  # verl's older name for lr_scheduler_type; when set it wins
-    min_lr_ratio: float = 0.0
-    num_cycles: float = 0.5
+    min_lr_ratio: float = 0.0  # cosine: the floor, as a fraction of lr
+    num_cycles: float = 0.5  # cosine: 0.5 = one half-period over the run
     total_training_steps: int = -1  # -1: the trainer's
     clip_grad: float = 1.0  # verl's engine name for grad_clip: see config_check.combine_grad_clip
 
@@ -74,13 +74,13 @@ class FSDPConfig:
 
 @dataclass
 class PolicyLossConfig:
-    loss_mode: str = "vanilla"
-    clip_cov_ratio: float = 0.0002
-    clip_cov_lb: float = 1.0
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 0.0002
-    ppo_kl_coef: float = 0.1
-    dro_beta: Optional[float] = None
+    loss_mode: str = "vanilla"  # see docs/semantics.md
+    clip_cov_ratio: float = 0.0002  # Clip-Cov: fraction of tokens clipped
+    clip_cov_lb: float = 1.0  # Clip-Cov: covariance lower bound
+    clip_cov_ub: float = 5.0  # Clip-Cov: covariance upper bound
+    kl_cov_ratio: float = 0.0002  # KL-Cov: fraction of tokens penalised
+    ppo_kl_coef: float = 0.1  # KL-Cov: penalty weight
+    dro_beta: Optional[float] = None  # DRO's beta
     cov_strategy: str = "auto"  # ours: how KL-Cov/Clip-Cov obtain their minibatch selection (same update)
 
 
@@ -88,27 +88,27 @@ class PolicyLossConfig:
 class ActorConfig:
     strategy: str = "fsdp"  # fsdp (= fsdp2) | fsdp2 | ddp; used when torchrun starts several processes
     ppo_mini_batch_size: int = 256  # prompts per optimizer step
-    ppo_micro_batch_size_per_gpu: Optional[int] = None
-    use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int = 16384
-    clip_ratio: float = 0.2
+    ppo_micro_batch_size_per_gpu: Optional[int] = None  # memory only (null: whole shard)
+    use_dynamic_bsz: bool = False  # micro-batches by a token budget instead (memory only)
+    ppo_max_token_len_per_gpu: int = 16384  # the token budget of a micro-batch, padding included
+    clip_ratio: float = 0.2  # PPO clip epsilon (both sides unless low/high are set)
     clip_ratio_low: Optional[float] = 0.2  # as in verl, set low/high win over clip_ratio
     clip_ratio_high: Optional[float] = 0.2
-    clip_ratio_c: float = 3.0
-    tau_pos: float = 1.0
-    tau_neg: float = 1.05
+    clip_ratio_c: float = 3.0  # dual-clip bound for negative advantages
+    tau_pos: float = 1.0  # SAPO's temperature for positive advantages
+    tau_neg: float = 1.05  # SAPO's temperature for negative advantages
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    loss_agg_mode: str = "token-mean"
-    loss_scale_factor: Optional[float] = None
-    entropy_coeff: float = 0.0
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
-    ppo_epochs: int = 1
-    shuffle: bool = False
+    loss_agg_mode: str = "token-mean"  # see docs/semantics.md
+    loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm's divisor (null: the response width)
+    entropy_coeff: float = 0.0  # entropy bonus weight
+    use_kl_loss: bool = False  # a KL term to the reference model in the loss (GRPO's)
+    kl_loss_coef: float = 0.001  # its weight
+    kl_loss_type: str = "low_var_kl"  # k1 = kl | abs | k2 = mse | k3 = low_var_kl
+    ppo_epochs: int = 1  # passes over each rollout batch
+    shuffle: bool = False  # shuffle the minibatches of each epoch (seeded by data_loader_seed)
     data_loader_seed: int = 42  # also seeds Clip-Cov's priority hash
-    grad_clip: float = 1.0
-    use_remove_padding: bool = II("actor_rollout_ref.model.use_remove_padding")
+    grad_clip: float = 1.0  # gradient-norm clip (optim.clip_grad is the same threshold)
+    use_remove_padding: bool = II("actor_rollout_ref.model.use_remove_padding")  # packing (memory, speed only)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
@@ -117,29 +117,29 @@ class ActorConfig:
 class LogProbConfig:
     """The micro-batching of a no-grad log-prob pass (the ref's, or the old log-probs')."""
 
-    log_prob_micro_batch_size_per_gpu: Optional[int] = None
-    log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
-    log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+    log_prob_micro_batch_size_per_gpu: Optional[int] = None  # sequences per no-grad log-prob forward (memory only)
+    log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")  # token budget (memory only)
+    log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")  # that budget
 
 
 @dataclass
 class ValKwargsConfig:
-    top_k: int = -1
+    top_k: int = -1  # validation sampling (as the rollout's keys)
     top_p: float = 1.0
     temperature: float = 0.0  # 0 with do_sample false: greedy
-    n: int = 1
+    n: int = 1  # responses per held-out prompt (val-core/<source>/reward/mean@n)
     do_sample: bool = False
 
 
 @dataclass
 class RolloutConfig(LogProbConfig):
     name: str = "hf"  # ours: hf, a KV-cached decode loop (verl: required, vllm | sglang)
-    n: int = 1
-    temperature: float = 1.0
+    n: int = 1  # responses per prompt (a GRPO group)
+    temperature: float = 1.0  # sampling temperature (also divides the log-prob logits)
     top_k: int = -1  # -1 (or 0): off
-    top_p: float = 1.0
-    do_sample: bool = True
-    seed: int = 42
+    top_p: float = 1.0  # nucleus sampling; 1: off
+    do_sample: bool = True  # false: greedy
+    seed: int = 42  # keys every sample's randomness with (step, prompt uid, sample index)
     max_num_seqs: int = 256  # generation batch size: memory and speed only, never the tokens
     prompt_length: int = II("data.max_prompt_length")  # must equal it
     response_length: int = II("data.max_response_length")  # must equal it
@@ -152,31 +152,32 @@ class ActorRolloutRefConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     ref: LogProbConfig = field(default_factory=LogProbConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    nccl_timeout: int = 600  # seconds a collective waits for the other ranks under torchrun (gloo too)
 
 
 @dataclass
 class KLControlConfig:
     type: str = "fixed"  # fixed | adaptive
-    kl_coef: float = 0.001
-    horizon: int = 10000
-    target_kl: float = 0.1
+    kl_coef: float = 0.001  # beta (the start value when adaptive)
+    horizon: int = 10000  # adaptive controller's horizon
+    target_kl: float = 0.1  # adaptive controller's target
 
 
 @dataclass
 class RolloutCorrectionConfig:
     rollout_is: Optional[str] = None  # null | token | sequence
-    rollout_is_threshold: float = 2.0
-    bypass_mode: bool = False
+    rollout_is_threshold: float = 2.0  # truncation of the importance weights
+    bypass_mode: bool = False  # old log-probs := the rollout's (no recompute)
 
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = "gae"
-    gamma: float = 1.0
-    lam: float = 1.0
-    norm_adv_by_std_in_grpo: bool = True
-    use_kl_in_reward: bool = False
-    kl_penalty: str = "kl"
+    adv_estimator: str = "gae"  # see docs/advantages.md; gae: not yet
+    gamma: float = 1.0  # discount (REINFORCE++, GAE)
+    lam: float = 1.0  # GAE's lambda
+    norm_adv_by_std_in_grpo: bool = True  # false: Dr. GRPO (no division by the group's std)
+    use_kl_in_reward: bool = False  # score - beta * KL to the reference, per token
+    kl_penalty: str = "kl"  # the KL estimator in the reward (as kl_loss_type)
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
@@ -193,7 +194,7 @@ class CriticConfig:
     strategy: str = II("actor_rollout_ref.actor.strategy")
     enable: Optional[bool] = None  # null: on exactly when adv_estimator is gae
     ppo_mini_batch_size: int = II("actor_rollout_ref.actor.ppo_mini_batch_size")
-    ppo_micro_batch_size_per_gpu: Optional[int] = None
+    ppo_micro_batch_size_per_gpu: Optional[int] = None  # critic keys: read, checked, used once a critic exists
     use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
     ppo_max_token_len_per_gpu: int = 32768
     forward_max_token_len_per_gpu: int = II("critic.ppo_max_token_len_per_gpu")
@@ -211,20 +212,20 @@ class CriticConfig:
 
 @dataclass
 class TrainerConfig:
-    total_epochs: int = 30
+    total_epochs: int = 30  # used when total_training_steps is null
     total_training_steps: Optional[int] = None  # null: total_epochs x steps per epoch
     project_name: str = "splitproof"  # ours (verl: verl_examples)
     experiment_name: str = "default"  # ours (verl: gsm8k)
     logger: List[str] = field(default_factory=lambda: ["console", "file"])  # ours (verl: console, wandb)
-    save_freq: int = -1
+    save_freq: int = -1  # checkpoint every N steps and at the last step; -1: never
     resume_mode: str = "auto"  # auto | disable | resume_path
-    resume_from_path: Optional[str] = None
+    resume_from_path: Optional[str] = None  # a global_step_N directory (or a run directory) for resume_mode=resume_path
     resume_allow_config_change: bool = False  # ours: resume although result-affecting keys changed
-    val_before_train: bool = True
-    val_only: bool = False
-    test_freq: int = -1
-    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"
-    max_actor_ckpt_to_keep: Optional[int] = None
+    val_before_train: bool = True  # evaluate at step 0 (skipped when resuming)
+    val_only: bool = False  # evaluate the current weights, then stop
+    test_freq: int = -1  # evaluate every N steps and at the last step; -1: only before training
+    default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"  # outputs
+    max_actor_ckpt_to_keep: Optional[int] = None  # null: keep every checkpoint
     device: str = "cpu"  # ours: cpu (verl: cuda)
     seed: int = 0  # ours: the model-initialisation and global RNG seed
 

@@ -263,6 +263,7 @@ def _check_actor(cfg: TrainConfig) -> None:
             _require(budget >= sequence, key, f"must hold one whole sequence (data.max_prompt_length + "
                                               f"data.max_response_length = {sequence}), got {budget}")
     _positive_int(actor.ppo_epochs, f"{ACTOR}.ppo_epochs")
+    _positive_int(arr.nccl_timeout, f"{ARR}.nccl_timeout")
     _check_optim(actor.optim, f"{ACTOR}.optim")
     to_update_config(cfg)  # every loss and update field, named
 

@@ -86,7 +86,6 @@ NO_EFFECT: dict[str, str] = {
     "*.nnodes": "node count (torchrun sets the processes)",
     "*.n_gpus_per_node": "GPU count (torchrun sets the processes)",
     "*.num_workers": "worker-process count",
-    "actor_rollout_ref.nccl_timeout": "collective timeout",
     "actor_rollout_ref.hybrid_engine": "worker colocation",
     "*.target_modules": "LoRA only (lora_rank is 0)",
     "*.exclude_modules": "LoRA only (lora_rank is 0)",

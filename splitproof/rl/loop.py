@@ -1,39 +1,127 @@
-"""The training loop: validate, then step after step, logging each step's metrics.
+"""The training loop: step after step, each validated when due, logged, then checkpointed when due.
 
-``fit`` is deliberately short; everything a step does is in ``step.train_step``.
+Within step k (1-based, as verl counts):
+
+1. ``train_step`` (generate, score, log-probs, advantages, update);
+2. validation when ``trainer.test_freq`` divides k, or k is the last step;
+3. the step's record logged (rank 0), on disk before anything follows;
+4. ``global_step_k`` saved when ``trainer.save_freq`` divides k, or k is the last step (save_freq > 0,
+   as verl saves).
+
+A checkpoint is written only after its step's record, so a crash never leaves a checkpoint whose
+metrics are missing; records after the newest checkpoint are dropped on resume and replayed, so the
+metrics file ends equal to an uninterrupted run's. (verl saves before it logs.) Validation before
+training (step 0) runs on a fresh start only: a resumed run's records already hold it.
+
+``should_stop`` is asked between stages (before a step, after it, after its validation); when it says
+yes the loop raises ``Interrupted`` naming the last step whose record was logged. A failure inside a
+step (a reward function that raises, a rank that fails) is a ``StepFailed``: nothing of that step is
+logged or saved.
+
+Test pause points (``splitproof.rl.pause``): ``step{k}:trained``, ``step{k}:logged``,
+``step{k}:checkpoint:{stage}`` (the stages of ``checkpoint.save_checkpoint``), ``step{k}:done``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import contextmanager
 
+from . import checkpoint, pause
+from .parallel import RankFailure
+from .rewards import RewardError
 from .run import Run
+from .run_checkpoint import save_run
 from .step import StepOutput, train_step
 from .validate import validate
 
 
-def fit(run: Run, *, log: Callable[[dict, int], None] | None = None, start_step: int = 0,
-        on_step: Callable[[int, StepOutput], None] | None = None) -> list[dict]:
+class Interrupted(Exception):
+    """The loop stopped on request; ``step`` is the last step whose record was logged."""
+
+    def __init__(self, step: int):
+        super().__init__(f"stopped after step {step}")
+        self.step = step
+
+
+class StepFailed(Exception):
+    """Step ``step`` failed (a reward function, a rank); nothing of it was logged or saved."""
+
+    def __init__(self, step: int, cause: BaseException):
+        super().__init__(f"step {step}: {cause}")
+        self.step = step
+        self.cause = cause
+
+
+def is_due(step: int, total: int, freq: int) -> bool:
+    """verl's rule for ``test_freq`` and ``save_freq``: every ``freq`` steps and at the last step; never
+    when ``freq`` <= 0."""
+    return freq > 0 and (step % freq == 0 or step == total)
+
+
+@contextmanager
+def _checkpoint_pauses(step: int):
+    if not pause.enabled():
+        yield
+        return
+    previous = checkpoint._progress_hook
+    checkpoint._progress_hook = lambda stage: pause.pause_point(f"step{step}:checkpoint:{stage}")
+    try:
+        yield
+    finally:
+        checkpoint._progress_hook = previous
+
+
+def _failing(step: int, fn: Callable, *args):
+    try:
+        return fn(*args)
+    except (RewardError, RankFailure) as e:
+        raise StepFailed(step, e) from e
+
+
+def fit(run: Run, *, log: Callable[[dict, int], None] | None = None, sync: Callable[[], None] | None = None,
+        start_step: int = 0, on_step: Callable[[int, StepOutput], None] | None = None, save_checkpoints: bool = False,
+        should_stop: Callable[[], bool] | None = None) -> list[dict]:
     """Train from ``start_step`` to ``run.total_steps``; return every logged record (``step`` included).
-    ``on_step(step, output)`` sees each step's output (its rollouts included)."""
+
+    ``log(metrics, step)`` records a step; ``sync()`` puts the records on disk before a checkpoint;
+    ``on_step(step, output)`` sees each step's output (its rollouts included); ``save_checkpoints``
+    saves ``global_step_k`` when ``trainer.save_freq`` says so.
+    """
     cfg = run.config.trainer
     records = []
 
     def emit(metrics: dict, step: int) -> None:
-        record = {"step": step, **metrics}
-        records.append(record)
+        records.append({"step": step, **metrics})
         if log is not None:
             log(metrics, step)
 
-    if cfg.val_before_train and start_step == 0:
-        emit(validate(run, 0), 0)
+    def check_stop(last_logged: int) -> None:
+        if should_stop is not None and should_stop():
+            raise Interrupted(last_logged)
+
+    if cfg.val_only or (cfg.val_before_train and start_step == 0):
+        emit(_failing(start_step, validate, run, start_step), start_step)
+        if cfg.val_only:
+            return records
     for step in range(start_step + 1, run.total_steps + 1):
+        check_stop(step - 1)
         uids = run.sampler.next_batch()
-        output = train_step(run, step, uids)
+        output = _failing(step, train_step, run, step, uids)
+        pause.pause_point(f"step{step}:trained")
         if on_step is not None:
             on_step(step, output)
+        check_stop(step - 1)
         metrics = dict(output.metrics)
-        if cfg.test_freq > 0 and (step % cfg.test_freq == 0 or step == run.total_steps):
-            metrics.update(validate(run, step))
+        if is_due(step, run.total_steps, cfg.test_freq):
+            metrics.update(_failing(step, validate, run, step))
+            check_stop(step - 1)
         emit(metrics, step)
+        pause.pause_point(f"step{step}:logged")
+        if save_checkpoints and is_due(step, run.total_steps, cfg.save_freq):
+            if sync is not None:
+                sync()
+            with _checkpoint_pauses(step):
+                save_run(run, step)
+        pause.pause_point(f"step{step}:done")
     return records

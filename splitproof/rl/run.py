@@ -124,11 +124,24 @@ def total_training_steps(cfg: TrainConfig, num_rows: int) -> int:
     return cfg.trainer.total_epochs * (num_rows // cfg.data.train_batch_size)
 
 
-def build_run(cfg: TrainConfig, *, collective=None) -> Run:
-    """Data, reward and config checks first (no model loaded yet), then the models and the optimizer."""
-    collective = collective or default_collective("cpu")
+@dataclass
+class RunInputs:
+    """What a run needs before any model is loaded: every user mistake in these shows up here."""
+
+    update_config: UpdateConfig
+    tokenizer: Any
+    train_data: PromptDataset
+    val_data: PromptDataset | None
+    reward_fn: Any
+    sampler: PromptSampler
+    total_steps: int
+
+
+def prepare_inputs(cfg: TrainConfig) -> RunInputs:
+    """The config's derived settings, the tokenizer, the data, the reward function (checked against every
+    row's data source) and the prompt sampler; no model is loaded. Raises ``ConfigError``, ``DataError``,
+    ``RewardError`` (or ``ValueError`` for a batch larger than the dataset), naming the key or row."""
     update_config = to_update_config(cfg)
-    dtype = MODEL_DTYPES[cfg.actor_rollout_ref.actor.fsdp_config.model_dtype]
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model)
     data_kwargs = dict(prompt_key=cfg.data.prompt_key, max_prompt_length=cfg.data.max_prompt_length,
                        truncation=cfg.data.truncation, apply_chat_template_kwargs=cfg.data.apply_chat_template_kwargs,
@@ -143,7 +156,19 @@ def build_run(cfg: TrainConfig, *, collective=None) -> Run:
     for dataset in (train_data, val_data):
         if dataset is not None:
             check_reward_sources(dataset, reward_fn)
-    total = total_training_steps(cfg, len(train_data))
+    sampler = PromptSampler(len(train_data), cfg.data.train_batch_size, seed=1 if cfg.data.seed is None else cfg.data.seed,
+                            shuffle=cfg.data.shuffle)
+    return RunInputs(update_config=update_config, tokenizer=tokenizer, train_data=train_data, val_data=val_data,
+                     reward_fn=reward_fn, sampler=sampler, total_steps=total_training_steps(cfg, len(train_data)))
+
+
+def build_run(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None = None) -> Run:
+    """Data, reward and config checks first (``prepare_inputs``, no model loaded yet; pass its result as
+    ``inputs`` when already done), then the models and the optimizer."""
+    collective = collective or default_collective("cpu")
+    inputs = inputs or prepare_inputs(cfg)
+    dtype = MODEL_DTYPES[cfg.actor_rollout_ref.actor.fsdp_config.model_dtype]
+    tokenizer, total = inputs.tokenizer, inputs.total_steps
     train_sampling, val_sampling = sampling_params(cfg)
 
     torch.manual_seed(cfg.trainer.seed)
@@ -162,15 +187,13 @@ def build_run(cfg: TrainConfig, *, collective=None) -> Run:
     rollout = HFRollout(rollout_model, eos_token_ids=generation_eos_ids(rollout_model, tokenizer),
                         pad_token_id=_pad_id(tokenizer),
                         max_num_seqs=cfg.actor_rollout_ref.rollout.max_num_seqs)
-    sampler = PromptSampler(len(train_data), cfg.data.train_batch_size, seed=1 if cfg.data.seed is None else cfg.data.seed,
-                            shuffle=cfg.data.shuffle)
     kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
     float_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    return Run(config=cfg, update_config=update_config, collective=collective, tokenizer=tokenizer,
-               train_data=train_data, val_data=val_data, reward_fn=reward_fn, policy=policy, optimizer=optimizer,
-               scheduler=scheduler, rollout=rollout, ref=ref, sampling=train_sampling, val_sampling=val_sampling,
-               sampler=sampler, kl_ctrl=kl_ctrl, total_steps=total, float_dtype=float_dtype,
-               inference_copy=inference_copy)
+    return Run(config=cfg, update_config=inputs.update_config, collective=collective, tokenizer=tokenizer,
+               train_data=inputs.train_data, val_data=inputs.val_data, reward_fn=inputs.reward_fn, policy=policy,
+               optimizer=optimizer, scheduler=scheduler, rollout=rollout, ref=ref, sampling=train_sampling,
+               val_sampling=val_sampling, sampler=inputs.sampler, kl_ctrl=kl_ctrl, total_steps=total,
+               float_dtype=float_dtype, inference_copy=inference_copy)
 
 
 def reward_function(cfg: TrainConfig):

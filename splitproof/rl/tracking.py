@@ -166,6 +166,10 @@ class JsonlWriter:
         self.file.write(json.dumps({"step": step, **metrics}) + "\n")
         self.file.flush()
 
+    def sync(self) -> None:
+        """On disk, not only in the OS's cache (before a checkpoint that follows these records)."""
+        os.fsync(self.file.fileno())
+
     def close(self) -> None:
         self.file.close()
 
@@ -289,6 +293,12 @@ class Tracker:
             writer.write(step, values)
         if self.console is not None:
             self.console.update(step, values)
+
+    def sync(self) -> None:
+        """Every record logged so far on disk (the loop calls it before writing a checkpoint)."""
+        for writer in self.writers:
+            if hasattr(writer, "sync"):
+                writer.sync()
 
     def finish(self) -> Path | None:
         """Close every backend and write ``curve.png``; returns its path (None if nothing to plot)."""

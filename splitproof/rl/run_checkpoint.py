@@ -1,0 +1,72 @@
+"""A training run's checkpoint: what a ``Run`` saves beside its model and optimizer, and how it resumes.
+
+``checkpoint.save_checkpoint`` keeps the model, the optimizer, the LR schedule and every RNG; the run
+adds its own state: the prompt sampler's position (epoch, cursor), the KL controller's coefficient
+and the number of optimizer steps taken (the engine's minibatch-shuffle stream is keyed by it). That is
+everything the next step depends on, so a resumed run continues the same trajectory. The reference
+model is not saved: it is the initial model, loaded again from ``actor_rollout_ref.model.path``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..config import ConfigError
+from .checkpoint import (STEP_DIR, Resumed, check_resume_config, find_resume_checkpoint, load_checkpoint,
+                         save_checkpoint)
+from .config import TrainConfig
+from .config_load import dump_config
+from .run import Run
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a run continues from, and its step."""
+
+    path: Path
+    step: int
+
+
+def resume_point(cfg: TrainConfig, total_steps: int) -> ResumePoint | None:
+    """The checkpoint ``trainer.resume_mode`` picks (None: start at step 0), checked against ``cfg``
+    without loading it: a result-affecting key that changed, or a run shorter than the checkpoint, is a
+    ``ConfigError`` naming the key."""
+    path = find_resume_checkpoint(cfg.trainer)
+    if path is None:
+        return None
+    step = int(STEP_DIR.match(path.name).group(1))
+    check_resume_config(Resumed(path=path, step=step, trainer_state={},
+                                config_yaml=(path / "config.yaml").read_text()), cfg)
+    if step > total_steps:
+        raise ConfigError("trainer.total_training_steps",
+                          f"the run has {total_steps} steps but the checkpoint being resumed ({path}) is at step {step}")
+    return ResumePoint(path=path, step=step)
+
+
+def run_state(run: Run) -> dict:
+    """The loop's state a checkpoint keeps (tensors, numbers, strings, lists and dicts only)."""
+    return {"sampler": run.sampler.state_dict(),
+            "kl_ctrl": None if run.kl_ctrl is None else run.kl_ctrl.state_dict(),
+            "optimizer_steps": run.optimizer_steps}
+
+
+def save_run(run: Run, step: int) -> Path:
+    """``global_step_{step}`` under ``trainer.default_local_dir``; every rank calls it."""
+    cfg = run.config
+    return save_checkpoint(cfg.trainer.default_local_dir, step, model=run.policy, optimizer=run.optimizer,
+                           trainer_state=run_state(run), lr_scheduler=run.scheduler, config_yaml=dump_config(cfg),
+                           tokenizer=run.tokenizer, max_to_keep=cfg.trainer.max_actor_ckpt_to_keep)
+
+
+def restore_run(run: Run, point: ResumePoint) -> int:
+    """Load ``point`` into ``run`` (model, optimizer, schedule, RNGs, sampler, KL controller, optimizer
+    step count); returns the step to continue after. Every rank calls it."""
+    resumed = load_checkpoint(point.path, model=run.policy, optimizer=run.optimizer, lr_scheduler=run.scheduler)
+    state = resumed.trainer_state
+    run.sampler.load_state_dict(state["sampler"])
+    if run.kl_ctrl is not None:
+        run.kl_ctrl.load_state_dict(state["kl_ctrl"])
+    run.optimizer_steps = int(state["optimizer_steps"])
+    run.after_update()
+    return resumed.step

@@ -1,0 +1,147 @@
+"""A whole `splitproof train` run, from a resolved config to the learning curve.
+
+1. Setup, with no model loaded and no file written: the logger backends, the output directory
+   (``trainer.default_local_dir`` creatable and writable), the model's config, the tokenizer, the
+   data, the reward function against every row's data source, the prompt sampler, and the checkpoint
+   to resume from (its result-affecting keys compared with this config). Any failure is a one-line
+   ``SetupError``, raised on every rank alike (the ranks compare their outcomes), so none is left
+   waiting.
+2. The model, the optimizer and, when resuming, the checkpoint restored.
+3. The tracker (``metrics.jsonl`` cut back to the resumed step), the loop, ``curve.png``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..collective import default_collective
+from ..config import ConfigError
+from .checkpoint import latest_checkpoint
+from .config import TrainConfig
+from .loop import fit
+from .run import Run, RunInputs, build_run, prepare_inputs
+from .run_checkpoint import ResumePoint, restore_run, resume_point
+from .tracking import Tracker, check_backends
+
+SETUP_ERRORS = (ValueError, OSError, ImportError)  # ConfigError, DataError, RewardError are ValueErrors
+
+
+class SetupError(Exception):
+    """A user mistake found before any model was loaded: one line, exit status 2."""
+
+
+@dataclass
+class TrainResult:
+    run: Run
+    records: list[dict]  # this launch's records (those before ``start_step`` are in metrics.jsonl)
+    start_step: int
+    curve: Path | None
+
+
+def check_output_dir(path: str) -> None:
+    """``ConfigError`` unless ``path`` is a writable directory or can be created as one (probed with a
+    temporary file in its nearest existing folder, removed at once)."""
+    key = "trainer.default_local_dir"
+    target = Path(path).absolute()
+    if target.exists() and not target.is_dir():
+        raise ConfigError(key, f"{path} exists and is not a directory")
+    existing = target
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError(key, f"cannot create {path}: {existing} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".splitproof-write-probe-", dir=existing)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ConfigError(key, f"cannot write in {existing} ({e.strerror or type(e).__name__})") from None
+
+
+def check_model_config(cfg: TrainConfig) -> None:
+    """The model directory holds a config ``transformers`` can read (the weights are loaded later)."""
+    from transformers import AutoConfig
+
+    from .models import model_directory
+
+    model = cfg.actor_rollout_ref.model
+    try:
+        AutoConfig.from_pretrained(model_directory(model.path), local_files_only=True,
+                                   trust_remote_code=model.trust_remote_code)
+    except ConfigError:
+        raise
+    except (OSError, ValueError) as e:
+        first = " ".join(str(e).split(". ")[0].split())
+        raise ConfigError("actor_rollout_ref.model.path", f"cannot read the model's config: {first}") from None
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def _agreed(collective, work: Callable):
+    """``work()`` on every rank; a setup error on any rank is a ``SetupError`` on every rank (the first
+    failing rank's message)."""
+    try:
+        value, failure = work(), None
+    except SETUP_ERRORS as e:
+        value, failure = None, _one_line(e)
+    failures = [f for f in collective.gather_objects(failure) if f is not None]
+    if failures:
+        raise SetupError(failures[0])
+    return value
+
+
+def setup(cfg: TrainConfig) -> tuple[RunInputs, ResumePoint | None]:
+    """Everything checked before a model is loaded (see the module's docstring)."""
+    check_backends(cfg.trainer.logger)
+    check_output_dir(cfg.trainer.default_local_dir)
+    check_model_config(cfg)
+    inputs = prepare_inputs(cfg)
+    return inputs, resume_point(cfg, inputs.total_steps)
+
+
+def train(cfg: TrainConfig, *, stop_requested: Callable[[], bool] | None = None,
+          on_message: Callable[[str], None] | None = None, console=None,
+          on_step=None) -> TrainResult:
+    """Run ``cfg`` to its last step (resuming per ``trainer.resume_mode``).
+
+    ``stop_requested()`` is this process's wish to stop (Ctrl-C); the ranks agree on it between stages
+    and the loop raises ``loop.Interrupted``. ``on_message`` receives progress notes (resuming, ...);
+    ``console`` is the console logger's stream. Raises ``SetupError`` (before any model is loaded),
+    ``loop.StepFailed``, ``loop.Interrupted``.
+    """
+    collective = default_collective("cpu")
+    say = on_message or (lambda message: None)
+    inputs, point = _agreed(collective, lambda: setup(cfg))
+    run = build_run(cfg, collective=collective, inputs=inputs)
+    start_step = 0
+    if point is not None:
+        start_step = restore_run(run, point)
+        say(f"resuming from {point.path} (step {start_step} of {run.total_steps})")
+    if start_step >= run.total_steps and not cfg.trainer.val_only:
+        say(f"the run is complete (checkpoint at step {start_step}); nothing to do. To start over: "
+            "trainer.resume_mode=disable, or another trainer.default_local_dir")
+
+    def should_stop() -> bool:
+        wish = int(bool(stop_requested and stop_requested()))
+        return collective.max_int(wish) > 0
+
+    tracker = Tracker.from_config(cfg, total_steps=run.total_steps,
+                                  resume_step=start_step if point is not None else None, stream=console)
+    curve = None
+    try:
+        records = fit(run, log=tracker.log, sync=tracker.sync, start_step=start_step, on_step=on_step,
+                      save_checkpoints=True, should_stop=should_stop if stop_requested is not None else None)
+    finally:
+        curve = tracker.finish()
+    return TrainResult(run=run, records=records, start_step=start_step, curve=curve)
+
+
+def newest_checkpoint(cfg: TrainConfig) -> Path | None:
+    """The newest complete checkpoint under ``trainer.default_local_dir`` (what ``resume_mode=auto`` picks)."""
+    return latest_checkpoint(cfg.trainer.default_local_dir)

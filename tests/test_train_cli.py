@@ -1,0 +1,202 @@
+"""`splitproof train` as a user meets it: a run's outputs, user mistakes (one line, exit 2, nothing loaded
+or written), a reward function failing mid-run, Ctrl-C, the resume command it prints."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from splitproof.cli import main
+from splitproof.cli.train import resume_command
+from splitproof.engine.launch import run_data_parallel
+from splitproof.rl import run as run_module
+from splitproof.rl.checkpoint import is_complete, latest_checkpoint
+from splitproof.rl.tracking import read_metrics
+
+from .rl_helpers import save_tiny_char_model, train_overrides
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_char_model(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def finished(model_dir, tmp_path_factory):
+    """A 3-step run with a checkpoint every 2 steps (so at 2 and at the last step, 3)."""
+    out = tmp_path_factory.mktemp("run") / "out"
+    code = main(["train", *train_overrides(model_dir, out, 3, extra=["trainer.save_freq=2"])])
+    return code, out
+
+
+def test_a_run_writes_metrics_checkpoints_and_curve(finished):
+    code, out = finished
+    assert code == 0
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2, 3]
+    assert "val-core/addition/reward/mean@1" in records[0] and "val-core/addition/reward/mean@1" in records[2]
+    for name in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "timing_s/gen", "timing_s/step"):
+        assert name in records[1], name
+    assert sorted(p.name for p in out.glob("global_step_*")) == ["global_step_2", "global_step_3"]
+    assert latest_checkpoint(out) == out / "global_step_3"
+    assert (out / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_rerunning_a_finished_run_does_nothing(finished, model_dir, capsys):
+    _, out = finished
+    before = (out / "metrics.jsonl").read_text()
+    assert main(["train", *train_overrides(model_dir, out, 3, extra=["trainer.save_freq=2"])]) == 0
+    assert "the run is complete" in capsys.readouterr().err
+    assert (out / "metrics.jsonl").read_text() == before
+
+
+def _no_model(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the usage error")
+
+    monkeypatch.setattr(run_module, "load_policy", refuse)
+
+
+def _data_file(tmp_path, rows, name="rows.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+MISTAKES = {
+    "unknown key": (["data.train_batch_sise=4"], ["data.train_batch_sise", "data.train_batch_size"]),
+    "unsupported verl key": (["actor_rollout_ref.rollout.multi_turn.enable=true"], ["not supported"]),
+    "wrong value": (["actor_rollout_ref.rollout.n=0"], ["actor_rollout_ref.rollout.n", ">= 1"]),
+    "wrong type": (["data.train_batch_size=many"], ["data.train_batch_size", "integer"]),
+    "minibatch does not divide": (["actor_rollout_ref.actor.ppo_mini_batch_size=3"], ["ppo_mini_batch_size", "divide"]),
+    "batch larger than the data": (["data.train_max_samples=3"], ["train_batch_size", "3 prompts"]),
+    "missing data file": (["data.train_files={tmp}/nowhere.parquet"], ["nowhere.parquet"]),
+    "missing prompt column": (["data.prompt_key=question"], ["'question'"]),
+    "bad reward path": (["custom_reward_function.path={tmp}/no_reward.py"], ["no_reward.py", "not found"]),
+    "bad reward name": (["custom_reward_function.name=nothing_here"], ["nothing_here"]),
+    "unknown data source": (["data.train_files={mystery}", "custom_reward_function.path=null",
+                             "custom_reward_function.name=null"], ["mystery"]),
+    "output directory under a file": (["trainer.default_local_dir={tmp}/a_file/out"], ["trainer.default_local_dir",
+                                                                                      "not a directory"]),
+    "output directory unwritable": (["trainer.default_local_dir=/proc/splitproof/out"], ["trainer.default_local_dir"]),
+    "model directory without a model": (["actor_rollout_ref.model.path={tmp}"], ["actor_rollout_ref.model.path"]),
+    "resume from nothing": (["trainer.resume_mode=resume_path", "trainer.resume_from_path={tmp}/nowhere"],
+                            ["trainer.resume_from_path", "does not exist"]),
+}
+
+
+@pytest.mark.parametrize("mistake", list(MISTAKES))
+def test_user_mistakes_are_one_line_and_exit_2_before_any_work(mistake, model_dir, tmp_path, monkeypatch, capsys):
+    overrides, words = MISTAKES[mistake]
+    (tmp_path / "a_file").write_text("")
+    mystery = _data_file(tmp_path, [{"prompt": "1+1=", "data_source": "mystery"}] * 4)
+    out = tmp_path / "out"
+    _no_model(monkeypatch)
+    filled = [o.format(tmp=tmp_path, mystery=mystery) for o in overrides]
+    code = main(["train", *train_overrides(model_dir, out, 2), *filled])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if not line.startswith("splitproof: notice:")]
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("splitproof: error: "), err
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert not out.exists()
+
+
+def test_missing_logger_backend_is_exit_2(model_dir, tmp_path, monkeypatch, capsys):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    _no_model(monkeypatch)
+    out = tmp_path / "out"
+    code = main(["train", *train_overrides(model_dir, out, 2), "trainer.logger=[console,wandb]"])
+    assert code == 2
+    assert "trainer.logger" in capsys.readouterr().err and not out.exists()
+
+
+def test_print_config_prints_yaml_and_writes_nothing(model_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["train", "--print-config", *train_overrides(model_dir, out, 2)]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["data"]["train_batch_size"] == 4
+    assert printed["trainer"]["default_local_dir"] == str(out)
+    assert not out.exists()
+
+
+def test_reward_failure_mid_run_keeps_the_last_checkpoint(model_dir, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    monkeypatch.setenv("STEP_REWARD_FAIL_AT", "3")
+    code = main(["train", *train_overrides(model_dir, out, 4, extra=["trainer.save_freq=1"])])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert len(err) == 1 and err[0].startswith("splitproof: error: step 3: "), err
+    assert "reward function graded (" in err[0] and "raised ValueError: cannot score step 3" in err[0]
+    assert "(uid=" in err[0] and "global_step_2" in err[0]
+    assert latest_checkpoint(out) == out / "global_step_2" and is_complete(out / "global_step_2")
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(("global_step", ".tmp"))) == \
+        ["global_step_1", "global_step_2"]
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
+
+
+def test_ctrl_c_stops_between_stages_and_says_how_to_resume(model_dir, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    args = train_overrides(model_dir, out, 4, extra=["trainer.save_freq=2"])
+    monkeypatch.setenv("STEP_REWARD_INTERRUPT_AT", "3")
+    assert main(["train", *args]) == 130
+    err = capsys.readouterr().err
+    assert "stopped after step 2" in err and str(out / "global_step_2") in err
+    command = err.split("To resume: ", 1)[1].strip().splitlines()[0]
+    assert command == "splitproof train " + shlex.join(args)
+    assert latest_checkpoint(out) == out / "global_step_2"
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
+    monkeypatch.delenv("STEP_REWARD_INTERRUPT_AT")
+    assert main(["train", *shlex.split(command)[2:]]) == 0
+    assert "resuming from" in capsys.readouterr().err
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+
+
+def test_resume_command_turns_resume_on(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert resume_command(["a=1"], "auto") == "splitproof train a=1"
+    assert resume_command(["trainer.resume_mode=disable", "b=x y"], "disable") == \
+        "splitproof train 'b=x y' trainer.resume_mode=auto"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert resume_command([], "auto").startswith("torchrun --standalone --nproc_per_node 2 -m splitproof train")
+
+
+
+def test_readme_first_command_trains():
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    first = readme.split("```bash\n", 1)[1].split("\n", 1)[0]
+    assert first.endswith("&& .venv/bin/splitproof train")
+    assert "splitproof diagnose" in readme.split("Run the tests", 1)[0]
+
+
+def _fail_on_rank_1(model_dir, out):
+    from splitproof.rl.config_load import load_train_config
+    from splitproof.rl.loop import StepFailed
+    from splitproof.rl.train import train
+
+    os.environ.update(STEP_REWARD_FAIL_AT="2", STEP_REWARD_FAIL_RANK="1")  # a forked worker's own environment
+    cfg = load_train_config(None, train_overrides(model_dir, out, 3, extra=["trainer.save_freq=1",
+                                                                            "actor_rollout_ref.actor.strategy=ddp"]))
+    try:
+        train(cfg)
+    except StepFailed as e:
+        return e.step, str(e)
+    return None
+
+
+@pytest.mark.dist
+def test_a_reward_failing_on_one_rank_stops_every_rank(model_dir, tmp_path):
+    out = tmp_path / "out"
+    ranks = run_data_parallel(_fail_on_rank_1, 2, model_dir, out)
+    assert [step for step, _ in ranks] == [2, 2]
+    assert all("reward function graded" in message and "cannot score step 2" in message for _, message in ranks)
+    assert latest_checkpoint(out) == out / "global_step_1"
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1]

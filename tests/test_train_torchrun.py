@@ -1,0 +1,102 @@
+"""`torchrun --standalone --nproc_per_node 2 -m splitproof train ...` under DDP and FSDP2: a rank killed
+mid-run takes the run down (no rank left waiting) and is named; the relaunch resumes from the last
+checkpoint (FSDP2: written and read through torch.distributed.checkpoint) and ends with the one-process
+run's weights and metrics (float64)."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from splitproof.rl.config_load import load_train_config
+from splitproof.rl.metrics import is_machine_dependent
+from splitproof.rl.pause import PAUSE_AT, PAUSE_FILE, PAUSE_RANK
+from splitproof.rl.tracking import read_metrics
+from splitproof.rl.train import train
+
+from .rl_helpers import final_weights, relative_update_difference, save_tiny_char_model, train_overrides
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "-m", "splitproof", "train"]
+STEPS = 2
+EVERY_STEP = ["trainer.save_freq=1", "trainer.test_freq=1"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return save_tiny_char_model(tmp_path_factory.mktemp("model"))
+
+
+def _args(model_dir, out, extra=()) -> list[str]:
+    return train_overrides(model_dir, out, STEPS, dtype="fp64", extra=[*EVERY_STEP, *extra])
+
+
+@pytest.fixture(scope="module")
+def one_process(model_dir, tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("one") / "out"
+    result = train(load_train_config(None, _args(model_dir, out), on_notice=lambda m: None))
+    initial = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).state_dict()
+    return {"weights": final_weights(result.run.policy), "records": read_metrics(out / "metrics.jsonl"),
+            "initial": {k: v.double() for k, v in initial.items()}}
+
+
+def _env(**extra) -> dict:
+    return dict(os.environ, PYTHONPATH=str(ROOT), **extra)
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_torchrun_survives_a_dead_rank_resumes_and_matches_one_process(model_dir, one_process, tmp_path, strategy):
+    out, marker = tmp_path / "out", tmp_path / "paused"
+    args = _args(model_dir, out, [f"actor_rollout_ref.actor.strategy={strategy}",
+                                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"])
+    pause = {PAUSE_AT: "step2:trained", PAUSE_RANK: "1", PAUSE_FILE: str(marker)}
+    launcher = subprocess.Popen([*TORCHRUN, *args], env=_env(**pause), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not marker.exists():
+        assert launcher.poll() is None, launcher.stdout.read()
+        assert time.monotonic() < deadline, "rank 1 never reached step 2"
+        time.sleep(0.1)
+    os.kill(int(marker.read_text().split()[0]), signal.SIGKILL)  # rank 1 dies; rank 0 waits on it
+    report, _ = launcher.communicate(timeout=120)
+    assert launcher.returncode != 0
+    assert "rank      : 1" in report and "Signal 9 (SIGKILL)" in report, report
+
+    resumed = subprocess.run([*TORCHRUN, *args], env=_env(), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.stderr.count("resuming from") == 1  # rank 0 speaks
+    weights = {k: v.double() for k, v in load_file(out / f"global_step_{STEPS}" / "actor" / "model.safetensors").items()}
+    difference = relative_update_difference(weights, one_process["weights"], one_process["initial"])
+    print(f"torchrun {strategy} (killed, resumed) vs one process: {difference:.2e} of the update")
+    assert difference <= 1e-10
+    records, want = read_metrics(out / "metrics.jsonl"), one_process["records"]
+    assert [r["step"] for r in records] == [r["step"] for r in want] == [0, 1, 2]
+    for a, b in zip(records, want):
+        for key in (k for k in b if not is_machine_dependent(k)):
+            assert math.isclose(a[key], b[key], rel_tol=1e-9, abs_tol=1e-12), (a["step"], key)
+
+
+@pytest.mark.dist
+def test_torchrun_user_mistake_stops_every_rank_with_one_message(model_dir, tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run([*TORCHRUN, *_args(model_dir, out, [f"data.train_files={tmp_path}/missing.parquet"])],
+                          env=_env(), capture_output=True, text=True, timeout=300)
+    errors = [line for line in done.stderr.splitlines() if line.startswith("splitproof: error:")]
+    assert errors == [f"splitproof: error: {tmp_path}/missing.parquet: prompt file not found"], done.stderr
+    exits = dict(re.findall(r"rank\s+: (\d+) \(local_rank: \d+\)\n\s+exitcode\s+: (-?\d+)", done.stderr))
+    assert done.returncode != 0 and exits == {"0": "2", "1": "2"}, done.stderr  # torchrun's report
+    assert not out.exists()
