@@ -20,4 +20,4 @@ def test_table_rows_come_from_the_schema_and_its_comments():
     train_files = next(row for row in rows if row.startswith("| `data.train_files`"))
     assert config_docs.field_comments(DataConfig)["train_files"] in train_files
     batch = next(row for row in rows if row.startswith("| `data.train_batch_size`"))
-    assert batch.split(" | ")[1:3] == ["`1024`", "`64`"]  # verl's default, the built-in model's recipe
+    assert batch.split(" | ")[1:3] == ["`1024`", "`128`"]  # verl's default, the built-in model's recipe
