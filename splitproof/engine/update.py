@@ -20,7 +20,7 @@ from ..collective import LOCAL, default_collective
 from ..config import LossConfig
 from ..models import vocab_size_of
 from ..objective import correction_share, merge_metric_shares, metric_names, minibatch_share, policy_inputs
-from ..selection import cov_sums, quota, reduce_cov_sums, select_tokens
+from ..selection import quota, select_tokens, shard_cov_sums
 from ..stats import MinibatchStats
 from .config import UpdateConfig
 from .distributed import gradient_sync, needs_lockstep
@@ -222,7 +222,8 @@ def _select_shard(batch, plan, log_probs: Tensor, config: LossConfig, collective
     selection = torch.zeros_like(batch.response_mask)
     x = policy_inputs(log_probs[shard], batch.old_log_probs[shard], batch.advantages[shard],
                       batch.response_mask[shard])
-    sums = reduce_cov_sums(cov_sums(x.advantages, x.log_prob, x.mask), collective)
+    sums = shard_cov_sums(batch.advantages[plan.rows], batch.response_mask[plan.rows], x.log_prob, x.mask,
+                          collective)
     selection[shard] = select_tokens(x, config, batch.seq_ids[shard], step=step, sums=sums, collective=collective)
     return selection
 
