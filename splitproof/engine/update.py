@@ -23,7 +23,7 @@ from ..objective import correction_share, merge_metric_shares, metric_names, min
 from ..selection import quota, select_tokens, shard_cov_sums
 from ..stats import MinibatchStats
 from .config import UpdateConfig
-from .distributed import gradient_sync, needs_lockstep
+from .distributed import gradient_sync, needs_lockstep, reduce_gradients_as_sum
 from .logprobs import response_log_probs
 from .plan import MinibatchPlan, plan_update, split_rows
 
@@ -77,7 +77,7 @@ def train_minibatch(model, optimizer, batch: RolloutBatch, plan: MinibatchPlan, 
                     collective=LOCAL, step: int = 0, on_gradients=None, on_selection=None) -> StepResult:
     """One optimizer step over the minibatch ``plan.rows``; ``batch`` is validated."""
     loss_config = config.loss
-    world = collective.world_size
+    reduce_gradients_as_sum(model)
     stats = _reduce_stats(MinibatchStats.of(batch.response_mask[plan.shard], batch.response_width), collective)
     strategy = _cov_strategy(model, config, stats) if loss_config.is_cov else None
     with_entropy = loss_config.entropy_coeff != 0
@@ -102,7 +102,7 @@ def train_minibatch(model, optimizer, batch: RolloutBatch, plan: MinibatchPlan, 
                         on_selection(part_selection, part.seq_ids)
                 part_stats = stats if config.statistics_scope == "minibatch" else MinibatchStats.of(part.response_mask)
                 share, shares = _share(part, log_prob, entropy, loss_config, part_stats, part_selection)
-                (share * world).backward()
+                share.backward()  # the wrapper sums the ranks' gradients
             merge_metric_shares(metric_sums, shares)
             if kept is not None and live:
                 kept[rows] = log_prob.detach().to(kept.dtype)
@@ -263,7 +263,7 @@ def _deferred_correction(model, batch, plan, config: UpdateConfig, collective, s
             share, shares = correction_share(log_prob, part.old_log_probs, part.advantages, part.response_mask,
                                              config.loss, stats, _slice(selection, rows, part, live),
                                              rollout_is_weights=part.rollout_is_weights)
-            (share * collective.world_size).backward()
+            share.backward()
         merge_metric_shares(metric_sums, shares)
 
 
