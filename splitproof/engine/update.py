@@ -15,17 +15,17 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from ..batch import BatchError, RolloutBatch
+from ..batch import RolloutBatch
 from ..collective import LOCAL, default_collective
 from ..config import LossConfig
-from ..models import vocab_size_of
 from ..objective import correction_share, merge_metric_shares, metric_names, minibatch_share, policy_inputs
 from ..selection import quota, select_tokens, shard_cov_sums
 from ..stats import MinibatchStats
 from .config import UpdateConfig
 from .distributed import gradient_sync, needs_lockstep, reduce_gradients_as_sum
 from .logprobs import response_log_probs
-from .plan import MinibatchPlan, plan_update, split_rows
+from .plan import MinibatchPlan, split_rows
+from .validation import active_dropout, check_cov_strategy, validate_update
 
 # A correction over fewer than this share of the sequences costs less than a no-grad forward over all
 # of them (a forward is about a third of a forward+backward).
@@ -61,11 +61,8 @@ def update_policy(
     collective = collective or default_collective(_device_of(model))
     if collective.world_size > 1 and not needs_lockstep(model):
         raise ValueError("model: with several ranks, wrap the model with DDP or FSDP2 (splitproof.engine.wrap_model)")
-    batch = batch.validate(vocab_size_of(model)).to(_device_of(model))
-    plans = plan_update(batch, config, collective.world_size, collective.rank)
-    for index, plan in enumerate(plans):
-        if not batch.response_mask[plan.rows].any():
-            raise BatchError("response_mask", f"minibatch {index} has no valid response token (N = 0)")
+    batch, plans = validate_update(model, batch, config, collective.world_size, collective.rank)
+    batch = batch.to(_device_of(model))
     if config.loss.is_cov and config.cov_strategy == "microbatch" and config.statistics_scope == "minibatch":
         warnings.warn("cov_strategy 'microbatch' selects tokens per microbatch: the update then depends on "
                       "the split (kept for the diagnosis's comparison only)", stacklevel=2)
@@ -180,25 +177,12 @@ def _clip(model: nn.Module, max_norm: float) -> float:
     return float(norm)
 
 
-def active_dropout(model: nn.Module) -> bool:
-    """True if a forward in the current mode is random (the `deferred` strategy needs it deterministic)."""
-    if not model.training:
-        return False
-    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
-        return True
-    config = getattr(getattr(model, "module", model), "config", None)
-    names = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop")
-    return any(float(getattr(config, n, 0.0) or 0.0) > 0 for n in names)
-
-
 def _cov_strategy(model: nn.Module, config: UpdateConfig, stats: MinibatchStats) -> str:
     """`auto`: deferred when its correction touches few sequences and the forward is deterministic."""
     chosen = config.cov_strategy
     if config.statistics_scope == "microbatch":
         return "microbatch"
-    if chosen == "deferred" and active_dropout(model):
-        raise ValueError("cov_strategy: 'deferred' needs a deterministic forward, but the model has active "
-                         "dropout; use 'prepass' or 'auto', or call model.eval()")
+    check_cov_strategy(model, config)
     if chosen != "auto":
         return chosen
     if active_dropout(model):
