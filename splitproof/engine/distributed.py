@@ -31,7 +31,8 @@ def is_fsdp2(model: nn.Module) -> bool:
 
 
 def wrap_model(model: nn.Module, strategy: str, *, device: torch.device | str = "cpu") -> nn.Module:
-    """DDP: ``DistributedDataParallel``; FSDP2: ``fully_shard`` each decoder layer, then the root."""
+    """DDP: ``DistributedDataParallel``; FSDP2: ``fully_shard`` each decoder layer, then the root. Either
+    way gradients are reduced as a sum (:func:`reduce_gradients_as_sum`)."""
     if strategy not in DP_STRATEGIES:
         raise ValueError(f"strategy: unknown {strategy!r}; expected one of {', '.join(DP_STRATEGIES)}")
     if strategy == "none":
@@ -41,7 +42,9 @@ def wrap_model(model: nn.Module, strategy: str, *, device: torch.device | str = 
     device = torch.device(device)
     if strategy == "ddp":
         ids = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else None
-        return reduce_gradients_as_sum(nn.parallel.DistributedDataParallel(model, device_ids=ids))
+        # gradients as views into DDP's communication buckets: one gradient-sized buffer, not two
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+        return reduce_gradients_as_sum(ddp)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
