@@ -150,3 +150,22 @@ def test_every_rank_raises_the_same_named_error(setup):
         kind, got_field, message, untouched, no_state = reports[0]
         assert kind == error_class.__name__ and got_field == field, message
         assert untouched and no_state, name
+
+
+def _dp_different_batches(model, batch):
+    if dist.get_rank() == 1:  # a data loader that gave this rank other advantages
+        batch = replace(batch, advantages=batch.advantages + 1.0)
+    error, untouched, no_state = attempt(wrap_model(model, "ddp"), batch, config())
+    dist.barrier()
+    return type(error).__name__, getattr(error, "field", None), str(error), untouched, no_state
+
+
+@pytest.mark.dist
+def test_ranks_given_different_batches_refuse_alike(setup):
+    """Each rank takes its own shard of the batch it is given: different batches would diverge silently."""
+    model, batch = setup
+    reports = run_data_parallel(_dp_different_batches, 2, model, batch, timeout=60)
+    assert reports[0] == reports[1]
+    kind, field, message, untouched, no_state = reports[0]
+    assert (kind, field) == ("BatchError", "advantages") and "differs between ranks" in message
+    assert untouched and no_state

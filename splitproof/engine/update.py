@@ -61,7 +61,7 @@ def update_policy(
     collective = collective or default_collective(_device_of(model))
     if collective.world_size > 1 and not needs_lockstep(model):
         raise ValueError("model: with several ranks, wrap the model with DDP or FSDP2 (splitproof.engine.wrap_model)")
-    batch, plans = validate_update(model, batch, config, collective.world_size, collective.rank)
+    batch, plans = validate_update(model, batch, config, collective)
     batch = batch.to(_device_of(model))
     if config.loss.is_cov and config.cov_strategy == "microbatch" and config.statistics_scope == "minibatch":
         warnings.warn("cov_strategy 'microbatch' selects tokens per microbatch: the update then depends on "

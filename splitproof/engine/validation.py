@@ -1,16 +1,22 @@
 """Everything about an update that the batch, the config and the model can tell, checked before it runs.
 
 ``update_policy`` calls :func:`validate_update` on every rank before the first forward. Every rank holds
-the same rollout batch and config, so every rank raises the same named error (``BatchError`` naming the
-field and the sequence, or ``ConfigError`` naming the setting) and no weight, gradient or optimizer state
-has moved — instead of one rank failing mid-update while the others wait in a collective.
+the same rollout batch and config (checked first, with one small gather of digests), so every rank
+raises the same named error (``BatchError`` naming the field and the sequence, or ``ConfigError`` naming
+the setting) and no weight, gradient or optimizer state has moved — instead of one rank failing
+mid-update while the others wait in a collective.
 """
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import fields
+
+import torch
 from torch import nn
 
 from ..batch import BatchError, RolloutBatch
+from ..collective import LOCAL
 from ..config import ConfigError
 from ..models import max_positions_of, vocab_size_of
 from .attention import check_attention
@@ -49,16 +55,47 @@ def check_positions(model: nn.Module, batch: RolloutBatch) -> None:
                          f"model's max_position_embeddings {limit}", int(batch.seq_ids[row]))
 
 
-def validate_update(model: nn.Module, batch: RolloutBatch, config: UpdateConfig, world_size: int = 1,
-                    rank: int = 0) -> tuple[RolloutBatch, list[MinibatchPlan]]:
+def batch_fingerprint(batch: RolloutBatch) -> list[tuple[str, str]]:
+    """(field, digest of its shape, dtype and bytes) for every tensor of the batch."""
+    out = []
+    for f in fields(batch):
+        value = getattr(batch, f.name)
+        if value is None:
+            out.append((f.name, "None"))
+            continue
+        data = value.detach().contiguous().cpu()
+        digest = hashlib.sha1(f"{tuple(data.shape)} {data.dtype}".encode())
+        digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+        out.append((f.name, digest.hexdigest()))
+    return out
+
+
+def check_same_inputs(batch: RolloutBatch, config: UpdateConfig, collective) -> None:
+    """Every rank must pass the same rollout batch (each takes its own shard of it) and config."""
+    if collective.world_size == 1:
+        return
+    prints = collective.gather_objects((batch_fingerprint(batch), repr(config)))
+    for index, (name, digest) in enumerate(prints[0][0]):
+        others = [rank for rank, (p, _) in enumerate(prints) if p[index][1] != digest]
+        if others:
+            raise BatchError(name, f"differs between ranks (rank 0 vs ranks {others}): every rank must pass the same "
+                             "rollout batch; the engine takes each rank's shard itself")
+    others = [rank for rank, (_, c) in enumerate(prints) if c != prints[0][1]]
+    if others:
+        raise ConfigError("config", f"the UpdateConfig differs between ranks (rank 0 vs ranks {others})")
+
+
+def validate_update(model: nn.Module, batch: RolloutBatch, config: UpdateConfig,
+                    collective=LOCAL) -> tuple[RolloutBatch, list[MinibatchPlan]]:
     """The validated batch (bool masks, [B, T] advantages) and this rank's plan of every optimizer step."""
     check_attention(model)
+    check_same_inputs(batch, config, collective)
     batch = batch.validate(vocab_size_of(model))
     if config.loss.use_kl_loss and batch.ref_log_probs is None:
         raise BatchError("ref_log_probs", "loss.use_kl_loss is set but the batch has no ref_log_probs")
     check_positions(model, batch)
     check_cov_strategy(model, config)
-    plans = plan_update(batch, config, world_size, rank)  # token budget, minibatch size: BatchError
+    plans = plan_update(batch, config, collective.world_size, collective.rank)  # budget, minibatch size
     for index, plan in enumerate(plans):
         if not batch.response_mask[plan.rows].any():
             raise BatchError("response_mask", f"minibatch {index} has no valid response token (N = 0)")
