@@ -4,6 +4,8 @@ Layout: prompts are left-padded ``[B, P]``, responses right-padded ``[B, T]``; `
 both ``[B, P + T]``; ``response_mask`` ``[B, T]`` says which response tokens count in the loss (multi-turn
 masks allowed, but only on real tokens). Per-token tensors are ``[B, T]``; advantages may be ``[B]``
 (one scalar per sequence, broadcast). ``seq_ids`` are the canonical sequence keys (default: row index).
+Other paddings are accepted too — after a prompt, holes inside a prompt or a response — as long as every
+sequence with a response token has a prompt token; the engine computes each sequence over its span.
 """
 
 from __future__ import annotations
