@@ -185,8 +185,10 @@ def diagnosis_memory(env: bl.Env) -> dict:
                          ratio=(peak.total - before) / model_bytes, own_ratio=(peak.own - before) / model_bytes,
                          passed=passed))
     growth = rows[-1]["peak"] / rows[0]["peak"]
-    name = os.path.basename(os.path.normpath(spec.path)) if spec.path else "embedded tiny random Llama"
-    return dict(rows=rows, model=name, model_bytes=model_bytes, loaded=loaded, growth=growth)
+    name = os.path.basename(os.path.normpath(spec.path)) if spec.path else "the embedded tiny random Llama"
+    params = sum(p.numel() for p in model.parameters())
+    return dict(rows=rows, model=f"{name} ({type(model).__name__}, {params / 1e6:.1f} M parameters)",
+                model_bytes=model_bytes, loaded=loaded, growth=growth)
 
 
 def run(env: bl.Env) -> dict:

@@ -92,7 +92,8 @@ def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: fl
     mask = torch.cat([prompt_att[:, p0:], resp_att[:, :t1]], dim=1)
     input_ids = torch.where(mask, input_ids, torch.zeros_like(input_ids))  # pad ids may be out of vocabulary
     position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    mask_4d = attention_mask(torch.zeros_like(input_ids), mask, model, dtype)
+    # Without padding the mask is plain causal: the model's own causal path, no [b, L, L] mask to hold.
+    mask_4d = None if bool(mask.all()) else attention_mask(torch.zeros_like(input_ids), mask, model, dtype)
     kwargs = dict(input_ids=input_ids, attention_mask=mask_4d, position_ids=position_ids, use_cache=False)
     if _takes_logits_to_keep(model):
         kwargs["logits_to_keep"] = t1 + 1
