@@ -15,7 +15,6 @@ up to 2× a model's size retained in an FSDP2 worker).
 from __future__ import annotations
 
 import ctypes
-import gc
 import io
 import os
 import queue
@@ -53,8 +52,7 @@ def _glibc():
 
 
 def release_free_memory() -> None:
-    """Collect garbage and return the allocator's free pages to the system (glibc ``malloc_trim``)."""
-    gc.collect()
+    """Return the allocator's free pages to the system (glibc ``malloc_trim``; microseconds)."""
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
