@@ -1,4 +1,4 @@
-"""Peak memory of one update step vs microbatch size and vs minibatch size.
+"""Peak memory of one update step vs microbatch size and vs minibatch size; and of `splitproof diagnose`.
 
 The peak is the high-water mark of tensor memory allocated during the step above what was allocated
 when it began (so the gradients, allocated by the first backward, are in it; weights and the rollout
@@ -7,13 +7,21 @@ CPU allocator reports to the profiler (profile_memory=True), replayed in time or
 not see torch's allocations, and the process RSS keeps freed pages, so neither measures this). Beside it,
 the largest single tensor any module returned in the step (forward hooks), usually the logits.
 
-    python benchmarks/memory.py [--quick] [--device cuda] [--threads N]
+The diagnosis part runs a KL-Cov diagnosis (8 sequences × 16 response tokens, float64) with one split
+and with three, on ``--diagnose-model`` (a local Hugging Face directory; default: the embedded tiny
+model), and samples the machine memory of this process and its data-parallel workers (the sum of
+their proportional set sizes, so pages the forked workers share are counted once) every 50 ms. It
+reports the peak above the memory before the model was loaded, in model sizes (parameter bytes).
+
+    python benchmarks/memory.py [--quick] [--device cuda] [--threads N] [--diagnose-model DIR]
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,6 +31,8 @@ import benchlib as bl  # noqa: E402
 
 NAME = "memory"
 GOAL_FLAT = 1.10  # peak at the largest minibatch / peak at the smallest
+DIAGNOSE_SPLITS = (("dp:2",), ("even:8", "dp:2+sizes:1,3", "packed:64"))
+GOAL_SPLITS = 1.10  # diagnosis peak with three splits / with one: constant in the number of splits
 
 
 def _largest_tensor_bytes(out) -> int:
@@ -90,6 +100,97 @@ def peak_bytes(env: bl.Env, fn) -> tuple[int, str]:
     return cpu_peak_bytes(fn)
 
 
+def _pss_bytes(pid: int) -> int:
+    """Proportional set size of a process (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
+
+
+def tree_pss_bytes(root: int | None = None) -> int:
+    """Machine memory of a process and every process below it (forked workers share pages: PSS)."""
+    return sum(_pss_bytes(pid) for pid in _descendants(os.getpid() if root is None else root))
+
+
+class PeakMemory:
+    """Samples ``tree_pss_bytes`` (and this process's own PSS) on a thread; ``total`` and ``own`` peaks."""
+
+    def __init__(self, interval: float = 0.05):
+        self.interval, self.total, self.own = interval, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            self.total = max(self.total, tree_pss_bytes())
+            self.own = max(self.own, _pss_bytes(os.getpid()))
+            if self._stop.wait(self.interval):
+                return
+
+    def __enter__(self) -> "PeakMemory":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def diagnosis_memory(env: bl.Env) -> dict:
+    """Peak machine memory of a KL-Cov diagnosis with one split and with three, in model sizes."""
+    from splitproof.diagnose import scenarios as sc
+    from splitproof.diagnose.context import ModelSpec, build_model
+    from splitproof.diagnose.diagnosis import Diagnosis
+
+    spec = ModelSpec(path=env.args.diagnose_model, dtype="float64")
+    gc.collect()
+    before = tree_pss_bytes()
+    model = build_model(spec)
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    loaded = tree_pss_bytes() - before
+    rows = []
+    for splits in DIAGNOSE_SPLITS:
+        bl.log(f"[{NAME}] diagnosis with splits {', '.join(splits)}")
+        scenario = sc.custom(seed=0, loss_mode="kl_cov", kl_cov_ratio=0.01, sequences=8, response_length=16,
+                             splits=splits)
+        gc.collect()
+        with PeakMemory() as peak:
+            diagnosis = Diagnosis([scenario], spec, model=model).run()
+            passed = diagnosis.results(scenario)["passed"]
+        del diagnosis
+        rows.append(dict(splits=" ".join(splits), peak=peak.total - before, own=peak.own - before,
+                         ratio=(peak.total - before) / model_bytes, own_ratio=(peak.own - before) / model_bytes,
+                         passed=passed))
+    growth = rows[-1]["peak"] / rows[0]["peak"]
+    name = os.path.basename(os.path.normpath(spec.path)) if spec.path else "the embedded tiny random Llama"
+    params = sum(p.numel() for p in model.parameters())
+    return dict(rows=rows, model=f"{name} ({type(model).__name__}, {params / 1e6:.1f} M parameters)",
+                model_bytes=model_bytes, loaded=loaded, growth=growth)
+
+
 def run(env: bl.Env) -> dict:
     from splitproof.config import LossConfig
     from splitproof.diagnose.synthetic import synthetic_rollout
@@ -135,9 +236,11 @@ def run(env: bl.Env) -> dict:
     for r in rows:
         first = next(x for x in rows if x["sweep"] == r["sweep"] and x["loss"] == r["loss"])
         r["relative"] = r["peak"] / first["peak"]
+    description = bl.describe_model(model)
+    del model, optimizer, snapshot, batch
     return dict(rows=rows, flat=flat, flat_ok=all(v <= GOAL_FLAT for v in flat.values()), param_bytes=param_bytes,
-                model=bl.describe_model(model), prompt=P, response=T, method=rows[0]["method"],
-                mini_sizes=mini_sizes, micro_sizes=micro_sizes)
+                model=description, prompt=P, response=T, method=rows[0]["method"],
+                mini_sizes=mini_sizes, micro_sizes=micro_sizes, diagnosis=diagnosis_memory(env))
 
 
 def _mib(x: int) -> str:
@@ -156,11 +259,33 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
              f"to every peak); every sequence {result['prompt']} prompt + {result['response']} response tokens, "
              f"so every microbatch has the same width; one optimizer step, SGD. Peak measured by: "
              f"{result['method']}. Single measurement per setting (memory is deterministic).")
-    return bl.section(NAME, "Peak memory", command, env, load_before, [setup, bl.table(headers, rows), goal])
+    return bl.section(NAME, "Peak memory", command, env, load_before,
+                      [setup, bl.table(headers, rows), goal] + render_diagnosis(result["diagnosis"]))
+
+
+def render_diagnosis(d: dict) -> list[str]:
+    model_mib = d["model_bytes"] / 2**20
+    setup = (f"`splitproof diagnose` on {d['model']} (float64, {model_mib:.1f} MiB of parameters = 1 model size; "
+             f"loading it added {d['loaded'] / d['model_bytes']:.2f} model sizes): KL-Cov, kl_cov_ratio 0.01, "
+             "8 sequences × 16 response tokens, SGD; each split is compared with the baseline and with the control "
+             "(DDP workers for `dp:2`). Peak of the summed proportional set sizes of the process and its "
+             "workers, sampled every 50 ms, above the memory before the model was loaded (so the loaded model "
+             "counts as 1).")
+    rows = [[r["splits"], f"{r['peak'] / 2**20:.0f}", f"{r['ratio']:.2f}", f"{r['own_ratio']:.2f}",
+             "pass" if r["passed"] else "FAIL"] for r in d["rows"]]
+    table = bl.table(["splits", "peak MiB", "peak / model size", "of which this process / model size",
+                      "diagnosis verdict"], rows)
+    goal = bl.table(["goal", "measured (peak with three splits / with one)", "verdict"],
+                    [[f"diagnosis memory constant in the number of splits (≤ {GOAL_SPLITS})", f"{d['growth']:.3f}",
+                      bl.verdict(d["growth"], GOAL_SPLITS)]])
+    return [setup, table, goal]
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = bl.parser(__doc__.splitlines()[0], repeats=1, quick_repeats=1).parse_args(argv)
+    parser = bl.parser(__doc__.splitlines()[0], repeats=1, quick_repeats=1)
+    parser.add_argument("--diagnose-model", default=None, metavar="DIR",
+                        help="local Hugging Face model for the diagnosis rows (default: the embedded tiny model)")
+    args = parser.parse_args(argv)
     return bl.run_script(NAME, args, argv, run, render)
 
 

@@ -4,6 +4,8 @@ Layout: prompts are left-padded ``[B, P]``, responses right-padded ``[B, T]``; `
 both ``[B, P + T]``; ``response_mask`` ``[B, T]`` says which response tokens count in the loss (multi-turn
 masks allowed, but only on real tokens). Per-token tensors are ``[B, T]``; advantages may be ``[B]``
 (one scalar per sequence, broadcast). ``seq_ids`` are the canonical sequence keys (default: row index).
+Other paddings are accepted too — after a prompt, holes inside a prompt or a response — as long as every
+sequence with a response token has a prompt token; the engine computes each sequence over its span.
 """
 
 from __future__ import annotations
@@ -60,8 +62,13 @@ def check_policy_tensors(
     rollout_is_weights: Tensor | None = None,
     entropy: Tensor | None = None,
     seq_ids: Tensor | None = None,
+    names: dict[str, str] | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Validate the per-token policy inputs. Returns ``(response_mask as bool, advantages as [B, T])``."""
+    """Validate the per-token policy inputs. Returns ``(response_mask as bool, advantages as [B, T])``.
+
+    Errors name the inputs as the caller knows them: ``names`` maps an argument name (``old_log_prob``)
+    to the caller's (``RolloutBatch.old_log_probs``)."""
+    names = names or {}
     if response_mask.dim() != 2:
         raise BatchError("response_mask", f"must be [B, T], got shape {tuple(response_mask.shape)}")
     shape = response_mask.shape
@@ -70,6 +77,7 @@ def check_policy_tensors(
     mask = check_binary_mask("response_mask", response_mask, seq_ids)
     per_token = {"old_log_prob": old_log_prob, "log_prob": log_prob, "ref_log_prob": ref_log_prob,
                  "rollout_is_weights": rollout_is_weights, "entropy": entropy}
+    per_token = {names.get(name, name): value for name, value in per_token.items()}
     for name, value in per_token.items():
         if value is not None and value.shape != shape:
             raise BatchError(name, f"shape {tuple(value.shape)} does not match response_mask {tuple(shape)}")
@@ -88,10 +96,15 @@ def check_policy_tensors(
         negative = mask & (rollout_is_weights < 0)
         if negative.any():
             row = int(negative.nonzero()[0, 0])
-            raise BatchError("rollout_is_weights", "must be >= 0 on valid tokens", _seq_label(seq_ids, row))
+            raise BatchError(names.get("rollout_is_weights", "rollout_is_weights"), "must be >= 0 on valid tokens",
+                             _seq_label(seq_ids, row))
     if int(mask.sum()) == 0:
         raise BatchError("response_mask", "empty minibatch: no valid response token (N = 0)")
     return mask, advantages
+
+
+# check_policy_tensors's argument names -> the RolloutBatch fields they come from
+FIELD_NAMES = {"old_log_prob": "old_log_probs", "ref_log_prob": "ref_log_probs"}
 
 
 @dataclass
@@ -164,6 +177,25 @@ class RolloutBatch:
         """Real prompt tokens per sequence."""
         return self.attention_mask[:, :self.prompt_width].sum(dim=1)
 
+    def prompt_spans(self) -> Tensor:
+        """Columns from each sequence's first real prompt token to the end of the prompt block (0 if none):
+        its prompt length when left-padded, more with padding inside or after it."""
+        real = self.attention_mask[:, :self.prompt_width].bool()
+        first = torch.where(real.any(dim=1), real.int().argmax(dim=1), self.prompt_width)
+        return self.prompt_width - first
+
+    def response_spans(self) -> Tensor:
+        """Columns from the start of the response block to each sequence's last real response token (0 if
+        none): its response length when right-padded, more with padding inside it."""
+        real = self.attention_mask[:, self.prompt_width:].bool()
+        last_from_end = real.flip(dims=[1]).int().argmax(dim=1)
+        return torch.where(real.any(dim=1), self.response_width - last_from_end, 0)
+
+    def token_spans(self) -> Tensor:
+        """The columns a sequence occupies once the padding around it is cut: prompt span + response span.
+        What the engine computes for it, in a padded row or a packed one; ``token_lengths`` without holes."""
+        return self.prompt_spans() + self.response_spans()
+
     def select(self, rows: Tensor | list[int]) -> "RolloutBatch":
         """The sub-batch of the given rows, in that order (keys travel with the rows)."""
         rows = torch.as_tensor(rows, dtype=torch.long, device=self.prompts.device)
@@ -190,6 +222,8 @@ class RolloutBatch:
                 raise BatchError(name, f"token ids must be an integer tensor, got {ids.dtype}")
         if self.seq_ids.shape != (b,):
             raise BatchError("seq_ids", f"must be [B] = [{b}], got shape {tuple(self.seq_ids.shape)}")
+        if self.seq_ids.is_floating_point() or self.seq_ids.is_complex() or self.seq_ids.dtype == torch.bool:
+            raise BatchError("seq_ids", f"canonical sequence ids must be an integer tensor, got {self.seq_ids.dtype}")
         if torch.unique(self.seq_ids).numel() != b:
             raise BatchError("seq_ids", "canonical sequence ids must be unique")
         expected = (b, self.prompt_width + self.response_width)
@@ -201,11 +235,17 @@ class RolloutBatch:
         mask, advantages = check_policy_tensors(
             None, self.old_log_probs, self.advantages, self.response_mask,
             ref_log_prob=self.ref_log_probs, rollout_is_weights=self.rollout_is_weights, seq_ids=self.seq_ids,
+            names=FIELD_NAMES,
         )
         outside = mask & ~attention[:, self.prompt_width:]
         if outside.any():
             row = int(outside.nonzero()[0, 0])
             raise BatchError("response_mask", "marks a token that attention_mask says is padding", int(self.seq_ids[row]))
+        no_prompt = attention[:, self.prompt_width:].any(dim=1) & ~attention[:, :self.prompt_width].any(dim=1)
+        if no_prompt.any():
+            row = int(no_prompt.nonzero()[0, 0])
+            raise BatchError("prompts", "a sequence with response tokens needs at least one prompt token (the first "
+                             "response token is predicted from the last prompt token)", int(self.seq_ids[row]))
         if vocab_size is not None:
             for name, ids, att in (("prompts", self.prompts, attention[:, :self.prompt_width]),
                                    ("responses", self.responses, attention[:, self.prompt_width:])):

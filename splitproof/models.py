@@ -101,3 +101,17 @@ def vocab_size_of(model: nn.Module) -> int:
     if out is None or not hasattr(out, "weight"):
         raise ValueError("cannot determine the vocabulary size: no config.vocab_size and no output embedding")
     return int(out.weight.shape[0])
+
+
+def max_positions_of(model: nn.Module) -> int | None:
+    """The model's position limit (``max_position_embeddings``, GPT-2's ``n_positions``), if its config says."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is None:
+            continue
+        for name in ("max_position_embeddings", "n_positions"):
+            value = getattr(config, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+    return None

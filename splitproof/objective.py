@@ -60,6 +60,8 @@ def minibatch_share(
     """
     mask = response_mask
     dtype = log_prob.dtype
+    if config.use_kl_loss and ref_log_prob is None:
+        raise BatchError("ref_log_prob", "use_kl_loss is set but no reference log-probs were given")
     x = policy_inputs(log_prob, old_log_prob, advantages, mask, rollout_is_weights, selection)
     terms = POLICY_LOSSES[config.loss_mode](x, config)
 

@@ -1,7 +1,9 @@
 """Batch-coupled token selection for KL-Cov and Clip-Cov (docs/semantics.md, "Cov selection"), made once per minibatch.
 
-c_j = (A_j − Ā)(log π_j − L̄) with Ā, L̄ token means over every valid token of the minibatch (sums in
-float64, reduced over ranks). Both losses take a "global top-k under a deterministic order":
+c_j = (A_j − Ā)(log π_j − L̄) with Ā, L̄ token means over every valid token of the minibatch. The sums
+behind them are exactly rounded (``math.fsum``), so they are functions of the minibatch's values alone —
+not of the row order, the microbatches or the DP size (a balanced batch's Ā is exactly 0, never ±1e-16,
+which would let rounding decide the zero-advantage tokens' scores). Both losses take a "global top-k under a deterministic order":
 KL-Cov the k largest c_j, Clip-Cov the k candidates with the smallest priority hash(seed, step, key);
 ties are broken by the canonical key (sequence id, position). Each rank proposes its local top-k,
 the proposals are gathered (O(k·D)), merged, and each rank marks its own chosen tokens.
@@ -45,29 +47,70 @@ def priority_hash(seed: int, step: int, seq_ids: Tensor, positions: Tensor) -> T
     return _mix32(h ^ (positions.to(torch.int64) & _MASK32))
 
 
+def exact_sum(values: Tensor) -> float:
+    """Σ values in float64, exactly rounded (``math.fsum``): the same float whatever their order."""
+    return math.fsum(values.detach().double().flatten().tolist())
+
+
+def exact_sum_terms(values: Tensor) -> list[float]:
+    """Floats whose exact sum is the exact sum of ``values``: the rounded sum, then the rounded remainders.
+
+    ``math.fsum`` over such lists from several parts is the exactly rounded sum of all the parts' values,
+    which is what one process computes with :func:`exact_sum` over the whole: ranks send a few floats,
+    never their tokens. Each term is at most 2^-53 of the one before, so a handful suffice.
+    """
+    work = values.detach().double().flatten().tolist()
+    terms: list[float] = []
+    while True:
+        term = math.fsum(work)
+        if term == 0.0:  # the remainder is a multiple of 2^-1074 that rounds to 0: it is 0
+            return terms
+        terms.append(term)
+        work.append(-term)
+
+
 @dataclass(frozen=True)
 class CovSums:
-    """Σ A, Σ log π and N over valid tokens; mergeable by addition (float64)."""
+    """Σ A, Σ log π (each exactly rounded) and N over the valid tokens of the minibatch."""
 
     adv_sum: float
     logp_sum: float
     num_tokens: int
 
-    def __add__(self, other: "CovSums") -> "CovSums":
-        return CovSums(self.adv_sum + other.adv_sum, self.logp_sum + other.logp_sum, self.num_tokens + other.num_tokens)
+
+@dataclass(frozen=True)
+class CovTerms:
+    """One part's exact sums as :func:`exact_sum_terms`; parts merge exactly with :func:`combine_terms`."""
+
+    adv: list[float]
+    logp: list[float]
+    num_tokens: int
 
 
-def cov_sums(advantages: Tensor, log_prob: Tensor, mask: Tensor) -> CovSums:
-    zero = torch.zeros((), dtype=torch.float64, device=mask.device)
-    adv = torch.where(mask, advantages.detach().double(), zero).sum()
-    logp = torch.where(mask, log_prob.detach().double(), zero).sum()
-    return CovSums(float(adv), float(logp), int(mask.sum()))
+def cov_terms(advantages: Tensor | None, log_prob: Tensor, mask: Tensor) -> CovTerms:
+    """A part's terms (``advantages`` None: the advantage sum is taken elsewhere)."""
+    valid = mask.bool()
+    adv = [] if advantages is None else exact_sum_terms(advantages[valid])
+    return CovTerms(adv, exact_sum_terms(log_prob[valid]), int(valid.sum()))
 
 
-def reduce_cov_sums(sums: CovSums, collective=LOCAL) -> CovSums:
-    packed = torch.tensor([sums.adv_sum, sums.logp_sum, float(sums.num_tokens)], dtype=torch.float64)
-    adv, logp, n = collective.sum(packed).tolist()
-    return CovSums(adv, logp, int(round(n)))
+def combine_terms(parts: list[CovTerms]) -> CovSums:
+    """The CovSums of the union of the parts: exactly rounded, whatever the parts are."""
+    return CovSums(math.fsum(t for p in parts for t in p.adv), math.fsum(t for p in parts for t in p.logp),
+                   sum(p.num_tokens for p in parts))
+
+
+def cov_sums(advantages: Tensor, log_prob: Tensor, mask: Tensor, collective=LOCAL) -> CovSums:
+    """The CovSums of the union of every rank's ``[b, T]`` part (one process: of this part)."""
+    return combine_terms(collective.gather_objects(cov_terms(advantages, log_prob, mask)))
+
+
+def shard_cov_sums(advantages: Tensor, mask: Tensor, shard_log_prob: Tensor, shard_mask: Tensor,
+                   collective=LOCAL) -> CovSums:
+    """The minibatch's CovSums when every rank holds all its advantages (``advantages``, ``mask``: summed
+    here, no communication) but only its own shard's log-probs (gathered as a few exact terms per rank)."""
+    logp = combine_terms(collective.gather_objects(cov_terms(None, shard_log_prob, shard_mask)))
+    return CovSums(exact_sum(advantages[mask.bool()]), logp.logp_sum, int(mask.sum()))
 
 
 def cov_scores(advantages: Tensor, log_prob: Tensor, sums: CovSums) -> Tensor:
@@ -148,7 +191,7 @@ def select_tokens(
     CovSums over all ranks; computed and reduced here when not given.
     """
     if sums is None:
-        sums = reduce_cov_sums(cov_sums(x.advantages, x.log_prob, x.mask), collective)
+        sums = cov_sums(x.advantages, x.log_prob, x.mask, collective)
     k, proposals = propose(x, config, seq_ids, sums, step)
     chosen = merge_proposals(collective.gather_objects(proposals), k)
     return mark(chosen, seq_ids, x.mask.shape, x.mask.device)

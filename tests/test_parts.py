@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from splitproof import MinibatchStats, minibatch_share, objective
 from splitproof.objective import merge_metric_shares, policy_inputs
-from splitproof.selection import CovSums, cov_sums, mark, merge_proposals, propose
+from splitproof.selection import combine_terms, cov_terms, mark, merge_proposals, propose
 
 from .factories import ALL_MODES, config_for, random_minibatch
 
@@ -38,9 +38,7 @@ def partitions(draw, batch: int):
 def split_selection(mb, config, parts, step):
     """The selection each part gets when the parts propose and merge, as DP ranks do."""
     mask = mb.response_mask
-    sums = CovSums(0.0, 0.0, 0)
-    for rows in parts:
-        sums = sums + cov_sums(mb.advantages_bt[rows], mb.log_prob[rows], mask[rows])
+    sums = combine_terms([cov_terms(mb.advantages_bt[rows], mb.log_prob[rows], mask[rows]) for rows in parts])
     proposals, k = [], None
     for rows in parts:
         x = policy_inputs(mb.log_prob[rows].detach(), mb.old_log_prob[rows], mb.advantages_bt[rows], mask[rows])
@@ -164,9 +162,7 @@ def test_klcov_seed_one_token_however_cut(cuts):
         if rows:
             parts.append(rows)
         start += size
-    sums = CovSums(0.0, 0.0, 0)
-    for rows in parts:
-        sums = sums + cov_sums(mb_adv[rows], log_prob[rows], mask[rows])
+    sums = combine_terms([cov_terms(mb_adv[rows], log_prob[rows], mask[rows]) for rows in parts])
     assert sums.num_tokens == 8192
     proposals, k = [], None
     for rows in parts:

@@ -209,7 +209,12 @@ def _diagnose(args) -> int:
             diagnosis = Diagnosis(scenarios, spec, progress=show)
     except (SplitError, ModelError, ConfigError, BatchError, PlotUnavailable) as exc:
         raise UsageError(str(exc)) from None
-    diagnosis.run()
+    from splitproof.engine.worker_exit import WorkerDied
+
+    try:
+        diagnosis.run()
+    except WorkerDied as exc:  # one line naming the dead rank, exit 2
+        raise UsageError(str(exc)) from None
     records = [diagnosis.results(s) for s in scenarios]
     settings = {"model": spec.describe(), "model_path": args.model, "dtype": args.dtype, "device": args.device,
                 "seed": args.seed, "threads": torch.get_num_threads(), "dp_wrapper": scenarios[0].settings.wrapper,

@@ -3,6 +3,7 @@
 Differences are taken in float64 over every parameter at once (as one flat vector):
 ``*_max_abs_diff`` = max |a − b|, ``*_rel_diff`` = ‖a − b‖₂ / ‖b‖₂, for the accumulated gradient (before
 clipping) and for the parameter update (after − before, so the update difference is after_a − after_b).
+They accumulate chunk by chunk (:class:`Difference`), so a comparison needs no model-sized temporary.
 
 Verdict: a comparison passes iff, for the gradient and for the update,
 
@@ -21,33 +22,37 @@ import math
 import torch
 from torch import Tensor
 
-from .run import RunResult
-
 FACTOR = 16.0
 FLOOR_EPS = 64.0
 DIFF_FIELDS = ("grad_max_abs_diff", "grad_rel_diff", "update_max_abs_diff", "update_rel_diff")
+CHUNK = 1 << 20  # elements converted to float64 at a time
 
 
-def _diff(a: list[Tensor], b: list[Tensor], base: list[Tensor] | None = None) -> tuple[float, float]:
-    """(max |a − b|, ‖a − b‖ / ‖b − base‖) over all tensors, in float64."""
-    max_abs, num, den = 0.0, 0.0, 0.0
-    for i, (x, y) in enumerate(zip(a, b)):
-        x, y = x.double(), y.double()
-        d = x - y
-        if d.numel():
-            max_abs = max(max_abs, float(d.abs().max()))
-        num += float((d * d).sum())
-        ref = y if base is None else y - base[i].double().to(y.device)
-        den += float((ref * ref).sum())
-    if den == 0.0:
-        return max_abs, (0.0 if num == 0.0 else math.inf)
-    return max_abs, math.sqrt(num) / math.sqrt(den)
+class Difference:
+    """max |a − b| and ‖a − b‖₂ of two flat vectors given piece by piece, in float64 (b None: 0)."""
 
+    def __init__(self) -> None:
+        self.max_abs = 0.0
+        self._squares = 0.0
 
-def differences(candidate: RunResult, baseline: RunResult, before: list[Tensor]) -> dict[str, float]:
-    g_abs, g_rel = _diff(candidate.grads, baseline.grads)
-    u_abs, u_rel = _diff(candidate.params, baseline.params, before)
-    return {"grad_max_abs_diff": g_abs, "grad_rel_diff": g_rel, "update_max_abs_diff": u_abs, "update_rel_diff": u_rel}
+    def add(self, a: Tensor, b: Tensor | None = None) -> None:
+        a = a.reshape(-1)
+        for start in range(0, a.numel(), CHUNK):
+            d = a[start:start + CHUNK].double()
+            if b is not None:
+                d = d - b.reshape(-1)[start:start + CHUNK].to(device=d.device, dtype=torch.float64)
+            self.max_abs = max(self.max_abs, float(d.abs().max()))
+            self._squares += float((d * d).sum())
+
+    @property
+    def norm(self) -> float:
+        return math.sqrt(self._squares)
+
+    def relative_to(self, norm: float) -> float:
+        """‖a − b‖ / norm (0 when both are 0, inf when only the norm is)."""
+        if norm == 0.0:
+            return 0.0 if self._squares == 0.0 else math.inf
+        return self.norm / norm
 
 
 def eps_of(dtype: str | torch.dtype) -> float:

@@ -21,7 +21,6 @@ from splitproof.engine import compute_log_probs
 from splitproof.models import load_causal_lm, tiny_causal_lm
 from splitproof.reference import reference_objective
 
-from .run import initial_parameters
 from .synthetic import synthetic_rollout
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
@@ -86,12 +85,16 @@ class BatchSpec:
 
 @dataclass
 class Context:
-    """One model and one rollout batch; baseline parameters; cached float64 log-probs for the reference."""
+    """One model and one rollout batch, and the pre-update log-probs the reference objective needs.
+
+    The model is the runs' template: it is never changed, so its parameters are the "before" of every
+    update. The log-probs are computed when the context is made, before any run holds memory (a float32
+    model needs a float64 copy for them, twice its size, for that moment only).
+    """
 
     model: nn.Module
     batch: RolloutBatch
     spec: BatchSpec
-    before: list[Tensor] = field(default_factory=list)
     _log_probs: tuple[Tensor, Tensor] | None = None
     _references: dict = field(default_factory=dict)
 
@@ -105,7 +108,9 @@ class Context:
                 value = getattr(batch, name)
                 if value is not None:
                     setattr(batch, name, value.float())
-        return cls(model, batch, spec, initial_parameters(model))
+        context = cls(model, batch, spec)
+        context._cached_log_probs()
+        return context
 
     @property
     def valid_tokens(self) -> int:
@@ -118,10 +123,14 @@ class Context:
     def _cached_log_probs(self) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
         """(float64 copy's log-probs and entropy, the run dtype's), before the update, one microbatch."""
         if self._log_probs is None:
-            model64 = copy.deepcopy(self.model).double()
-            exact = self._log_probs_of(model64)
-            del model64
-            self._log_probs = (exact, self._log_probs_of(self.model))
+            run = self._log_probs_of(self.model)
+            if _param_dtype(self.model) == torch.float64:
+                exact = run
+            else:
+                model64 = copy.deepcopy(self.model).double()
+                exact = self._log_probs_of(model64)
+                del model64
+            self._log_probs = (exact, run)
         return self._log_probs
 
     def _reference_at(self, loss: LossConfig, logp: Tensor, entropy: Tensor) -> Tensor:

@@ -1,8 +1,11 @@
-"""Run scenarios: plan every split first, then the baselines, the single-process runs, and the DP runs.
+"""Run scenarios: plan every split first, then, baseline by baseline, the runs compared with it.
 
 Every run needed by any scenario is a *case* (context, loss, settings, split), deduplicated, so that the
-sweep's shared controls run once. Single-process cases run here; ``dp:D`` cases for one (D, wrapper) go
-into one :func:`run_data_parallel` call, whose workers compare against the baselines they inherit.
+sweep's shared controls run once. Cases are grouped by their baseline: the baseline runs, then its
+single-process cases here, then its ``dp:D`` cases — one :func:`run_data_parallel` call per (D, wrapper),
+whose workers compare against the baseline they inherit — and the baseline is released. So the process
+holds the template model and one baseline (two model-sized vectors) between runs, whatever the number of
+splits and scenarios, and DP workers are forked from a process that holds no more.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from typing import Callable
 from splitproof.config import LossConfig
 from splitproof.engine.launch import run_data_parallel
 
-from .compare import DIFF_FIELDS, differences, eps_of, mask_agreement, objective_tolerance, tolerance, verdict
+from .compare import DIFF_FIELDS, eps_of, mask_agreement, objective_tolerance, tolerance, verdict
 from .context import BatchSpec, Context, ModelSpec, build_model
-from .run import RunResult, RunSettings, run_update
+from .run import Baseline, RunResult, RunSettings, run_baseline, run_compared
 from .scenarios import Scenario
 from .splits import SplitError, SplitPlan, baseline_plan, parse_split, plan_split
 
@@ -31,23 +34,23 @@ class Case:
     split: str  # spec, or the baseline label
 
 
-def _outcome(result: RunResult, baseline: RunResult, before) -> dict:
-    out = differences(result, baseline, before)
+def _outcome(result: RunResult) -> dict:
+    out = dict(result.differences)
     out.update(objective=result.objective, metrics=result.metrics, selected=result.selected,
                skipped=result.skipped, microbatches=result.microbatches, strategy=result.strategy)
     return out
 
 
-def _dp_worker(jobs: list[tuple]) -> list[dict | None]:
+def _dp_worker(jobs: list[tuple], baseline: Baseline) -> list[dict | None]:
     """On each rank: run every job (all ranks in lockstep); rank 0 returns the comparisons."""
     import torch.distributed as dist
 
     outcomes = []
-    for model, batch, before, loss, settings, plan, baseline in jobs:
+    for model, batch, loss, settings, plan in jobs:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            result = run_update(model, batch, loss, plan, settings)
-        outcomes.append(_outcome(result, baseline, before) if dist.get_rank() == 0 else None)
+            result = run_compared(model, batch, loss, plan, settings, baseline)
+        outcomes.append(_outcome(result) if dist.get_rank() == 0 else None)
     return outcomes
 
 
@@ -101,10 +104,10 @@ class Diagnosis:
         for sc in self.scenarios:
             for _, _, case, base in self.cases(sc):
                 todo.setdefault(case, base)
-        bases = list(dict.fromkeys(todo.values()))
-        single = [c for c in todo if self.plans[(c.batch, c.split)].ranks == 1]
-        parallel = [c for c in todo if self.plans[(c.batch, c.split)].ranks > 1]
-        total, done = len(bases) + len(single) + len(parallel), 0
+        by_base: dict[Case, list[Case]] = {}
+        for case, base in todo.items():
+            by_base.setdefault(base, []).append(case)
+        total, done = len(by_base) + len(todo), 0
 
         def tick(label: str, n: int = 1) -> None:
             nonlocal done
@@ -112,33 +115,32 @@ class Diagnosis:
             if self.progress:
                 self.progress(done, total, label)
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # forced-aggregation and legacy-strategy warnings: documented
-            for case in bases:
-                ctx = self.context(case.batch)
-                self.baselines[case] = run_update(self.model, ctx.batch, case.loss, baseline_plan(ctx.batch),
-                                                  case.settings)
-                tick(f"baseline {case.loss.loss_mode}/{case.loss.loss_agg_mode}")
-            for case in single:
-                ctx = self.context(case.batch)
-                result = run_update(self.model, ctx.batch, case.loss, self.plans[(case.batch, case.split)],
-                                    case.settings)
-                self.outcomes[case] = _outcome(result, self.baselines[todo[case]], ctx.before)
-                tick(f"{case.loss.loss_mode}/{case.loss.loss_agg_mode} {case.split}")
-        groups: dict[tuple[int, str], list[Case]] = {}
-        for case in parallel:
-            key = (self.plans[(case.batch, case.split)].ranks, case.settings.wrapper)
-            groups.setdefault(key, []).append(case)
-        for (ranks, wrapper), cases in groups.items():
-            jobs = []
+        for base, cases in by_base.items():
+            ctx = self.context(base.batch)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # forced-aggregation and legacy-strategy warnings: documented
+                baseline = run_baseline(self.model, ctx.batch, base.loss, baseline_plan(ctx.batch), base.settings)
+                self.baselines[base] = baseline.result
+                tick(f"baseline {base.loss.loss_mode}/{base.loss.loss_agg_mode}")
+                for case in cases:
+                    plan = self.plans[(case.batch, case.split)]
+                    if plan.ranks == 1:
+                        result = run_compared(self.model, ctx.batch, case.loss, plan, case.settings, baseline)
+                        self.outcomes[case] = _outcome(result)
+                        tick(f"{case.loss.loss_mode}/{case.loss.loss_agg_mode} {case.split}")
+            groups: dict[tuple[int, str], list[Case]] = {}
             for case in cases:
-                ctx = self.context(case.batch)
-                jobs.append((self.model, ctx.batch, ctx.before, case.loss, case.settings,
-                             self.plans[(case.batch, case.split)], self.baselines[todo[case]]))
-            per_rank = run_data_parallel(_dp_worker, ranks, jobs, timeout=1800.0)
-            for case, outcome in zip(cases, per_rank[0]):
-                self.outcomes[case] = outcome
-            tick(f"{len(cases)} dp:{ranks} runs ({wrapper})", len(cases))
+                ranks = self.plans[(case.batch, case.split)].ranks
+                if ranks > 1:
+                    groups.setdefault((ranks, case.settings.wrapper), []).append(case)
+            for (ranks, wrapper), group in groups.items():
+                jobs = [(self.model, ctx.batch, case.loss, case.settings, self.plans[(case.batch, case.split)])
+                        for case in group]
+                per_rank = run_data_parallel(_dp_worker, ranks, jobs, baseline, timeout=1800.0)
+                for case, outcome in zip(group, per_rank[0]):
+                    self.outcomes[case] = outcome
+                tick(f"{len(group)} dp:{ranks} runs ({wrapper})", len(group))
+            del baseline
         return self
 
     # ----------------------------------------------------------------------------------------- results

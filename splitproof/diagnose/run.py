@@ -2,18 +2,22 @@
 
 A run copies the template model, builds a fresh optimizer, and drives the engine's own optimizer step
 (:func:`splitproof.engine.train_minibatch`) with the split's microbatch plan — the same call
-``update_policy`` makes per minibatch. It keeps the accumulated gradient (before clipping, through the
-engine's ``on_gradients`` hook), the parameters after the step, the engine's metrics, and for KL-Cov /
-Clip-Cov the canonical keys (sequence id, position) of the tokens the engine selected.
+``update_policy`` makes per minibatch. It reads the accumulated gradient (before clipping, through the
+engine's ``on_gradients`` hook) and the parameters after the step, and keeps the engine's metrics and,
+for KL-Cov / Clip-Cov, the canonical keys (sequence id, position) of the tokens the engine selected.
 
-``dp:D`` runs happen inside :func:`splitproof.engine.launch.run_data_parallel` workers: every case for
-one (D, wrapper) goes into a single call, so processes start once.
+Memory: the baseline run keeps its gradient and its parameters after the step as two flat vectors
+(:class:`Baseline`); every other run is compared with them parameter by parameter as it finishes, and
+keeps only the figures. A run holds one copy of the model, its gradients and the optimizer's state.
+``dp:D`` runs happen inside :func:`splitproof.engine.launch.run_data_parallel` workers, forked from the
+process that holds the template and the baseline.
 """
 
 from __future__ import annotations
 
 import copy
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -25,6 +29,7 @@ from splitproof.config import LossConfig
 from splitproof.engine import UpdateConfig, train_minibatch, wrap_model
 from splitproof.models import unwrap, vocab_size_of
 
+from .compare import Difference
 from .splits import SplitPlan
 
 OPTIMIZERS = ("sgd", "adamw")
@@ -48,15 +53,24 @@ class RunSettings:
 
 @dataclass
 class RunResult:
-    grads: list[Tensor]  # accumulated gradient per parameter, before clipping
-    params: list[Tensor]  # parameters after the step
     objective: float  # the engine's metrics["loss"]
     metrics: dict[str, float]
     selected: frozenset | None  # canonical keys of the tokens the engine selected (Cov losses)
     skipped: bool
     microbatches: int
     strategy: str | None = None
-    extra: dict = field(default_factory=dict)
+    differences: dict[str, float] = field(default_factory=dict)  # against the baseline (compare.DIFF_FIELDS)
+
+
+@dataclass
+class Baseline:
+    """The run every split is compared with: its result, and two model-sized flat vectors."""
+
+    result: RunResult
+    grad: Tensor  # accumulated gradient before clipping, every parameter in order, flattened
+    after: Tensor  # parameters after the step, flattened
+    grad_norm: float  # ‖grad‖₂ (float64)
+    update_norm: float  # ‖after − before‖₂ (float64)
 
 
 def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
@@ -100,9 +114,45 @@ class SelectionRecorder:
         self.keys.update(zip(seq_ids[rows].tolist(), pos.tolist()))
 
 
-def run_update(template: nn.Module, batch: RolloutBatch, loss: LossConfig, plan: SplitPlan,
-               settings: RunSettings) -> RunResult:
-    """One optimizer step of ``template``'s copy over ``batch`` split as ``plan``.
+def _flat_parameters(model: nn.Module, values) -> Iterator[tuple[int, Tensor]]:
+    """(offset, whole tensor) of ``values(p)`` for every parameter, in order (collective under FSDP2)."""
+    offset = 0
+    for p in parameters_of(model):
+        value = values(p)
+        yield offset, value
+        offset += value.numel()
+
+
+def _grad_of(p: nn.Parameter) -> Tensor:
+    return torch.zeros_like(_full(p.detach())) if p.grad is None else _full(p.grad.detach())
+
+
+def _value_of(p: nn.Parameter) -> Tensor:
+    return _full(p.detach())
+
+
+def _flatten_into(model: nn.Module, values) -> Tensor:
+    out = torch.empty(sum(p.numel() for p in parameters_of(model)), dtype=_dtype_of(model), device="cpu")
+    for offset, value in _flat_parameters(model, values):
+        out[offset:offset + value.numel()] = value.reshape(-1).cpu()
+    return out
+
+
+def _compare_with(model: nn.Module, values, flat_baseline: Tensor) -> Difference:
+    diff = Difference()
+    for offset, value in _flat_parameters(model, values):
+        diff.add(value.reshape(-1), flat_baseline[offset:offset + value.numel()])
+    return diff
+
+
+def _dtype_of(model: nn.Module) -> torch.dtype:
+    return next(p.dtype for p in parameters_of(model))
+
+
+def _run(template: nn.Module, batch: RolloutBatch, loss: LossConfig, plan: SplitPlan, settings: RunSettings,
+         on_gradients, on_parameters) -> RunResult:
+    """One optimizer step of ``template``'s copy over ``batch`` split as ``plan``; ``on_gradients(model)``
+    sees the accumulated gradient, ``on_parameters(model)`` the parameters after the step.
 
     With ``plan.ranks > 1`` this must run on every rank of an initialised process group of that size.
     """
@@ -113,32 +163,57 @@ def run_update(template: nn.Module, batch: RolloutBatch, loss: LossConfig, plan:
             raise RuntimeError(f"{plan.split.spec}: needs {plan.ranks} ranks, running on {collective.world_size}")
         model = wrap_model(model, settings.wrapper, device=settings.device)
     rank = collective.rank
-    params = parameters_of(model)
     optimizer = make_optimizer(settings.optimizer, model.parameters(), settings.lr)
     config = update_config(loss, plan, len(batch), settings)
     data = plan.batch_for(batch).validate(vocab_size_of(model)).to(settings.device)
-    grads: list[Tensor] = []
-
-    def on_gradients(_model) -> None:
-        grads[:] = [torch.zeros_like(_full(p.detach())) if p.grad is None else _full(p.grad).detach().clone()
-                    for p in params]
-
     recorder = SelectionRecorder()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the microbatch strategy's warning is the point of a legacy run
         result = train_minibatch(model, optimizer, data, plan.minibatch_plan(rank, data), config, collective=collective,
                                  step=0, on_gradients=on_gradients, on_selection=recorder)
-    keys = recorder.keys
-    after = [_full(p.detach()).clone() for p in params]
+    on_parameters(model)
+    del optimizer, model
     selected = None
     if loss.is_cov:
-        selected = frozenset(keys)
+        selected = frozenset(recorder.keys)
         if plan.ranks > 1:
-            gathered = collective.gather_objects(sorted(keys))
+            gathered = collective.gather_objects(sorted(recorder.keys))
             selected = frozenset(k for part in gathered for k in part)
-    return RunResult(grads, after, float(result.metrics.get("loss", float("nan"))), dict(result.metrics),
-                     selected, bool(result.skipped), plan.microbatches, result.cov_strategy)
+    return RunResult(float(result.metrics.get("loss", float("nan"))), dict(result.metrics), selected,
+                     bool(result.skipped), plan.microbatches, result.cov_strategy)
 
 
-def initial_parameters(template: nn.Module) -> list[Tensor]:
-    return [p.detach().clone() for p in parameters_of(template)]
+def run_baseline(template: nn.Module, batch: RolloutBatch, loss: LossConfig, plan: SplitPlan,
+                 settings: RunSettings) -> Baseline:
+    """The baseline run, kept as flat vectors for the comparisons."""
+    kept: dict[str, Tensor] = {}
+
+    def on_gradients(model) -> None:
+        kept["grad"] = _flatten_into(model, _grad_of)
+
+    def on_parameters(model) -> None:
+        kept["after"] = _flatten_into(model, _value_of)
+
+    result = _run(template, batch, loss, plan, settings, on_gradients, on_parameters)
+    grad_norm = Difference()
+    grad_norm.add(kept["grad"])
+    update = _compare_with(template, _value_of, kept["after"])
+    return Baseline(result, kept["grad"], kept["after"], grad_norm.norm, update.norm)
+
+
+def run_compared(template: nn.Module, batch: RolloutBatch, loss: LossConfig, plan: SplitPlan,
+                 settings: RunSettings, baseline: Baseline) -> RunResult:
+    """A split's run, compared with ``baseline`` as it goes: nothing model-sized is kept."""
+    figures: dict[str, float] = {}
+
+    def on_gradients(model) -> None:
+        diff = _compare_with(model, _grad_of, baseline.grad)
+        figures.update(grad_max_abs_diff=diff.max_abs, grad_rel_diff=diff.relative_to(baseline.grad_norm))
+
+    def on_parameters(model) -> None:
+        diff = _compare_with(model, _value_of, baseline.after)
+        figures.update(update_max_abs_diff=diff.max_abs, update_rel_diff=diff.relative_to(baseline.update_norm))
+
+    result = _run(template, batch, loss, plan, settings, on_gradients, on_parameters)
+    result.differences = figures
+    return result

@@ -150,7 +150,7 @@ def plan_split(split: Split, batch: RolloutBatch) -> SplitPlan:
         g = torch.Generator().manual_seed(split.shuffle)
         order = torch.randperm(num, generator=g).tolist()
     view = batch if order is None else batch.select(order)
-    lengths = view.token_lengths().tolist()
+    lengths = view.token_spans().tolist()
     rows = list(range(num))
     shards = shard_rows(rows, lengths, split.ranks)
     per_rank = []
@@ -176,7 +176,7 @@ def plan_split(split: Split, batch: RolloutBatch) -> SplitPlan:
                 raise SplitError(f"split {spec!r}: sequence {int(view.seq_ids[longest])} has {lengths[longest]} tokens "
                                  f"(prompt + response), more than the budget {budget}; a sequence is never split")
             try:
-                prompts = view.prompt_lengths().tolist()
+                prompts = view.prompt_spans().tolist()
                 mbs = budget_microbatches(shard, [lengths[r] for r in shard], budget,
                                           seq_ids=[int(view.seq_ids[r]) for r in shard],
                                           prompt_lengths=[prompts[r] for r in shard],

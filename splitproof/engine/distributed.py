@@ -1,8 +1,10 @@
 """Data-parallel glue: wrapping a model for DDP or FSDP2, and switching gradient sync per microbatch.
 
 The engine accumulates every microbatch's gradient locally and lets the wrapper reduce once, on the last
-backward of the step. Both wrappers average over ranks; the engine multiplies each share by the DP size
-so that the average is the minibatch gradient.
+backward of the step. Each rank backpropagates its shard's share of J(ℬ) as is, and the wrapper reduces
+the gradients as a plain sum (``reduce_gradients_as_sum``): DDP and FSDP2 would average them, and scaling
+the shares by D to undo that is not exact — Hugging Face's RMSNorm rounds upstream gradients to float32
+even in a float64 model, and fl32(3g)/3 ≠ fl32(g).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ def is_fsdp2(model: nn.Module) -> bool:
 
 
 def wrap_model(model: nn.Module, strategy: str, *, device: torch.device | str = "cpu") -> nn.Module:
-    """DDP: ``DistributedDataParallel``; FSDP2: ``fully_shard`` each decoder layer, then the root."""
+    """DDP: ``DistributedDataParallel``; FSDP2: ``fully_shard`` each decoder layer, then the root. Either
+    way gradients are reduced as a sum (:func:`reduce_gradients_as_sum`)."""
     if strategy not in DP_STRATEGIES:
         raise ValueError(f"strategy: unknown {strategy!r}; expected one of {', '.join(DP_STRATEGIES)}")
     if strategy == "none":
@@ -39,7 +42,9 @@ def wrap_model(model: nn.Module, strategy: str, *, device: torch.device | str = 
     device = torch.device(device)
     if strategy == "ddp":
         ids = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else None
-        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        # gradients as views into DDP's communication buckets: one gradient-sized buffer, not two
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+        return reduce_gradients_as_sum(ddp)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -47,6 +52,38 @@ def wrap_model(model: nn.Module, strategy: str, *, device: torch.device | str = 
     for layer in _decoder_layers(model):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    return reduce_gradients_as_sum(model)
+
+
+def _sum_hook(group, bucket):
+    """DDP communication hook: all-reduce the bucket as a sum (DDP's own reduction averages)."""
+    work = dist.all_reduce(bucket.buffer(), group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+_SUM_HOOK_FLAG = "_splitproof_sums_gradients"
+
+
+def reduce_gradients_as_sum(model: nn.Module) -> nn.Module:
+    """Make a DDP or FSDP2 model reduce gradients over ranks as a sum, not a mean (idempotent).
+
+    DDP: a communication hook (a DDP model with a hook of its own is refused). FSDP2: gradient divide
+    factor 1 with sum-only collectives, on every sharded module.
+    """
+    if is_ddp(model) and not getattr(model, _SUM_HOOK_FLAG, False):
+        try:
+            model.register_comm_hook(model.process_group, _sum_hook)
+        except RuntimeError as exc:
+            raise ValueError("model: this DDP model already has a communication hook; splitproof needs gradients "
+                             "reduced as a sum: wrap the plain model with splitproof.engine.wrap_model") from exc
+        setattr(model, _SUM_HOOK_FLAG, True)
+    elif is_fsdp2(model):
+        from torch.distributed.fsdp import FSDPModule
+
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
     return model
 
 

@@ -2,8 +2,9 @@
 
 A microbatch is trimmed to its own real width first (all-padding prompt columns on the left, all-padding
 response columns on the right), and logits are computed only for the positions that predict response
-tokens. With ``position_ids = cumsum(attention_mask) - 1`` a row's result does not depend on which
-other rows share its microbatch (exactly so in float64 with sdpa attention).
+tokens. With ``position_ids = cumsum(attention_mask) - 1`` and the engine's own attention mask
+(``engine.attention``) a row's result does not depend on which other rows share its microbatch (exactly
+so in float64 with sdpa attention).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from torch import Tensor, nn
 
 from splitproof.batch import BatchError, RolloutBatch
 from splitproof.config import ConfigError
+from splitproof.engine.attention import attention_mask, check_attention
 from splitproof.engine.microbatch import budget_microbatches, fixed_microbatches
 from splitproof.engine.packing import packed_response_log_probs
 from splitproof.models import unwrap
@@ -58,6 +60,7 @@ def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: fl
     several sequences in a row (``splitproof.engine.packing``) instead of padding each to the longest."""
     if not temperature > 0:
         raise ConfigError("temperature", f"must be > 0, got {temperature}")
+    check_attention(model)
     b, P, T = len(batch), batch.prompt_width, batch.response_width
     dtype = _param_dtype(model)
     out_dtype = torch.float32 if dtype in _LOW_PRECISION else dtype
@@ -83,14 +86,15 @@ def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: fl
                          int(batch.seq_ids[row]))
     if packed:
         return packed_response_log_probs(model, batch, temperature=temperature, with_entropy=with_entropy,
-                                         logits_of=_logits_of, out_dtype=out_dtype)
+                                         logits_of=_logits_of, dtype=dtype, out_dtype=out_dtype)
 
     input_ids = torch.cat([batch.prompts[:, p0:], batch.responses[:, :t1]], dim=1)
     mask = torch.cat([prompt_att[:, p0:], resp_att[:, :t1]], dim=1)
     input_ids = torch.where(mask, input_ids, torch.zeros_like(input_ids))  # pad ids may be out of vocabulary
-    mask = mask.long()
-    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-    kwargs = dict(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False)
+    position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    # Without padding the mask is plain causal: the model's own causal path, no [b, L, L] mask to hold.
+    mask_4d = None if bool(mask.all()) else attention_mask(torch.zeros_like(input_ids), mask, model, dtype)
+    kwargs = dict(input_ids=input_ids, attention_mask=mask_4d, position_ids=position_ids, use_cache=False)
     if _takes_logits_to_keep(model):
         kwargs["logits_to_keep"] = t1 + 1
     logits = _logits_of(model(**kwargs))
@@ -133,9 +137,9 @@ def compute_log_probs(model: nn.Module, batch: RolloutBatch, *, micro_batch_size
     if micro_batch_size is not None:
         microbatches = fixed_microbatches(rows, micro_batch_size)
     else:
-        lengths = batch.token_lengths().tolist()
+        lengths = batch.token_spans().tolist()
         microbatches = budget_microbatches(rows, lengths, max_token_len, seq_ids=batch.seq_ids.tolist(),
-                                           prompt_lengths=batch.prompt_lengths().tolist(), packed=packed)
+                                           prompt_lengths=batch.prompt_spans().tolist(), packed=packed)
     dtype = _param_dtype(model)
     out_dtype = torch.float32 if dtype in _LOW_PRECISION else dtype
     device = batch.responses.device

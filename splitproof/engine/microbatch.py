@@ -87,7 +87,8 @@ def budget_microbatches(rows: list[int], lengths: list[int], budget: int, *,
 
     Cost of a microbatch: rows × its padded width. The width is the longest sequence, or — given
     ``prompt_lengths`` (prompts left-padded, responses right-padded, as the engine lays them out) — the
-    longest prompt plus the longest response. ``packed``: sequences share rows (first fit,
+    longest prompt plus the longest response. The engine passes spans (``RolloutBatch.token_spans`` and
+    ``prompt_spans``: from a sequence's first to its last real token), which is what it computes. ``packed``: sequences share rows (first fit,
     ``splitproof.engine.packing``), and the cost is packed rows × row width. Rows sorted by
     (length desc, row) are cut greedily into contiguous runs, which keeps padding low. No sequence is
     split; one over the budget is an error. Rows ascend inside each microbatch.

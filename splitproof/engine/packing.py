@@ -4,7 +4,8 @@ A microbatch's sequences (prompt then response, back to back) are packed first-f
 of one width, chosen between its longest sequence and three times that (or one row for everything) to
 compute the fewest tokens. Position ids restart at every sequence and a block-diagonal causal mask keeps
 sequences apart, so each sequence's log-probs are those it has alone (identical in float64 with sdpa
-attention). Padding is what bin packing leaves over; a row's dense attention stays within 9× a padded
+attention). A sequence's length here is its span (``RolloutBatch.token_spans``): padding inside it
+travels with it, so every layout the batch accepts packs correctly. Padding is what bin packing leaves over; a row's dense attention stays within 9× a padded
 row's (varlen kernels on a GPU would not pay for the masked blocks at all).
 """
 
@@ -14,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from splitproof.batch import RolloutBatch
+from splitproof.engine.attention import attention_mask
 
 
 def pack_into_rows(lengths: list[int], width: int) -> list[list[int]]:
@@ -94,56 +96,55 @@ def packed_cost(lengths: list[int]) -> int:
 
 
 def packed_response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: float, with_entropy: bool,
-                              logits_of, out_dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
-    """log π of the response tokens [b, T] (and entropy), computed on packed rows."""
+                              logits_of, dtype: torch.dtype, out_dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
+    """log π of the response tokens [b, T] (and entropy), computed on packed rows.
+
+    A sequence occupies its span — from its first to its last real token, padding inside included (as a
+    token 0 that no query sees, with the position of the real token before it) — so every layout the batch
+    contract accepts gets the log-probs of its padded row.
+    """
     b, P, T = len(batch), batch.prompt_width, batch.response_width
     attention = batch.attention_mask.bool()
-    prompt_lengths = attention[:, :P].sum(dim=1).tolist()
-    response_lengths = attention[:, P:].sum(dim=1).tolist()
-    lengths = [p + r for p, r in zip(prompt_lengths, response_lengths)]
+    starts = (P - batch.prompt_spans()).tolist()
+    lengths = batch.token_spans().tolist()
     width = row_width(lengths)
     layout = pack_into_rows(lengths, width)
     device = batch.responses.device
+    ids = torch.where(attention, batch.input_ids, torch.zeros_like(batch.input_ids)).long()
 
     input_ids = torch.zeros(len(layout), width, dtype=torch.long, device=device)
     position_ids = torch.zeros_like(input_ids)
     segment = torch.full_like(input_ids, -1)
-    placed = []  # (sequence, row, offset)
+    real = torch.zeros(len(layout), width, dtype=torch.bool, device=device)
+    rows_index, cols_index, seq_index, resp_index = [], [], [], []
     for row, members in enumerate(layout):
         offset = 0
         for i in members:
-            tokens = torch.cat([batch.prompts[i, P - prompt_lengths[i]:], batch.responses[i, :response_lengths[i]]])
-            input_ids[row, offset:offset + lengths[i]] = tokens
-            position_ids[row, offset:offset + lengths[i]] = torch.arange(lengths[i], device=device)
-            segment[row, offset:offset + lengths[i]] = i
-            placed.append((i, row, offset))
+            span = slice(starts[i], starts[i] + lengths[i])
+            place = slice(offset, offset + lengths[i])
+            input_ids[row, place] = ids[i, span]
+            real[row, place] = attention[i, span]
+            position_ids[row, place] = (attention[i, span].long().cumsum(0) - 1).clamp(min=0)
+            segment[row, place] = i
+            # response token j (column P + j) is predicted at the column before it
+            predicted = attention[i, P:].nonzero().flatten().tolist()
+            rows_index += [row] * len(predicted)
+            cols_index += [offset + P + j - 1 - starts[i] for j in predicted]
+            seq_index += [i] * len(predicted)
+            resp_index += predicted
             offset += lengths[i]
-    same = segment[:, :, None] == segment[:, None, :]
-    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
-    padding = segment[:, :, None] < 0
-    # padding queries attend to themselves only, so no softmax row is empty
-    mask = ((same & (segment[:, :, None] >= 0)) | (padding & torch.eye(width, dtype=torch.bool, device=device))) & causal
-    logits = logits_of(model(input_ids=input_ids, attention_mask=mask[:, None], position_ids=position_ids,
-                             use_cache=False))
+    mask = attention_mask(segment, real, model, dtype)
+    logits = logits_of(model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False))
     z = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
     if temperature != 1.0:
         z = z / temperature
 
-    rows_index, cols_index, seq_index, resp_index = [], [], [], []
-    for i, row, offset in placed:
-        r = response_lengths[i]
-        if r:
-            start = offset + prompt_lengths[i] - 1  # the last prompt token predicts the first response token
-            rows_index += [row] * r
-            cols_index += list(range(start, start + r))
-            seq_index += [i] * r
-            resp_index += list(range(r))
     rows_t = torch.tensor(rows_index, dtype=torch.long, device=device)
     cols_t = torch.tensor(cols_index, dtype=torch.long, device=device)
     seq_t = torch.tensor(seq_index, dtype=torch.long, device=device)
     resp_t = torch.tensor(resp_index, dtype=torch.long, device=device)
     picked = z[rows_t, cols_t]  # [n, V]: only the positions that predict response tokens
-    tokens = batch.responses[seq_t, resp_t]
+    tokens = ids[seq_t, P + resp_t]
     logp = torch.log_softmax(picked, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
     out = torch.zeros(b, T, dtype=out_dtype, device=device).index_put((seq_t, resp_t), logp.to(out_dtype))
     entropy = None
@@ -151,6 +152,4 @@ def packed_response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperat
         h = torch.logsumexp(picked, dim=-1) - (torch.softmax(picked, dim=-1) * picked).sum(dim=-1)
         entropy = torch.zeros(b, T, dtype=out_dtype, device=device).index_put((seq_t, resp_t), h.to(out_dtype))
     return out, entropy
-
-
 

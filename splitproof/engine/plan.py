@@ -27,9 +27,9 @@ def split_rows(rows: list[int], batch: RolloutBatch, config: UpdateConfig) -> li
     if not rows:
         return []
     if config.use_dynamic_bsz:
-        return budget_microbatches(rows, batch.token_lengths()[rows].tolist(), config.ppo_max_token_len_per_gpu,
+        return budget_microbatches(rows, batch.token_spans()[rows].tolist(), config.ppo_max_token_len_per_gpu,
                                    seq_ids=batch.seq_ids[rows].tolist(),
-                                   prompt_lengths=batch.prompt_lengths()[rows].tolist(),
+                                   prompt_lengths=batch.prompt_spans()[rows].tolist(),
                                    packed=config.use_remove_padding)
     if config.ppo_micro_batch_size_per_gpu is not None:
         return fixed_microbatches(rows, config.ppo_micro_batch_size_per_gpu)
@@ -45,7 +45,7 @@ def stand_in_row(batch: RolloutBatch, rows: list[int]) -> int:
 
 def plan_update(batch: RolloutBatch, config: UpdateConfig, world_size: int, rank: int) -> list[MinibatchPlan]:
     """Every optimizer step of the update, from this rank's point of view."""
-    lengths = batch.token_lengths().tolist()
+    lengths = batch.token_spans().tolist()
     plans = []
     for rows in minibatch_schedule(len(batch), config.minibatch_sequences, epochs=config.ppo_epochs,
                                    shuffle=config.shuffle, seed=config.data_loader_seed):

@@ -15,17 +15,17 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor, nn
 
-from ..batch import BatchError, RolloutBatch
+from ..batch import RolloutBatch
 from ..collective import LOCAL, default_collective
 from ..config import LossConfig
-from ..models import vocab_size_of
 from ..objective import correction_share, merge_metric_shares, metric_names, minibatch_share, policy_inputs
-from ..selection import cov_sums, quota, reduce_cov_sums, select_tokens
+from ..selection import quota, select_tokens, shard_cov_sums
 from ..stats import MinibatchStats
 from .config import UpdateConfig
-from .distributed import gradient_sync, needs_lockstep
+from .distributed import gradient_sync, needs_lockstep, reduce_gradients_as_sum
 from .logprobs import response_log_probs
-from .plan import MinibatchPlan, plan_update, split_rows
+from .plan import MinibatchPlan, split_rows
+from .validation import active_dropout, check_cov_strategy, validate_update
 
 # A correction over fewer than this share of the sequences costs less than a no-grad forward over all
 # of them (a forward is about a third of a forward+backward).
@@ -61,11 +61,8 @@ def update_policy(
     collective = collective or default_collective(_device_of(model))
     if collective.world_size > 1 and not needs_lockstep(model):
         raise ValueError("model: with several ranks, wrap the model with DDP or FSDP2 (splitproof.engine.wrap_model)")
-    batch = batch.validate(vocab_size_of(model)).to(_device_of(model))
-    plans = plan_update(batch, config, collective.world_size, collective.rank)
-    for index, plan in enumerate(plans):
-        if not batch.response_mask[plan.rows].any():
-            raise BatchError("response_mask", f"minibatch {index} has no valid response token (N = 0)")
+    batch, plans = validate_update(model, batch, config, collective)
+    batch = batch.to(_device_of(model))
     if config.loss.is_cov and config.cov_strategy == "microbatch" and config.statistics_scope == "minibatch":
         warnings.warn("cov_strategy 'microbatch' selects tokens per microbatch: the update then depends on "
                       "the split (kept for the diagnosis's comparison only)", stacklevel=2)
@@ -77,7 +74,7 @@ def train_minibatch(model, optimizer, batch: RolloutBatch, plan: MinibatchPlan, 
                     collective=LOCAL, step: int = 0, on_gradients=None, on_selection=None) -> StepResult:
     """One optimizer step over the minibatch ``plan.rows``; ``batch`` is validated."""
     loss_config = config.loss
-    world = collective.world_size
+    reduce_gradients_as_sum(model)
     stats = _reduce_stats(MinibatchStats.of(batch.response_mask[plan.shard], batch.response_width), collective)
     strategy = _cov_strategy(model, config, stats) if loss_config.is_cov else None
     with_entropy = loss_config.entropy_coeff != 0
@@ -102,7 +99,7 @@ def train_minibatch(model, optimizer, batch: RolloutBatch, plan: MinibatchPlan, 
                         on_selection(part_selection, part.seq_ids)
                 part_stats = stats if config.statistics_scope == "minibatch" else MinibatchStats.of(part.response_mask)
                 share, shares = _share(part, log_prob, entropy, loss_config, part_stats, part_selection)
-                (share * world).backward()
+                share.backward()  # the wrapper sums the ranks' gradients
             merge_metric_shares(metric_sums, shares)
             if kept is not None and live:
                 kept[rows] = log_prob.detach().to(kept.dtype)
@@ -180,25 +177,12 @@ def _clip(model: nn.Module, max_norm: float) -> float:
     return float(norm)
 
 
-def active_dropout(model: nn.Module) -> bool:
-    """True if a forward in the current mode is random (the `deferred` strategy needs it deterministic)."""
-    if not model.training:
-        return False
-    if any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()):
-        return True
-    config = getattr(getattr(model, "module", model), "config", None)
-    names = ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop")
-    return any(float(getattr(config, n, 0.0) or 0.0) > 0 for n in names)
-
-
 def _cov_strategy(model: nn.Module, config: UpdateConfig, stats: MinibatchStats) -> str:
     """`auto`: deferred when its correction touches few sequences and the forward is deterministic."""
     chosen = config.cov_strategy
     if config.statistics_scope == "microbatch":
         return "microbatch"
-    if chosen == "deferred" and active_dropout(model):
-        raise ValueError("cov_strategy: 'deferred' needs a deterministic forward, but the model has active "
-                         "dropout; use 'prepass' or 'auto', or call model.eval()")
+    check_cov_strategy(model, config)
     if chosen != "auto":
         return chosen
     if active_dropout(model):
@@ -222,7 +206,8 @@ def _select_shard(batch, plan, log_probs: Tensor, config: LossConfig, collective
     selection = torch.zeros_like(batch.response_mask)
     x = policy_inputs(log_probs[shard], batch.old_log_probs[shard], batch.advantages[shard],
                       batch.response_mask[shard])
-    sums = reduce_cov_sums(cov_sums(x.advantages, x.log_prob, x.mask), collective)
+    sums = shard_cov_sums(batch.advantages[plan.rows], batch.response_mask[plan.rows], x.log_prob, x.mask,
+                          collective)
     selection[shard] = select_tokens(x, config, batch.seq_ids[shard], step=step, sums=sums, collective=collective)
     return selection
 
@@ -262,7 +247,7 @@ def _deferred_correction(model, batch, plan, config: UpdateConfig, collective, s
             share, shares = correction_share(log_prob, part.old_log_probs, part.advantages, part.response_mask,
                                              config.loss, stats, _slice(selection, rows, part, live),
                                              rollout_is_weights=part.rollout_is_weights)
-            (share * collective.world_size).backward()
+            share.backward()
         merge_metric_shares(metric_sums, shares)
 
 
