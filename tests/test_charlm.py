@@ -91,8 +91,16 @@ def test_warm_up_is_deterministic_and_depends_on_the_seed(make_charlm):
 
 
 def test_script_writes_a_loadable_directory_with_its_record(make_charlm, tmp_path):
+    from transformers.utils import logging as hf_logging
+
     out = tmp_path / "charlm"
-    assert make_charlm.main(["--out", str(out), "--steps", "2", "--quiet"]) == 0
+    bars, deterministic = hf_logging.is_progress_bar_enabled(), torch.are_deterministic_algorithms_enabled()
+    try:
+        assert make_charlm.main(["--out", str(out), "--steps", "2", "--quiet"]) == 0
+    finally:  # the script sets process-wide switches for itself; the rest of the suite keeps its own
+        torch.use_deterministic_algorithms(deterministic)
+        if bars:
+            hf_logging.enable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(out)
     tokenizer = AutoTokenizer.from_pretrained(out)
     assert model.config.vocab_size == len(tokenizer) == 99
