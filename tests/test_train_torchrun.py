@@ -98,5 +98,8 @@ def test_torchrun_user_mistake_stops_every_rank_with_one_message(model_dir, tmp_
     errors = [line for line in done.stderr.splitlines() if line.startswith("splitproof: error:")]
     assert errors == [f"splitproof: error: {tmp_path}/missing.parquet: prompt file not found"], done.stderr
     exits = dict(re.findall(r"rank\s+: (\d+) \(local_rank: \d+\)\n\s+exitcode\s+: (-?\d+)", done.stderr))
-    assert done.returncode != 0 and exits == {"0": "2", "1": "2"}, done.stderr  # torchrun's report
+    # torchrun's report: every rank left with the usage status, except that torchrun may stop the last one
+    # (SIGTERM) in the instant between the first rank's exit and its own
+    assert done.returncode != 0 and set(exits) == {"0", "1"} and "2" in exits.values(), done.stderr
+    assert set(exits.values()) <= {"2", "-15"}, done.stderr
     assert not out.exists()
