@@ -86,6 +86,11 @@ MISTAKES = {
                                                                                       "not a directory"]),
     "output directory unwritable": (["trainer.default_local_dir=/proc/splitproof/out"], ["trainer.default_local_dir"]),
     "model directory without a model": (["actor_rollout_ref.model.path={tmp}"], ["actor_rollout_ref.model.path"]),
+    "critic model missing": (["algorithm.adv_estimator=gae", "critic.model.path={tmp}/no_critic"],
+                             ["critic.model.path", "not a local directory"]),
+    "critic directory without a model": (["algorithm.adv_estimator=gae", "critic.model.path={tmp}"], ["critic.model.path"]),
+    "critic minibatch does not divide": (["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=3"],
+                                         ["critic.ppo_mini_batch_size", "divide"]),
     "resume from nothing": (["trainer.resume_mode=resume_path", "trainer.resume_from_path={tmp}/nowhere"],
                             ["trainer.resume_from_path", "does not exist"]),
 }

@@ -8,8 +8,8 @@ import pytest
 from splitproof import ConfigError, LossConfig
 from splitproof.rl import config_verl
 from splitproof.rl.config import BUILTIN_MODEL, TrainConfig, schema_keys
-from splitproof.rl.config_check import (GROUP_ESTIMATORS, KNOWN_ESTIMATORS, dp_strategy, reward_function,
-                                        to_update_config)
+from splitproof.rl.config_check import (GROUP_ESTIMATORS, KNOWN_ESTIMATORS, critic_enabled, critic_strategy,
+                                        dp_strategy, reward_function, to_update_config)
 from splitproof.rl.config_load import (config_dict, dump_config, load_train_config, parse_override,
                                        recipe_items)
 
@@ -133,6 +133,10 @@ def test_unsupported_verl_key_and_off_values():
                         "algorithm.filter_groups.metric=acc", "trainer.critic_warmup=0",
                         "actor_rollout_ref.actor.ppo_micro_batch_size=null", "reward_model.enable=False")
     assert notices == [] and cfg == load()[0]
+    # the critic is such a feature: off under grpo (the recipe's), on under gae unless critic.enable=false
+    assert load("critic.model.tokenizer_path=/tok", "critic.model.lora_rank=8")[0] == load()[0]
+    assert error_of(USER_MODEL, "critic.model.lora_rank=8").field == "critic.model.lora_rank"  # verl's gae
+    assert load("algorithm.adv_estimator=rloo", "critic.enable=false", "critic.model.lora_rank=8")[0].critic.enable is False
     # ... but not once the feature is switched on
     assert error_of("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc").field in (
         "algorithm.filter_groups.enable", "algorithm.filter_groups.metric")
@@ -160,7 +164,22 @@ def test_wrong_types_name_the_key():
     (["actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n", "grpo"),
     (["algorithm.adv_estimator=rloo", "actor_rollout_ref.rollout.n=1"], "actor_rollout_ref.rollout.n", "rloo"),
     (["algorithm.adv_estimator=ppo"], "algorithm.adv_estimator", "unknown"),
-    (["algorithm.adv_estimator=gae"], "algorithm.adv_estimator", "critic"),
+    (["algorithm.adv_estimator=gae", "critic.enable=false"], "critic.enable", "reads a critic's values"),
+    (["algorithm.adv_estimator=gae", "critic.model.path=null"], "critic.model.path", "needs a model"),
+    (["critic.enable=true", "critic.ppo_mini_batch_size=48"], "critic.ppo_mini_batch_size", "must divide"),
+    (["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=0"], "critic.ppo_micro_batch_size_per_gpu", ">= 1"),
+    (["algorithm.adv_estimator=gae", "critic.forward_micro_batch_size_per_gpu=0"],
+     "critic.forward_micro_batch_size_per_gpu", ">= 1"),
+    (["algorithm.adv_estimator=gae", "critic.use_dynamic_bsz=true", "critic.forward_max_token_len_per_gpu=10"],
+     "critic.forward_max_token_len_per_gpu", "whole sequence"),
+    (["algorithm.adv_estimator=gae", "critic.cliprange_value=0"], "critic.cliprange_value", "> 0"),
+    (["algorithm.adv_estimator=gae", "critic.strategy=megatron"], "critic.strategy", "not supported"),
+    (["algorithm.adv_estimator=gae", "critic.fsdp.model_dtype=fp16"], "critic.fsdp.model_dtype", "loss scaling"),
+    (["algorithm.adv_estimator=gae", "critic.optim.lr=0"], "critic.optim.lr", "> 0"),
+    (["algorithm.adv_estimator=gae", "critic.ppo_epochs=0"], "critic.ppo_epochs", ">= 1"),
+    (["trainer.critic_warmup=-1"], "trainer.critic_warmup", ">= 0"),
+    (["algorithm.adv_estimator=gae", "critic.model.tokenizer_path=/tok"], "critic.model.tokenizer_path", "actor's tokens"),
+    (["critic.enable=true", "critic.model.lora_rank=8"], "critic.model.lora_rank", "not supported"),
     (["data.train_batch_size=60", "actor_rollout_ref.actor.ppo_mini_batch_size=16"], "actor_rollout_ref.actor.ppo_mini_batch_size", "must divide"),
     (["data.gen_batch_size=96"], "data.gen_batch_size", "over-sampling"),
     (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0"], "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", ">= 1"),
@@ -193,7 +212,6 @@ def test_wrong_types_name_the_key():
     (["actor_rollout_ref.actor.optim.betas=[0.9]"], "actor_rollout_ref.actor.optim.betas", "two numbers"),
     (["actor_rollout_ref.actor.grad_clip=0.5", "actor_rollout_ref.actor.optim.clip_grad=2.0"],
      "actor_rollout_ref.actor.grad_clip", "disagrees"),
-    (["critic.enable=true"], "critic.enable", "not supported"),
     (["trainer.device=tpu"], "trainer.device", "cpu"),
     (["data.train_files=[]"], "data.train_files", "at least one"),
     (["custom_reward_function.name=my_fn"], "custom_reward_function.name", "custom_reward_function.path"),
@@ -244,6 +262,25 @@ def test_interpolations_follow_unless_set(monkeypatch):
     assert error.field == "trainer.experiment_name" and "interpolation" in str(error)
 
 
+def test_critic_follows_the_actor_unless_set():
+    """verl's rule for the critic (on for gae unless critic.enable says otherwise) and its defaults."""
+    grpo, _ = load()
+    assert not critic_enabled(grpo)
+    cfg, _ = load("algorithm.adv_estimator=gae", "actor_rollout_ref.actor.fsdp_config.model_dtype=float64",
+                  "actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.model.use_remove_padding=true")
+    critic = cfg.critic
+    assert critic_enabled(cfg) and critic_strategy(cfg) == "ddp"
+    assert (critic.model.path, critic.fsdp.model_dtype, critic.model.use_remove_padding) == (BUILTIN_MODEL, "fp64", True)
+    assert critic.ppo_mini_batch_size == cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    cfg, _ = load("algorithm.adv_estimator=gae", "critic.fsdp.model_dtype=bfloat16", "critic.strategy=fsdp",
+                  "critic.model.path=~/critic", "critic.optim.clip_grad=0.5")
+    assert (cfg.critic.fsdp.model_dtype, critic_strategy(cfg)) == ("bf16", "fsdp2")
+    assert cfg.critic.model.path.endswith("/critic") and not cfg.critic.model.path.startswith("~")
+    assert cfg.critic.grad_clip == 0.5
+    cfg, _ = load("critic.enable=true")  # verl trains a critic beside any estimator when asked
+    assert critic_enabled(cfg) and cfg.algorithm.adv_estimator == "grpo"
+
+
 def test_recipe_applies_only_to_the_builtin_model(tmp_path):
     recipe = dict(recipe_items(BUILTIN_MODEL))
     assert recipe["algorithm.adv_estimator"] == "grpo" and recipe_items("/models/x") == []
@@ -258,7 +295,9 @@ def test_recipe_applies_only_to_the_builtin_model(tmp_path):
     own, _ = load(USER_MODEL, "algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.n=4")
     assert own.data.train_batch_size == verl.data.train_batch_size == 1024  # verl's default, not the recipe's 64
     assert own.actor_rollout_ref.actor.optim.lr == 1e-6
-    assert error_of(USER_MODEL).field == "algorithm.adv_estimator"  # verl's default gae, no recipe
+    ppo, _ = load(USER_MODEL)  # verl's default estimator, gae: a critic built from the actor's model
+    assert ppo.algorithm.adv_estimator == "gae" and critic_enabled(ppo)
+    assert ppo.critic.model.path == "/models/my-model" and ppo.critic.optim.lr == 1e-5
     # the rule reads the model path after the file and the overrides
     config = tmp_path / "c.yaml"
     config.write_text("actor_rollout_ref:\n  model:\n    path: /models/mine\n"

@@ -172,7 +172,7 @@ class RolloutCorrectionConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = "gae"  # see docs/advantages.md; gae: not yet
+    adv_estimator: str = "gae"  # see docs/advantages.md; gae trains a critic (critic.*)
     gamma: float = 1.0  # discount (REINFORCE++, GAE)
     lam: float = 1.0  # GAE's lambda
     norm_adv_by_std_in_grpo: bool = True  # false: Dr. GRPO (no division by the group's std)
@@ -184,30 +184,37 @@ class AlgorithmConfig:
 
 @dataclass
 class CriticModelConfig:
-    path: Optional[str] = None  # null: the actor's checkpoint
-    tokenizer_path: Optional[str] = None
-    trust_remote_code: bool = False
+    path: Optional[str] = II("actor_rollout_ref.model.path")  # ours: the actor's model (verl: a 7B checkpoint path)
+    trust_remote_code: bool = False  # run the critic model directory's own Python code (off unless asked)
+    use_remove_padding: bool = II("actor_rollout_ref.model.use_remove_padding")  # ours: the actor's (verl: on); packing (speed only)
+    enable_gradient_checkpointing: bool = II("actor_rollout_ref.model.enable_gradient_checkpointing")  # ours: the actor's (verl: on)
+
+
+@dataclass
+class CriticFSDPConfig:
+    model_dtype: str = II("actor_rollout_ref.actor.fsdp_config.model_dtype")  # ours: the actor's (verl: fp32)
 
 
 @dataclass
 class CriticConfig:
-    strategy: str = II("actor_rollout_ref.actor.strategy")
+    strategy: str = II("actor_rollout_ref.actor.strategy")  # ddp | fsdp2 | fsdp, under torchrun
     enable: Optional[bool] = None  # null: on exactly when adv_estimator is gae
-    ppo_mini_batch_size: int = II("actor_rollout_ref.actor.ppo_mini_batch_size")
-    ppo_micro_batch_size_per_gpu: Optional[int] = None  # critic keys: read, checked, used once a critic exists
-    use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")
-    ppo_max_token_len_per_gpu: int = 32768
-    forward_max_token_len_per_gpu: int = II("critic.ppo_max_token_len_per_gpu")
-    forward_micro_batch_size_per_gpu: Optional[int] = II("critic.ppo_micro_batch_size_per_gpu")
-    ppo_epochs: int = II("actor_rollout_ref.actor.ppo_epochs")
-    shuffle: bool = II("actor_rollout_ref.actor.shuffle")
-    data_loader_seed: int = 42
-    cliprange_value: float = 0.5
-    loss_agg_mode: str = II("actor_rollout_ref.actor.loss_agg_mode")
-    loss_scale_factor: Optional[float] = II("actor_rollout_ref.actor.loss_scale_factor")
-    grad_clip: float = 1.0
+    ppo_mini_batch_size: int = II("actor_rollout_ref.actor.ppo_mini_batch_size")  # prompts per critic optimizer step
+    ppo_micro_batch_size_per_gpu: Optional[int] = None  # memory only (null: whole shard)
+    use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")  # micro-batches by a token budget (memory only)
+    ppo_max_token_len_per_gpu: int = 32768  # the update's token budget
+    forward_max_token_len_per_gpu: int = II("critic.ppo_max_token_len_per_gpu")  # the values pass's token budget
+    forward_micro_batch_size_per_gpu: Optional[int] = II("critic.ppo_micro_batch_size_per_gpu")  # sequences per values forward (memory only)
+    ppo_epochs: int = II("actor_rollout_ref.actor.ppo_epochs")  # passes over each rollout batch
+    shuffle: bool = II("actor_rollout_ref.actor.shuffle")  # shuffle the minibatches (seeded by data_loader_seed)
+    data_loader_seed: int = 42  # the critic's minibatch-shuffle seed
+    cliprange_value: float = 0.5  # value clip: V_old +- cliprange_value
+    loss_agg_mode: str = II("actor_rollout_ref.actor.loss_agg_mode")  # the value loss's aggregation
+    loss_scale_factor: Optional[float] = II("actor_rollout_ref.actor.loss_scale_factor")  # seq-mean-token-sum-norm's divisor
+    grad_clip: float = 1.0  # gradient-norm clip (optim.clip_grad is the same threshold)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
+    fsdp: CriticFSDPConfig = field(default_factory=CriticFSDPConfig)
 
 
 @dataclass
@@ -226,6 +233,7 @@ class TrainerConfig:
     test_freq: int = -1  # evaluate every N steps and at the last step; -1: only before training
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"  # outputs
     max_actor_ckpt_to_keep: Optional[int] = None  # null: keep every checkpoint
+    critic_warmup: int = 0  # the actor is updated from step max(1, critic_warmup) on (verl's rule); the critic every step
     device: str = "cpu"  # ours: cpu (verl: cuda)
     seed: int = 0  # ours: the model-initialisation and global RNG seed
 

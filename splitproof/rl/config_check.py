@@ -29,7 +29,7 @@ KNOWN_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_
                     "gpg", "grpo_passk", "gae")
 # estimators that compare the n responses of one prompt: with n = 1 they are degenerate
 GROUP_ESTIMATORS = ("grpo", "rloo", "opo", "grpo_passk", "gpg", "reinforce_plus_plus_baseline")
-CRITIC_ESTIMATORS = ("gae",)  # need a value model: not supported yet
+CRITIC_ESTIMATORS = ("gae",)  # read the critic's values: need critic.enable (null turns it on for them)
 
 DTYPES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16", "fp64": "fp64", "float64": "fp64"}
 STRATEGIES = {"fsdp": "fsdp2", "fsdp2": "fsdp2", "ddp": "ddp"}
@@ -95,8 +95,8 @@ def _expand(path):
 def normalize(cfg: TrainConfig) -> TrainConfig:
     """verl's alternative spellings made canonical, in place (and returned)."""
     actor = cfg.actor_rollout_ref.actor
-    dtype = actor.fsdp_config.model_dtype
-    actor.fsdp_config.model_dtype = DTYPES.get(dtype, dtype)
+    for owner in (actor.fsdp_config, cfg.critic.fsdp):
+        owner.model_dtype = DTYPES.get(owner.model_dtype, owner.model_dtype)
     for optim in (actor.optim, cfg.critic.optim):
         if optim.warmup_style is not None:
             optim.lr_scheduler_type, optim.warmup_style = optim.warmup_style, None
@@ -109,6 +109,7 @@ def normalize(cfg: TrainConfig) -> TrainConfig:
     data.val_files = [_expand(p) for p in data.val_files] if isinstance(data.val_files, list) else _expand(data.val_files)
     model = cfg.actor_rollout_ref.model
     model.path, model.tokenizer_path = _expand(model.path), _expand(model.tokenizer_path)
+    cfg.critic.model.path = _expand(cfg.critic.model.path)
     cfg.trainer.default_local_dir = _expand(cfg.trainer.default_local_dir)
     cfg.trainer.resume_from_path = _expand(cfg.trainer.resume_from_path)
     for reward in (cfg.custom_reward_function, cfg.reward.custom_reward_function):
@@ -178,6 +179,18 @@ def to_update_config(cfg: TrainConfig) -> UpdateConfig:
 def dp_strategy(cfg: TrainConfig) -> str:
     """``ddp`` or ``fsdp2`` (verl's ``fsdp`` is run as FSDP2)."""
     return STRATEGIES[cfg.actor_rollout_ref.actor.strategy]
+
+
+def critic_strategy(cfg: TrainConfig) -> str:
+    """The critic's ``ddp`` or ``fsdp2`` (``critic.strategy``, the actor's unless set)."""
+    return STRATEGIES[cfg.critic.strategy]
+
+
+def critic_enabled(cfg: TrainConfig) -> bool:
+    """verl's rule: ``critic.enable`` when set, else on exactly for an estimator that reads values (gae)."""
+    if cfg.critic.enable is not None:
+        return bool(cfg.critic.enable)
+    return cfg.algorithm.adv_estimator in CRITIC_ESTIMATORS
 
 
 def reward_function(cfg: TrainConfig) -> tuple[str | None, str]:
@@ -296,9 +309,6 @@ def _check_algorithm(cfg: TrainConfig) -> None:
     algo = cfg.algorithm
     estimator = algo.adv_estimator
     _one_of(estimator, KNOWN_ESTIMATORS, "algorithm.adv_estimator")
-    if estimator in CRITIC_ESTIMATORS:
-        _fail("algorithm.adv_estimator", f"{estimator!r} needs a critic (value model), which is not supported yet; "
-                                         f"use one of {', '.join(e for e in KNOWN_ESTIMATORS if e not in CRITIC_ESTIMATORS)}")
     n = cfg.actor_rollout_ref.rollout.n
     if estimator in GROUP_ESTIMATORS:
         _require(n >= 2, f"{ROLLOUT}.n", f"algorithm.adv_estimator={estimator} compares the n responses of a prompt "
@@ -317,8 +327,42 @@ def _check_algorithm(cfg: TrainConfig) -> None:
     _one_of(corr.rollout_is, ROLLOUT_IS, "algorithm.rollout_correction.rollout_is")
     _require(_finite(corr.rollout_is_threshold) and corr.rollout_is_threshold > 0,
              "algorithm.rollout_correction.rollout_is_threshold", f"must be > 0, got {corr.rollout_is_threshold!r}")
+
+
+def _check_critic(cfg: TrainConfig) -> None:
+    """The critic's keys, when it is on (as verl checks them only then)."""
     critic = cfg.critic
-    _require(not critic.enable, "critic.enable", "a critic is not supported yet")
+    estimator = cfg.algorithm.adv_estimator
+    if estimator in CRITIC_ESTIMATORS:
+        _require(critic_enabled(cfg), "critic.enable",
+                 f"algorithm.adv_estimator={estimator} reads a critic's values; set critic.enable=true (or null)")
+    _require(_is_int(cfg.trainer.critic_warmup) and cfg.trainer.critic_warmup >= 0, "trainer.critic_warmup",
+             f"must be an integer >= 0, got {cfg.trainer.critic_warmup!r}")
+    if not critic_enabled(cfg):
+        return
+    _one_of(critic.strategy, tuple(STRATEGIES), "critic.strategy", later=("megatron",), later_reason="not supported")
+    _one_of(critic.fsdp.model_dtype, ("fp32", "bf16", "fp64"), "critic.fsdp.model_dtype", later=("fp16", "float16"),
+            later_reason="not supported (fp16 needs loss scaling)")
+    _require(bool(critic.model.path), "critic.model.path",
+             "the critic needs a model: a local Hugging Face directory (default: actor_rollout_ref.model.path)")
+    _positive_int(critic.ppo_mini_batch_size, "critic.ppo_mini_batch_size")
+    _require(cfg.data.train_batch_size % critic.ppo_mini_batch_size == 0, "critic.ppo_mini_batch_size",
+             f"must divide data.train_batch_size ({cfg.data.train_batch_size}) into whole minibatches, "
+             f"got {critic.ppo_mini_batch_size}")
+    for name in ("ppo_micro_batch_size_per_gpu", "forward_micro_batch_size_per_gpu"):
+        _optional_positive_int(getattr(critic, name), f"critic.{name}")
+    sequence = cfg.data.max_prompt_length + cfg.data.max_response_length
+    for name in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"):
+        budget = getattr(critic, name)
+        _positive_int(budget, f"critic.{name}")
+        if critic.use_dynamic_bsz:
+            _require(budget >= sequence, f"critic.{name}", f"must hold one whole sequence (data.max_prompt_length + "
+                                                           f"data.max_response_length = {sequence}), got {budget}")
+    _positive_int(critic.ppo_epochs, "critic.ppo_epochs")
+    _require(_finite(critic.cliprange_value) and critic.cliprange_value > 0, "critic.cliprange_value",
+             f"must be a number > 0, got {critic.cliprange_value!r}")
+    _require(_finite(critic.grad_clip) and critic.grad_clip > 0, "critic.grad_clip",
+             f"must be > 0, got {critic.grad_clip!r}")
     _check_optim(critic.optim, "critic.optim")
 
 
@@ -359,5 +403,6 @@ def validate(cfg: TrainConfig) -> None:
     _check_actor(cfg)
     _check_rollout(cfg)
     _check_algorithm(cfg)
+    _check_critic(cfg)
     _check_trainer(cfg)
     _check_reward(cfg)

@@ -26,7 +26,7 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 from ..config import ConfigError
 from . import config_verl
 from .config import BUILTIN_MODEL, TrainConfig, schema_keys
-from .config_check import normalize, validate
+from .config_check import CRITIC_ESTIMATORS, normalize, validate
 
 RECIPES = {BUILTIN_MODEL: "charlm.yaml"}
 MODEL_PATH = "actor_rollout_ref.model.path"
@@ -161,6 +161,19 @@ def recipe_items(model_path: str) -> Items:
     return flatten(OmegaConf.to_container(OmegaConf.create(text), resolve=False))
 
 
+def _with_critic_switch(settings: dict) -> dict:
+    """``settings`` with ``critic.enable`` as verl settles it: when unset (or null) the critic is on exactly
+    for an estimator that reads values, the estimator being the user's, else the recipe's, else verl's
+    default. verl keys inside ``critic`` are then judged against that switch."""
+    if settings.get("critic.enable") is not None:
+        return settings
+    estimator = settings.get("algorithm.adv_estimator")
+    if estimator is None:
+        recipe = dict(recipe_items(settings.get(MODEL_PATH, BUILTIN_MODEL)))
+        estimator = recipe.get("algorithm.adv_estimator", TrainConfig().algorithm.adv_estimator)
+    return {**settings, "critic.enable": estimator in CRITIC_ESTIMATORS}
+
+
 def _print_notice(message: str) -> None:
     print(f"splitproof: notice: {message}", file=sys.stderr)
 
@@ -177,7 +190,7 @@ def load_train_config(config_file: str | None, overrides: Iterable[str] = (), *,
     for arg in overrides:
         key, value = parse_override(arg)
         override_items.extend(flatten(value, key))
-    settings = dict(file_items + override_items)
+    settings = _with_critic_switch(dict(file_items + override_items))
     user_layers = [_layer(_accept(file_items, notices, settings)), _layer(_accept(override_items, notices, settings))]
     try:
         model_path = OmegaConf.select(_merge(user_layers), MODEL_PATH)

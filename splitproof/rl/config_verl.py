@@ -151,6 +151,8 @@ HINTS: dict[str, str] = {
     "actor_rollout_ref.ref.log_prob_micro_batch_size": "use actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
     "critic.ppo_micro_batch_size": "use critic.ppo_micro_batch_size_per_gpu",
     "critic.forward_micro_batch_size": "use critic.forward_micro_batch_size_per_gpu",
+    "critic.model.tokenizer_path": "the critic reads the actor's tokens (actor_rollout_ref.model.tokenizer_path)",
+    "trainer.max_critic_ckpt_to_keep": "the critic is saved in each global_step_N: use trainer.max_actor_ckpt_to_keep",
     "actor_rollout_ref.model.lora_rank": "LoRA is not supported yet",
     "actor_rollout_ref.rollout.multi_turn.enable": "multi-turn rollouts are not supported yet",
     "algorithm.filter_groups.enable": "dynamic sampling (DAPO's filter_groups) is not supported yet",

@@ -16,16 +16,16 @@ from ..models import load_causal_lm
 from .config import BUILTIN_MODEL
 
 
-def model_directory(path: str) -> str:
-    """The local directory of ``actor_rollout_ref.model.path`` (the built-in model's ships in the package)."""
+def model_directory(path: str, key: str = "actor_rollout_ref.model.path") -> str:
+    """The local directory of a model path (the built-in model's ships in the package); ``key`` names the
+    config key in the error."""
     if path == BUILTIN_MODEL:
         from ..builtin import charlm_directory
 
         return charlm_directory()
     expanded = os.path.expanduser(path)
     if not os.path.isdir(expanded):
-        raise ConfigError("actor_rollout_ref.model.path",
-                          f"{path!r} is not a local directory (models are never downloaded)")
+        raise ConfigError(key, f"{path!r} is not a local directory (models are never downloaded)")
     return expanded
 
 

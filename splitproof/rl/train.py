@@ -22,6 +22,7 @@ from ..collective import default_collective
 from ..config import ConfigError
 from .checkpoint import latest_checkpoint
 from .config import TrainConfig
+from .config_check import critic_enabled
 from .loop import fit
 from .run import Run, RunInputs, build_run, prepare_inputs
 from .run_checkpoint import ResumePoint, restore_run, resume_point
@@ -63,20 +64,24 @@ def check_output_dir(path: str) -> None:
 
 
 def check_model_config(cfg: TrainConfig) -> None:
-    """The model directory holds a config ``transformers`` can read (the weights are loaded later)."""
+    """The model directories (the actor's, and the critic's when it is on) hold a config ``transformers`` can
+    read (the weights are loaded later)."""
     from transformers import AutoConfig
 
     from .models import model_directory
 
-    model = cfg.actor_rollout_ref.model
-    try:
-        AutoConfig.from_pretrained(model_directory(model.path), local_files_only=True,
-                                   trust_remote_code=model.trust_remote_code)
-    except ConfigError:
-        raise
-    except (OSError, ValueError) as e:
-        first = " ".join(str(e).split(". ")[0].split())
-        raise ConfigError("actor_rollout_ref.model.path", f"cannot read the model's config: {first}") from None
+    models = [("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model)]
+    if critic_enabled(cfg):
+        models.append(("critic.model.path", cfg.critic.model))
+    for key, model in models:
+        try:
+            AutoConfig.from_pretrained(model_directory(model.path, key), local_files_only=True,
+                                       trust_remote_code=model.trust_remote_code)
+        except ConfigError:
+            raise
+        except (OSError, ValueError) as e:
+            first = " ".join(str(e).split(". ")[0].split())
+            raise ConfigError(key, f"cannot read the model's config: {first}") from None
 
 
 def _one_line(e: BaseException) -> str:
