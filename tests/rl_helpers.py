@@ -10,17 +10,25 @@ import torch
 HERE = Path(__file__).parent
 
 # memory and speed settings that must not change a training run: one piece, all ones, a packed token budget
+# (the critic's keys apply when the run has a critic; its token budgets and packing follow the actor's)
 LAYOUTS = {
     "one-piece": [],
     "ones": ["actor_rollout_ref.rollout.max_num_seqs=1",
              "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
              "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
-             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"],
+             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+             "critic.ppo_micro_batch_size_per_gpu=1", "critic.forward_micro_batch_size_per_gpu=1"],
     "budget-packed": ["actor_rollout_ref.rollout.max_num_seqs=5",
                       "actor_rollout_ref.actor.use_dynamic_bsz=true",
                       "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40",
+                      "critic.ppo_max_token_len_per_gpu=30", "critic.forward_max_token_len_per_gpu=50",
                       "actor_rollout_ref.model.use_remove_padding=true"],
 }
+
+# PPO with a critic: GAE with a discount and lambda below 1, a critic that learns fast enough to matter,
+# a value clip that binds, and one step of critic warm-up (the actor waits at step 1)
+PPO = ["algorithm.adv_estimator=gae", "algorithm.gamma=0.9", "algorithm.lam=0.8", "critic.optim.lr=0.02",
+       "critic.cliprange_value=0.05", "trainer.critic_warmup=2"]
 
 
 def save_tiny_char_model(folder, *, dtype=torch.float32, arch: str = "llama", seed: int = 0) -> str:
@@ -87,15 +95,20 @@ def final_weights(model) -> dict[str, torch.Tensor]:
 
 
 def run_trajectory(cfg) -> dict:
-    """Train ``cfg`` to the end; the records, every step's rollouts, the initial and final weights."""
+    """Train ``cfg`` to the end; the records, every step's rollouts, the initial and final weights (the
+    critic's too, when the run has one)."""
     from splitproof.rl.loop import fit
     from splitproof.rl.run import build_run
 
     run = build_run(cfg)
     initial = final_weights(run.policy)
+    critic_initial = final_weights(run.critic.model) if run.critic is not None else None
     samples = []
     records = fit(run, on_step=lambda step, out: samples.append(out.samples))
-    return {"records": records, "samples": samples, "initial": initial, "weights": final_weights(run.policy)}
+    out = {"records": records, "samples": samples, "initial": initial, "weights": final_weights(run.policy)}
+    if run.critic is not None:
+        out.update(critic_initial=critic_initial, critic_weights=final_weights(run.critic.model))
+    return out
 
 
 def relative_update_difference(a: dict, b: dict, initial: dict) -> float:

@@ -1,6 +1,7 @@
 """The end-to-end promise: K training steps give the same rollouts, weights and metrics whatever the
 generation batch size, the log-prob and update micro-batching, token budgets with packing, and the
-data-parallel size (DDP and FSDP2) — float64, tiny model, built-in task, a reward with spread."""
+data-parallel size (DDP and FSDP2) — float64, tiny model, built-in task, a reward with spread. GRPO, and
+PPO with a critic (GAE): the critic's weights too, whatever its values pass's and its update's split."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import torch
 from splitproof.engine.launch import run_data_parallel
 from splitproof.rl.metrics import is_machine_dependent
 
-from .rl_helpers import LAYOUTS, final_weights, relative_update_difference, run_trajectory, trajectory_config
+from .rl_helpers import (LAYOUTS, PPO, final_weights, relative_update_difference, run_trajectory,
+                         trajectory_config)
 
 STEPS = 3
 
@@ -29,10 +31,18 @@ def baseline(model_dir):
     return run_trajectory(trajectory_config(model_dir, STEPS, LAYOUTS["one-piece"]))
 
 
+@pytest.fixture(scope="module")
+def ppo_baseline(model_dir):
+    return run_trajectory(trajectory_config(model_dir, STEPS, PPO))
+
+
 def _assert_same_trajectory(got, want):
     for step, (a, b) in enumerate(zip(got["samples"], want["samples"]), start=1):
         assert [(s.uid, s.index, s.response_ids) for s in a] == [(s.uid, s.index, s.response_ids) for s in b], step
     assert relative_update_difference(got["weights"], want["weights"], want["initial"]) <= 1e-10
+    if "critic_weights" in want:
+        difference = relative_update_difference(got["critic_weights"], want["critic_weights"], want["critic_initial"])
+        assert difference <= 1e-10, difference
     assert len(got["records"]) == len(want["records"])
     for a, b in zip(got["records"], want["records"]):
         keys = {k for k in b if not is_machine_dependent(k)}
@@ -55,9 +65,31 @@ def test_layouts_give_the_same_trajectory(model_dir, baseline, layout):
     _assert_same_trajectory(got, baseline)
 
 
-def _dp_worker(model_dir, strategy):
+def test_ppo_baseline_trains_the_critic_then_the_actor(ppo_baseline):
+    """The PPO comparison is not vacuous either: the critic moves from step 1, the actor from step 2 (one
+    step of critic warm-up), GAE's advantages vary along a response, the value clip binds."""
+    first, second = ppo_baseline["records"][:2]
+    assert "actor/pg_loss" not in first and "timing_s/update_actor" not in first
+    assert {"actor/pg_loss", "actor/lr", "timing_s/update_actor"} <= second.keys()
+    for record in (first, second):
+        assert {"critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr",
+                "critic/values/mean", "critic/vf_explained_var", "timing_s/values", "timing_s/update_critic"} <= record.keys()
+    assert second["critic/vf_clipfrac"] > 0 and first["critic/lr"] == 0.02
+    assert first["critic/returns/max"] > first["critic/returns/min"]
+    assert relative_update_difference(ppo_baseline["critic_initial"], ppo_baseline["critic_weights"],
+                                      ppo_baseline["critic_initial"]) == 1.0
+    assert relative_update_difference(ppo_baseline["initial"], ppo_baseline["weights"], ppo_baseline["initial"]) == 1.0
+
+
+@pytest.mark.parametrize("layout", ["ones", "budget-packed"])
+def test_ppo_layouts_give_the_same_trajectory(model_dir, ppo_baseline, layout):
+    got = run_trajectory(trajectory_config(model_dir, STEPS, PPO + LAYOUTS[layout]))
+    _assert_same_trajectory(got, ppo_baseline)
+
+
+def _dp_worker(model_dir, strategy, extra=()):
     overrides = [f"actor_rollout_ref.actor.strategy={strategy}", "actor_rollout_ref.rollout.max_num_seqs=3",
-                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]
+                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", *extra]
     return run_trajectory(trajectory_config(model_dir, STEPS, overrides))
 
 
@@ -67,6 +99,15 @@ def test_data_parallel_gives_the_same_trajectory(model_dir, baseline, strategy):
     ranks = run_data_parallel(_dp_worker, 2, model_dir, strategy)
     for got in ranks:
         _assert_same_trajectory(got, baseline)
+
+
+@pytest.mark.dist
+def test_ppo_on_three_ranks_gives_the_same_trajectory(model_dir, ppo_baseline):
+    """An FSDP2 critic beside a DDP actor, over three ranks (shares of 5 or 6 rows, a minibatch of 8 rows)."""
+    extra = [*PPO, "critic.strategy=fsdp2", "critic.forward_micro_batch_size_per_gpu=2",
+             "critic.ppo_micro_batch_size_per_gpu=1"]
+    for got in run_data_parallel(_dp_worker, 3, model_dir, "ddp", extra):
+        _assert_same_trajectory(got, ppo_baseline)
 
 
 def test_float32_drift_is_within_the_precision_floor(model_dir):

@@ -28,7 +28,8 @@ from splitproof.rl.pause import PAUSE_AT, PAUSE_FILE
 from splitproof.rl.tracking import read_metrics
 from splitproof.rl.train import SetupError, train
 
-from .rl_helpers import LAYOUTS, final_weights, relative_update_difference, save_tiny_char_model, train_overrides
+from .rl_helpers import (LAYOUTS, PPO, final_weights, relative_update_difference, save_tiny_char_model,
+                         train_overrides)
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 5
@@ -107,13 +108,42 @@ def test_killed_anywhere_and_resumed_equals_an_uninterrupted_run(model_dir, tmp_
     resumed = _run_to_the_end(args)
     assert "resuming from" in resumed.stderr and "global_step_4" in resumed.stderr
 
-    want = load_file(whole / f"global_step_{STEPS}" / "actor" / "model.safetensors")
-    got = load_file(killed / f"global_step_{STEPS}" / "actor" / "model.safetensors")
-    assert want.keys() == got.keys()
-    for name in want:
-        assert torch.equal(got[name], want[name]), name
+    _same_files(killed / f"global_step_{STEPS}", whole / f"global_step_{STEPS}", ["actor"])
     _same_metrics(read_metrics(killed / "metrics.jsonl"), read_metrics(whole / "metrics.jsonl"))
     assert not [p.name for p in killed.iterdir() if p.name.startswith((".tmp-", ".trash-"))]
+
+
+def _same_files(got: Path, want: Path, models: list[str]) -> None:
+    """The saved weights of each model directory (actor/, critic/) are bitwise equal."""
+    for model in models:
+        a, b = load_file(got / model / "model.safetensors"), load_file(want / model / "model.safetensors")
+        assert a.keys() == b.keys(), model
+        for name in b:
+            assert torch.equal(a[name], b[name]), (model, name)
+
+
+# PPO: killed while the critic's half of checkpoint 2 is being written (the critic's HF directory not yet),
+# then in the middle of step 3 (the newest checkpoint then is 2)
+PPO_KILLS = [("step2:checkpoint:critic_state", 1), ("step3:reward", 2)]
+
+
+@pytest.mark.slow
+def test_ppo_killed_and_resumed_equals_an_uninterrupted_run(model_dir, tmp_path):
+    """The critic's weights, optimizer, LR schedule and step count resume too (bitwise)."""
+    from transformers import AutoModelForTokenClassification
+
+    steps, extra = 3, [*PPO, "trainer.save_freq=1"]
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert main(["train", *train_overrides(model_dir, whole, steps, extra=extra)]) == 0
+    args = train_overrides(model_dir, killed, steps, extra=extra)
+    for point, newest in PPO_KILLS:
+        _kill_at(args, point, tmp_path / "paused")
+        assert latest_checkpoint(killed) == killed / f"global_step_{newest}", point
+    assert "resuming from" in _run_to_the_end(args).stderr
+    _same_files(killed / f"global_step_{steps}", whole / f"global_step_{steps}", ["actor", "critic"])
+    _same_metrics(read_metrics(killed / "metrics.jsonl"), read_metrics(whole / "metrics.jsonl"))
+    critic = AutoModelForTokenClassification.from_pretrained(whole / f"global_step_{steps}" / "critic")
+    assert critic.config.num_labels == 1 and type(critic).__name__ == "LlamaForTokenClassification"
 
 
 # ------------------------------------------------------------------------------- another layout (float64)
@@ -130,7 +160,10 @@ def _config(model_dir, out, layout=(), steps=FOUR, extra=()):
 
 
 def _outcome(result, out: Path) -> dict:
-    return {"weights": final_weights(result.run.policy), "records": read_metrics(out / "metrics.jsonl")}
+    outcome = {"weights": final_weights(result.run.policy), "records": read_metrics(out / "metrics.jsonl")}
+    if result.run.critic is not None:
+        outcome["critic_weights"] = final_weights(result.run.critic.model)
+    return outcome
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +196,10 @@ def _same_trajectory(got: dict, want: dict) -> None:
     difference = relative_update_difference(got["weights"], want["weights"], want["initial"])
     print(f"resumed vs uninterrupted: {difference:.2e} of the update")
     assert difference <= 1e-10
+    if "critic_weights" in want:
+        difference = relative_update_difference(got["critic_weights"], want["critic_weights"], want["critic_initial"])
+        print(f"critic, resumed vs uninterrupted: {difference:.2e} of its update")
+        assert difference <= 1e-10
     assert [r["step"] for r in got["records"]] == [r["step"] for r in want["records"]]
     for a, b in zip(got["records"], want["records"]):
         keys = {k for k in b if not is_machine_dependent(k)}
@@ -183,6 +220,28 @@ def test_resume_with_another_layout_continues_the_trajectory(model_dir, uninterr
     result = train(_config(model_dir, out, LAYOUTS[layout]))
     assert result.start_step == 2
     _same_trajectory(_outcome(result, out), uninterrupted)
+
+
+def test_ppo_resume_with_another_layout_continues_the_trajectory(model_dir, tmp_path):
+    """A PPO run stopped after checkpoint 2 and resumed with every micro-batch size 1 (actor, critic,
+    log-prob and values passes) ends where the uninterrupted run ends, critic included."""
+    from splitproof.rl.loop import Interrupted
+
+    whole, out = tmp_path / "whole", tmp_path / "out"
+    result = train(_config(model_dir, whole, extra=PPO))
+    want = {**_outcome(result, whole), "initial": _initial(model_dir), "critic_initial": _initial_critic(model_dir)}
+    with pytest.raises(Interrupted):
+        train(_config(model_dir, out, extra=PPO), stop_requested=lambda: is_complete(out / "global_step_2"))
+    resumed = train(_config(model_dir, out, LAYOUTS["ones"], extra=PPO))
+    assert resumed.start_step == 2
+    _same_trajectory(_outcome(resumed, out), want)
+
+
+def _initial_critic(model_dir) -> dict:
+    from splitproof.value_model import value_model_from_pretrained
+
+    model = value_model_from_pretrained(model_dir, dtype=torch.float64, seed=0)
+    return {k: v.detach().double().clone() for k, v in model.state_dict().items()}
 
 
 def _resume_data_parallel(model_dir, out, strategy):

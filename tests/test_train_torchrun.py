@@ -1,7 +1,7 @@
 """`torchrun --standalone --nproc_per_node 2 -m splitproof train ...` under DDP and FSDP2: a rank killed
 mid-run takes the run down (no rank left waiting) and is named; the relaunch resumes from the last
 checkpoint (FSDP2: written and read through torch.distributed.checkpoint) and ends with the one-process
-run's weights and metrics (float64)."""
+run's weights and metrics (float64). PPO with a critic: the same, actor and critic."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from splitproof.rl.pause import PAUSE_AT, PAUSE_FILE, PAUSE_RANK
 from splitproof.rl.tracking import read_metrics
 from splitproof.rl.train import train
 
-from .rl_helpers import final_weights, relative_update_difference, save_tiny_char_model, train_overrides
+from .rl_helpers import PPO, final_weights, relative_update_difference, save_tiny_char_model, train_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -42,15 +42,23 @@ def _args(model_dir, out, extra=()) -> list[str]:
     return train_overrides(model_dir, out, STEPS, dtype="fp64", extra=[*EVERY_STEP, *extra])
 
 
-@pytest.fixture(scope="module")
-def one_process(model_dir, tmp_path_factory):
+def _initial(model_dir) -> dict:
+    """The float64 weights a run starts from: the actor's, and the critic's (its head seeded by trainer.seed 0)."""
     from transformers import AutoModelForCausalLM
 
+    from splitproof.value_model import value_model_from_pretrained
+
+    models = {"actor": AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64),
+              "critic": value_model_from_pretrained(model_dir, dtype=torch.float64, seed=0)}
+    return {name: {k: v.double() for k, v in m.state_dict().items()} for name, m in models.items()}
+
+
+@pytest.fixture(scope="module")
+def one_process(model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("one") / "out"
     result = train(load_train_config(None, _args(model_dir, out), on_notice=lambda m: None))
-    initial = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).state_dict()
     return {"weights": final_weights(result.run.policy), "records": read_metrics(out / "metrics.jsonl"),
-            "initial": {k: v.double() for k, v in initial.items()}}
+            "initial": _initial(model_dir)["actor"]}
 
 
 def _env(**extra) -> dict:
@@ -84,6 +92,32 @@ def test_torchrun_survives_a_dead_rank_resumes_and_matches_one_process(model_dir
     print(f"torchrun {strategy} (killed, resumed) vs one process: {difference:.2e} of the update")
     assert difference <= 1e-10
     records, want = read_metrics(out / "metrics.jsonl"), one_process["records"]
+    assert [r["step"] for r in records] == [r["step"] for r in want] == [0, 1, 2]
+    for a, b in zip(records, want):
+        for key in (k for k in b if not is_machine_dependent(k)):
+            assert math.isclose(a[key], b[key], rel_tol=1e-9, abs_tol=1e-12), (a["step"], key)
+
+
+def _saved(out: Path, model: str) -> dict:
+    return {k: v.double() for k, v in load_file(out / f"global_step_{STEPS}" / model / "model.safetensors").items()}
+
+
+@pytest.mark.dist
+def test_torchrun_ppo_matches_one_process(model_dir, tmp_path):
+    """PPO with a critic: a DDP actor and an FSDP2 critic on two ranks end with the one-process run's actor,
+    critic and metrics (the critic's checkpoint written through DCP by both ranks)."""
+    one, out = tmp_path / "one", tmp_path / "out"
+    result = train(load_train_config(None, _args(model_dir, one, PPO), on_notice=lambda m: None))
+    args = _args(model_dir, out, [*PPO, "actor_rollout_ref.actor.strategy=ddp", "critic.strategy=fsdp2",
+                                  "critic.ppo_micro_batch_size_per_gpu=1"])
+    done = subprocess.run([*TORCHRUN, *args], env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    initial = _initial(model_dir)
+    for model, want in (("actor", final_weights(result.run.policy)), ("critic", final_weights(result.run.critic.model))):
+        difference = relative_update_difference(_saved(out, model), want, initial[model])
+        print(f"torchrun PPO {model} vs one process: {difference:.2e} of the update")
+        assert difference <= 1e-10
+    records, want = read_metrics(out / "metrics.jsonl"), read_metrics(one / "metrics.jsonl")
     assert [r["step"] for r in records] == [r["step"] for r in want] == [0, 1, 2]
     for a, b in zip(records, want):
         for key in (k for k in b if not is_machine_dependent(k)):

@@ -6,7 +6,8 @@ Under ``trainer.default_local_dir``::
     global_step_N/
         actor/              a Hugging Face model directory (config, model.safetensors, tokenizer)
         actor_state/        model and optimizer tensors, torch.distributed.checkpoint (sharded under FSDP2)
-        trainer_state.pt    step, the loop's trainer_state, LR schedule, optimizer hyper-parameters, RNGs
+        critic/, critic_state/  the same for the critic (value model), when the run has one
+        trainer_state.pt    step, the loop's trainer_state, LR schedules, optimizer hyper-parameters, RNGs
         config.yaml         the resolved config (resuming compares its result-affecting keys)
         complete            written last: the directory is whole
 
@@ -45,6 +46,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from ..config import ConfigError
 from ..models import unwrap
 from .config import TrainConfig, TrainerConfig
+from .config_check import critic_enabled
 
 TRACKER = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -54,7 +56,7 @@ FORMAT = 1
 # keys that may change between a checkpoint and its resumption: they never change a result
 LAYOUT_KEYS = (
     "*micro_batch_size_per_gpu", "*max_token_len_per_gpu", "*use_dynamic_bsz", "*.strategy", "*use_remove_padding",
-    "actor_rollout_ref.rollout.max_num_seqs", "actor_rollout_ref.model.enable_gradient_checkpointing",
+    "actor_rollout_ref.rollout.max_num_seqs", "*model.enable_gradient_checkpointing",
     "actor_rollout_ref.nccl_timeout",
     "actor_rollout_ref.actor.policy_loss.cov_strategy", "data.val_batch_size",
     "trainer.logger", "trainer.save_freq", "trainer.test_freq", "trainer.total_training_steps", "trainer.total_epochs",
@@ -67,6 +69,15 @@ SCHEDULE_LENGTH_KEYS = ("trainer.total_training_steps", "trainer.total_epochs")
 
 # test hook: called with a stage name after each piece of a save
 _progress_hook: Callable[[str], None] = lambda stage: None
+
+
+@dataclass(frozen=True)
+class Trainable:
+    """A model with its optimizer and LR schedule: what a checkpoint saves of the critic."""
+
+    model: Any
+    optimizer: Any
+    lr_scheduler: Any = None
 
 
 @dataclass
@@ -268,20 +279,24 @@ def _gather_to_rank0(obj) -> list:
 
 def save_checkpoint(root: str | os.PathLike, step: int, *, model, optimizer, trainer_state: dict,
                     lr_scheduler=None, config_yaml: str = "", tokenizer=None,
-                    max_to_keep: int | None = None) -> Path:
+                    max_to_keep: int | None = None, critic: Trainable | None = None) -> Path:
     """Write ``global_step_{step}`` atomically and point the tracker at it; every rank calls it.
 
     ``trainer_state`` is the loop's own (data cursor, KL controller, ...): tensors, numbers, strings,
     lists and dicts only. ``max_to_keep`` (``trainer.max_actor_ckpt_to_keep``) prunes older checkpoints.
+    ``critic`` adds ``critic/`` and ``critic_state/`` beside the actor's.
     """
     rank, world = _rank_world()
     root = Path(root)
     final, tmp = checkpoint_dir(root, step), root / f".tmp-global_step_{step}"
-    msd, osd = get_state_dict(model, optimizer)
-    optimizer_tensors, optimizer_rest = _split_optimizer(osd)
-    payload = {"format": FORMAT, "step": step, "trainer_state": trainer_state, "optimizer": optimizer_rest,
-               "lr_scheduler": lr_scheduler.state_dict() if lr_scheduler is not None else None,
-               "world_size": world}
+    parts = {"actor": Trainable(model, optimizer, lr_scheduler), **({"critic": critic} if critic else {})}
+    states = {name: get_state_dict(part.model, part.optimizer) for name, part in parts.items()}
+    split = {name: _split_optimizer(osd) for name, (_, osd) in states.items()}
+    payload = {"format": FORMAT, "step": step, "trainer_state": trainer_state, "world_size": world}
+    for name, part in parts.items():
+        prefix = "" if name == "actor" else f"{name}_"
+        payload[f"{prefix}optimizer"] = split[name][1]
+        payload[f"{prefix}lr_scheduler"] = part.lr_scheduler.state_dict() if part.lr_scheduler is not None else None
     _weights_only_bytes(payload, "trainer_state")  # on every rank, before any file or collective
     rngs = _gather_to_rank0(_rng_state())
     if rank == 0:
@@ -290,14 +305,16 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model, optimizer, tra
         _remove_leftovers(root)
         tmp.mkdir()
     _barrier()
-    with _single_process_quiet():
-        dcp.save({"model": msd, "optimizer": optimizer_tensors},
-                 storage_writer=FileSystemWriter(tmp / "actor_state", sync_files=True), no_dist=world == 1)
-    _progress_hook("actor_state")
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    for name, part in parts.items():
+        with _single_process_quiet():
+            dcp.save({"model": states[name][0], "optimizer": split[name][0]},
+                     storage_writer=FileSystemWriter(tmp / f"{name}_state", sync_files=True), no_dist=world == 1)
+        _progress_hook(f"{name}_state")
+        full = get_model_state_dict(part.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if rank == 0:
+            _write_hf_dir(tmp / name, unwrap(part.model), full, tokenizer)
+            _progress_hook(name)
     if rank == 0:
-        _write_hf_dir(tmp / "actor", unwrap(model), full, tokenizer)
-        _progress_hook("actor")
         (tmp / "trainer_state.pt").write_bytes(state_bytes)
         _progress_hook("trainer_state")
         (tmp / "config.yaml").write_text(config_yaml)
@@ -353,10 +370,11 @@ class _SafeReader(FileSystemReader):
         return metadata
 
 
-def load_checkpoint(path: str | os.PathLike, *, model, optimizer, lr_scheduler=None) -> Resumed:
-    """Restore model, optimizer, LR schedule and RNGs from ``global_step_N``; every rank calls it.
-
-    The model and optimizer may be wrapped for any strategy and DP size (none, DDP, FSDP2).
+def load_checkpoint(path: str | os.PathLike, *, model, optimizer, lr_scheduler=None,
+                    critic: Trainable | None = None) -> Resumed:
+    """Restore model, optimizer, LR schedule and RNGs from ``global_step_N`` (and the critic's, when given);
+    every rank calls it. The models and optimizers may be wrapped for any strategy and DP size (none, DDP,
+    FSDP2).
     """
     path = Path(path)
     if not is_complete(path):
@@ -365,25 +383,34 @@ def load_checkpoint(path: str | os.PathLike, *, model, optimizer, lr_scheduler=N
     payload = torch.load(path / "trainer_state.pt", weights_only=True)
     if payload.get("format") != FORMAT:
         raise ValueError(f"{path}: checkpoint format {payload.get('format')!r}, expected {FORMAT}")
-    msd, osd = get_state_dict(model, optimizer)  # a fresh optimizer's state is initialised here
-    optimizer_tensors, _ = _split_optimizer(osd)
-    state = {"model": msd, "optimizer": optimizer_tensors}
-    reader = _SafeReader(path / "actor_state")
-    reader.read_metadata()  # refuses unexpected pickled classes before DCP reads anything
-    with _single_process_quiet():
-        dcp.load(state, storage_reader=reader, no_dist=world == 1)
-    saved = payload["optimizer"]
-    merged = {fqn: {**state["optimizer"].get(fqn, {}), **saved["scalars"].get(fqn, {})} for fqn in saved["scalars"]}
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict={"state": merged, "param_groups": saved["param_groups"]})
-    if lr_scheduler is not None:
-        if payload["lr_scheduler"] is None:
-            raise ValueError(f"{path}: the checkpoint holds no LR schedule state")
-        lr_scheduler.load_state_dict(payload["lr_scheduler"])
+    parts = {"actor": Trainable(model, optimizer, lr_scheduler), **({"critic": critic} if critic else {})}
+    for name, part in parts.items():
+        prefix = "" if name == "actor" else f"{name}_"
+        if not (path / f"{name}_state").is_dir():
+            raise ValueError(f"{path}: the checkpoint holds no {name} (it was written by a run without one)")
+        _load_part(path / f"{name}_state", part, payload[f"{prefix}optimizer"], world)
+        if part.lr_scheduler is not None:
+            if payload[f"{prefix}lr_scheduler"] is None:
+                raise ValueError(f"{path}: the checkpoint holds no LR schedule state of the {name}")
+            part.lr_scheduler.load_state_dict(payload[f"{prefix}lr_scheduler"])
     rngs = payload["rng"]
     _set_rng_state(rngs[rank] if len(rngs) == world else rngs[0])
     return Resumed(path=path, step=int(payload["step"]), trainer_state=payload["trainer_state"],
                    config_yaml=(path / "config.yaml").read_text())
+
+
+def _load_part(folder: Path, part: Trainable, saved: dict, world: int) -> None:
+    """A model and its optimizer from their DCP folder (``saved``: the optimizer's non-tensor state)."""
+    msd, osd = get_state_dict(part.model, part.optimizer)  # a fresh optimizer's state is initialised here
+    optimizer_tensors, _ = _split_optimizer(osd)
+    state = {"model": msd, "optimizer": optimizer_tensors}
+    reader = _SafeReader(folder)
+    reader.read_metadata()  # refuses unexpected pickled classes before DCP reads anything
+    with _single_process_quiet():
+        dcp.load(state, storage_reader=reader, no_dist=world == 1)
+    merged = {fqn: {**state["optimizer"].get(fqn, {}), **saved["scalars"].get(fqn, {})} for fqn in saved["scalars"]}
+    set_state_dict(part.model, part.optimizer, model_state_dict=state["model"],
+                   optim_state_dict={"state": merged, "param_groups": saved["param_groups"]})
 
 
 # ----------------------------------------------------------------------------------------------- resume
@@ -416,10 +443,11 @@ def _flat(tree, prefix: str = "") -> dict:
     return {prefix: tree}
 
 
-def _schedule_uses_run_length(flat: dict) -> bool:
-    prefix = "actor_rollout_ref.actor.optim."
-    return flat.get(prefix + "total_training_steps") == -1 and (
-        flat.get(prefix + "lr_scheduler_type") != "constant" or flat.get(prefix + "lr_warmup_steps_ratio", 0) > 0)
+def _schedule_uses_run_length(cfg: TrainConfig) -> bool:
+    """Whether an LR schedule (the actor's, or the critic's when it is on) depends on the run's length."""
+    optims = [cfg.actor_rollout_ref.actor.optim] + ([cfg.critic.optim] if critic_enabled(cfg) else [])
+    return any(o.total_training_steps == -1 and (o.lr_scheduler_type != "constant" or o.lr_warmup_steps_ratio > 0)
+               for o in optims)
 
 
 def resume_differences(saved_yaml: str, cfg: TrainConfig) -> list[str]:
@@ -430,7 +458,7 @@ def resume_differences(saved_yaml: str, cfg: TrainConfig) -> list[str]:
 
     saved = _flat(OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=True))
     now = _flat(config_dict(cfg))
-    free = [p for p in LAYOUT_KEYS if not (p in SCHEDULE_LENGTH_KEYS and _schedule_uses_run_length(now))]
+    free = [p for p in LAYOUT_KEYS if not (p in SCHEDULE_LENGTH_KEYS and _schedule_uses_run_length(cfg))]
     return sorted(k for k in saved.keys() & now.keys()
                   if saved[k] != now[k] and not any(fnmatch.fnmatchcase(k, p) for p in free))
 

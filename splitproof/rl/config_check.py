@@ -17,7 +17,7 @@ import os
 from dataclasses import fields
 
 from ..config import KL_TYPES, ConfigError, LossConfig
-from ..engine import UpdateConfig
+from ..engine import CriticUpdateConfig, UpdateConfig
 from .config import ActorConfig, OptimConfig, PolicyLossConfig, TrainConfig
 
 ARR = "actor_rollout_ref"
@@ -173,6 +173,23 @@ def to_update_config(cfg: TrainConfig) -> UpdateConfig:
         )
     except ConfigError as e:
         key = _UPDATE_KEYS.get(e.field, f"{ACTOR}.{e.field}")
+        raise ConfigError(key, str(e).split(": ", 1)[1]) from None
+
+
+def to_critic_update_config(cfg: TrainConfig) -> CriticUpdateConfig:
+    """The engine's critic update from ``critic.*`` (and ``rollout.n``)."""
+    c = cfg.critic
+    try:
+        return CriticUpdateConfig(
+            ppo_mini_batch_size=c.ppo_mini_batch_size, rollout_n=cfg.actor_rollout_ref.rollout.n,
+            ppo_epochs=c.ppo_epochs, shuffle=c.shuffle, data_loader_seed=c.data_loader_seed,
+            ppo_micro_batch_size_per_gpu=c.ppo_micro_batch_size_per_gpu, use_dynamic_bsz=c.use_dynamic_bsz,
+            ppo_max_token_len_per_gpu=c.ppo_max_token_len_per_gpu, use_remove_padding=c.model.use_remove_padding,
+            grad_clip=c.grad_clip, cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode,
+            loss_scale_factor=c.loss_scale_factor)
+    except ConfigError as e:
+        key = {"rollout_n": f"{ROLLOUT}.n", "use_remove_padding": "critic.model.use_remove_padding"}.get(
+            e.field, f"critic.{e.field}")
         raise ConfigError(key, str(e).split(": ", 1)[1]) from None
 
 
@@ -364,6 +381,7 @@ def _check_critic(cfg: TrainConfig) -> None:
     _require(_finite(critic.grad_clip) and critic.grad_clip > 0, "critic.grad_clip",
              f"must be > 0, got {critic.grad_clip!r}")
     _check_optim(critic.optim, "critic.optim")
+    to_critic_update_config(cfg)  # every critic update field, named (loss_agg_mode, loss_scale_factor, ...)
 
 
 def _check_trainer(cfg: TrainConfig) -> None:

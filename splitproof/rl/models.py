@@ -12,8 +12,10 @@ import torch
 from torch import nn
 
 from ..config import ConfigError
-from ..models import load_causal_lm
+from ..models import load_causal_lm, unwrap
 from .config import BUILTIN_MODEL
+
+MODEL_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
 
 
 def model_directory(path: str, key: str = "actor_rollout_ref.model.path") -> str:
@@ -48,13 +50,46 @@ def load_tokenizer(model_cfg):
 def load_policy(model_cfg, *, dtype: torch.dtype, vocab_size: int | None = None) -> nn.Module:
     """The causal LM in ``dtype``, dropout as its config says, gradient checkpointing if asked."""
     model = load_causal_lm(model_directory(model_cfg.path), dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
+    return _prepared(model, model_cfg, vocab_size, "actor_rollout_ref.model.path")
+
+
+def load_value_model(model_cfg, *, dtype: torch.dtype, seed: int, vocab_size: int | None = None) -> nn.Module:
+    """The critic: ``critic.model.path``'s architecture with a scalar head (``num_labels=1``, seeded by
+    ``seed``) in ``dtype``, gradient checkpointing if asked."""
+    from ..value_model import value_model_from_pretrained
+
+    key = "critic.model.path"
+    model = value_model_from_pretrained(model_directory(model_cfg.path, key), dtype=dtype, seed=seed,
+                                        trust_remote_code=model_cfg.trust_remote_code)
+    return _prepared(model, model_cfg, vocab_size, key)
+
+
+def _prepared(model: nn.Module, model_cfg, vocab_size: int | None, key: str) -> nn.Module:
     embeddings = model.get_input_embeddings().weight.shape[0]
     if vocab_size is not None and vocab_size > embeddings:
-        raise ConfigError("actor_rollout_ref.model.path",
-                          f"the tokenizer has {vocab_size} tokens but the model only {embeddings} embeddings")
+        raise ConfigError(key, f"the tokenizer has {vocab_size} tokens but the model only {embeddings} embeddings")
     if model_cfg.enable_gradient_checkpointing:
         model.gradient_checkpointing_enable()
     return model
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A no-grad, eval-mode copy of a (possibly DDP-wrapped) model: the reference, an FSDP2 inference copy."""
+    import copy
+
+    clone = copy.deepcopy(unwrap(model)).eval()
+    for p in clone.parameters():
+        p.requires_grad_(False)
+    return clone
+
+
+def refresh_copy(model: nn.Module, copy: nn.Module | None) -> None:
+    """Load a wrapped model's full weights into its plain inference copy (FSDP2: every rank takes part)."""
+    if copy is None:
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    copy.load_state_dict(get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)))
 
 
 def generation_eos_ids(model: nn.Module, tokenizer) -> list[int]:

@@ -9,7 +9,6 @@ FSDP2, whose sharded forward would need every rank in lockstep).
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -19,20 +18,17 @@ from torch import Tensor, nn
 from ..aggregation import token_weights
 from ..collective import default_collective
 from ..engine import UpdateConfig, wrap_model
-from ..engine.distributed import is_fsdp2
 from ..models import unwrap
 from ..stats import MinibatchStats
 from .config import TrainConfig
-from .config_check import dp_strategy, reward_function as reward_function_setting, to_update_config
+from .config_check import critic_enabled, dp_strategy, reward_function as reward_function_setting, to_update_config
+from .critic import Critic, build_critic
 from .data import PromptDataset, PromptSampler, load_prompts
 from .kl_control import make_kl_controller
-from .models import generation_eos_ids, load_policy, load_tokenizer
+from .models import MODEL_DTYPES, frozen_copy, generation_eos_ids, load_policy, load_tokenizer, refresh_copy
 from .rewards import check_reward_sources, load_reward_function
 from .rollout import HFRollout, SamplingParams
 from .schedule import make_optimizer, make_scheduler
-
-
-MODEL_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
 
 
 @dataclass
@@ -56,6 +52,7 @@ class Run:
     total_steps: int
     float_dtype: torch.dtype
     inference_copy: nn.Module | None = None  # FSDP2 only
+    critic: Critic | None = None  # PPO with a value model (critic.enable, or gae)
     optimizer_steps: int = 0
     extra: dict = field(default_factory=dict)
 
@@ -72,11 +69,7 @@ class Run:
 
     def after_update(self) -> None:
         """Refresh the FSDP2 inference copy from the sharded policy (every rank takes part)."""
-        if self.inference_copy is not None:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-            state = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True))
-            self.inference_copy.load_state_dict(state)
+        refresh_copy(self.policy, self.inference_copy)
 
     @property
     def old_log_prob_split(self) -> dict:
@@ -174,12 +167,12 @@ def build_run(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None = N
     torch.manual_seed(cfg.trainer.seed)
     policy = load_policy(cfg.actor_rollout_ref.model, dtype=dtype, vocab_size=len(tokenizer))
     needs_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-    ref = _frozen_copy(policy) if needs_ref else None
+    ref = frozen_copy(policy) if needs_ref else None
     inference_copy = None
     if collective.world_size > 1:
         strategy = dp_strategy(cfg)
         if strategy == "fsdp2":
-            inference_copy = _frozen_copy(policy)
+            inference_copy = frozen_copy(policy)
         policy = wrap_model(policy, strategy)
     optimizer = make_optimizer(policy, cfg.actor_rollout_ref.actor.optim)
     scheduler = make_scheduler(optimizer, cfg.actor_rollout_ref.actor.optim, total)
@@ -187,13 +180,16 @@ def build_run(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None = N
     rollout = HFRollout(rollout_model, eos_token_ids=generation_eos_ids(rollout_model, tokenizer),
                         pad_token_id=_pad_id(tokenizer),
                         max_num_seqs=cfg.actor_rollout_ref.rollout.max_num_seqs)
+    critic = None
+    if critic_enabled(cfg):
+        critic = build_critic(cfg, world_size=collective.world_size, total_steps=total, vocab_size=len(tokenizer))
     kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
     float_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     return Run(config=cfg, update_config=inputs.update_config, collective=collective, tokenizer=tokenizer,
                train_data=inputs.train_data, val_data=inputs.val_data, reward_fn=inputs.reward_fn, policy=policy,
                optimizer=optimizer, scheduler=scheduler, rollout=rollout, ref=ref, sampling=train_sampling,
                val_sampling=val_sampling, sampler=inputs.sampler, kl_ctrl=kl_ctrl, total_steps=total,
-               float_dtype=float_dtype, inference_copy=inference_copy)
+               float_dtype=float_dtype, inference_copy=inference_copy, critic=critic)
 
 
 def reward_function(cfg: TrainConfig):
@@ -205,13 +201,6 @@ def reward_function(cfg: TrainConfig):
 
 def _files(value) -> list[str]:
     return [value] if isinstance(value, str) else [str(v) for v in value]
-
-
-def _frozen_copy(model: nn.Module) -> nn.Module:
-    clone = copy.deepcopy(unwrap(model)).eval()
-    for p in clone.parameters():
-        p.requires_grad_(False)
-    return clone
 
 
 def _pad_id(tokenizer) -> int:

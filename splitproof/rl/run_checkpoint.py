@@ -1,8 +1,9 @@
 """A training run's checkpoint: what a ``Run`` saves beside its model and optimizer, and how it resumes.
 
-``checkpoint.save_checkpoint`` keeps the model, the optimizer, the LR schedule and every RNG; the run
-adds its own state: the prompt sampler's position (epoch, cursor), the KL controller's coefficient
-and the number of optimizer steps taken (the engine's minibatch-shuffle stream is keyed by it). That is
+``checkpoint.save_checkpoint`` keeps the model, the optimizer, the LR schedule and every RNG (and the
+same of the critic, when the run has one); the run adds its own state: the prompt sampler's position
+(epoch, cursor), the KL controller's coefficient and the number of optimizer steps taken by the actor
+and the critic (the engine's minibatch-shuffle streams are keyed by them). That is
 everything the next step depends on, so a resumed run continues the same trajectory. The reference
 model is not saved: it is the initial model, loaded again from ``actor_rollout_ref.model.path``.
 """
@@ -13,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ConfigError
-from .checkpoint import (STEP_DIR, Resumed, check_resume_config, find_resume_checkpoint, load_checkpoint,
-                         save_checkpoint)
+from .checkpoint import (STEP_DIR, Resumed, Trainable, check_resume_config, find_resume_checkpoint,
+                         load_checkpoint, save_checkpoint)
 from .config import TrainConfig
 from .config_load import dump_config
 from .run import Run
@@ -48,7 +49,13 @@ def run_state(run: Run) -> dict:
     """The loop's state a checkpoint keeps (tensors, numbers, strings, lists and dicts only)."""
     return {"sampler": run.sampler.state_dict(),
             "kl_ctrl": None if run.kl_ctrl is None else run.kl_ctrl.state_dict(),
-            "optimizer_steps": run.optimizer_steps}
+            "optimizer_steps": run.optimizer_steps,
+            "critic_optimizer_steps": None if run.critic is None else run.critic.optimizer_steps}
+
+
+def _critic(run: Run) -> Trainable | None:
+    c = run.critic
+    return None if c is None else Trainable(c.model, c.optimizer, c.scheduler)
 
 
 def save_run(run: Run, step: int) -> Path:
@@ -56,17 +63,22 @@ def save_run(run: Run, step: int) -> Path:
     cfg = run.config
     return save_checkpoint(cfg.trainer.default_local_dir, step, model=run.policy, optimizer=run.optimizer,
                            trainer_state=run_state(run), lr_scheduler=run.scheduler, config_yaml=dump_config(cfg),
-                           tokenizer=run.tokenizer, max_to_keep=cfg.trainer.max_actor_ckpt_to_keep)
+                           tokenizer=run.tokenizer, max_to_keep=cfg.trainer.max_actor_ckpt_to_keep,
+                           critic=_critic(run))
 
 
 def restore_run(run: Run, point: ResumePoint) -> int:
-    """Load ``point`` into ``run`` (model, optimizer, schedule, RNGs, sampler, KL controller, optimizer
-    step count); returns the step to continue after. Every rank calls it."""
-    resumed = load_checkpoint(point.path, model=run.policy, optimizer=run.optimizer, lr_scheduler=run.scheduler)
+    """Load ``point`` into ``run`` (models, optimizers, schedules, RNGs, sampler, KL controller, optimizer
+    step counts); returns the step to continue after. Every rank calls it."""
+    resumed = load_checkpoint(point.path, model=run.policy, optimizer=run.optimizer, lr_scheduler=run.scheduler,
+                              critic=_critic(run))
     state = resumed.trainer_state
     run.sampler.load_state_dict(state["sampler"])
     if run.kl_ctrl is not None:
         run.kl_ctrl.load_state_dict(state["kl_ctrl"])
     run.optimizer_steps = int(state["optimizer_steps"])
     run.after_update()
+    if run.critic is not None:
+        run.critic.optimizer_steps = int(state["critic_optimizer_steps"])
+        run.critic.after_update()
     return resumed.step

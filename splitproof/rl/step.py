@@ -1,6 +1,7 @@
 """One RL training step, top to bottom.
 
-    prompts → generate n samples each → score → old (and ref) log-probs → advantages → engine update
+    prompts → generate n samples each → score → old (and ref) log-probs → critic values (PPO) →
+    advantages → critic update (PPO) → policy update (from step max(1, trainer.critic_warmup) on)
 
 Every stage is a function of (seed, step, data, config): sampling draws from counter-based streams
 keyed by (seed, step, uid, sample index); rewards and log-probs are per sequence; advantages are
@@ -12,14 +13,16 @@ change how the step is computed, never its result.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
+from torch import Tensor
 
 from ..advantages import compute_advantage
 from ..batch import RolloutBatch
-from ..engine import compute_log_probs, update_policy
+from ..engine import compute_log_probs, compute_values, update_policy
 from .assemble import SequenceTensors, pad_samples
+from .critic import train_critic
 from .kl_control import apply_kl_penalty
 from .metrics import StageTimer, actor_metrics, data_metrics, throughput_metrics
 from .parallel import gather_rows, run_on_share
@@ -59,6 +62,10 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
     if run.ref is not None:
         with timer("ref"):
             ref_log_probs, _ = no_grad_log_probs(run, run.ref, seqs, run.ref_log_prob_split)
+    values = None
+    if run.critic is not None:
+        with timer("values"):
+            values = critic_values(run, seqs)
 
     with timer("adv"):
         token_level_scores = scores_on_last_token(scores.to(run.float_dtype), seqs.response_mask)
@@ -70,31 +77,31 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
         index = [s.uid for s in samples]
         advantages, returns = compute_advantage(
             cfg.algorithm.adv_estimator, token_level_rewards, seqs.response_mask, index,
-            **advantage_options(run, samples, uids, step))
+            **advantage_options(run, samples, uids, step, values))
 
     batch = RolloutBatch(prompts=seqs.prompts, responses=seqs.responses, attention_mask=seqs.attention_mask,
                          response_mask=seqs.response_mask, old_log_probs=old_log_probs, advantages=advantages,
                          ref_log_probs=ref_log_probs if cfg.actor_rollout_ref.actor.use_kl_loss else None)
-    with timer("update_actor"):
-        run.policy.train()
-        results = update_policy(run.policy, run.optimizer, batch, run.update_config, collective=run.collective,
-                                step=run.optimizer_steps)
-        run.optimizer_steps += len(results)
-        lr = run.optimizer.param_groups[0]["lr"]
-        run.scheduler.step()
-        run.after_update()
+    update_metrics = {}
+    if run.critic is not None:
+        with timer("update_critic"):
+            update_metrics.update(train_critic(run.critic, replace(batch, values=values, returns=returns),
+                                               collective=run.collective))
+    if step >= cfg.trainer.critic_warmup:  # verl's rule: the actor waits while the critic warms up
+        with timer("update_actor"):
+            update_metrics.update(update_actor(run, batch))
 
     metrics = {"training/global_step": float(step), "training/epoch": float(run.sampler.epoch)}
     metrics.update(data_metrics(
         token_level_scores=token_level_scores, token_level_rewards=token_level_rewards, advantages=advantages,
         returns=returns, response_mask=seqs.response_mask, prompt_lengths=seqs.prompt_lengths,
-        max_response_length=cfg.data.max_response_length, max_prompt_length=cfg.data.max_prompt_length))
-    metrics.update(actor_metrics(r.metrics for r in results))
-    metrics["actor/lr"] = lr
+        max_response_length=cfg.data.max_response_length, max_prompt_length=cfg.data.max_prompt_length,
+        values=values))
+    metrics.update(update_metrics)
     if entropy is not None:
         metrics["actor/entropy"] = run.token_aggregate(entropy, seqs.response_mask)
     metrics.update(kl_metrics)
-    metrics.update({f"reward/{name}/mean": sum(values) / len(values) for name, values in reward_extra.items()})
+    metrics.update({f"reward/{name}/mean": sum(xs) / len(xs) for name, xs in reward_extra.items()})
     metrics.update(timer.metrics())
     seconds = time.perf_counter() - start
     metrics["timing_s/step"] = seconds
@@ -102,8 +109,22 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
     return StepOutput(metrics, samples)
 
 
-def advantage_options(run: Run, samples: list, uids: list[int], step: int) -> dict:
-    """The estimator's options under verl's names; `remax` scores a greedy baseline of every prompt."""
+def update_actor(run: Run, batch: RolloutBatch) -> dict[str, float]:
+    """Every policy optimizer step over ``batch``, then one step of the LR schedule; ``actor/*`` metrics
+    (``actor/lr``: the rate these steps used)."""
+    run.policy.train()
+    results = update_policy(run.policy, run.optimizer, batch, run.update_config, collective=run.collective,
+                            step=run.optimizer_steps)
+    run.optimizer_steps += len(results)
+    lr = run.optimizer.param_groups[0]["lr"]
+    run.scheduler.step()
+    run.after_update()
+    return {**actor_metrics(r.metrics for r in results), "actor/lr": lr}
+
+
+def advantage_options(run: Run, samples: list, uids: list[int], step: int, values: Tensor | None) -> dict:
+    """The estimator's options under verl's names; `remax` scores a greedy baseline of every prompt, `gae`
+    reads the critic's values."""
     algo = run.config.algorithm
     estimator = algo.adv_estimator
     if estimator == "grpo":
@@ -116,7 +137,7 @@ def advantage_options(run: Run, samples: list, uids: list[int], step: int) -> di
         by_uid = {s.uid: float(b) for s, b in zip(greedy, baseline)}
         return {"reward_baselines": torch.tensor([by_uid[s.uid] for s in samples], dtype=run.float_dtype)}
     if estimator == "gae":
-        raise NotImplementedError("gae needs a critic")  # TODO(issue 13)
+        return {"gamma": algo.gamma, "lam": algo.lam, "values": values}
     return {}
 
 
@@ -153,6 +174,39 @@ def score_samples(run: Run, samples: list, step: int, *, stream: int = 0) -> tup
 def no_grad_log_probs(run: Run, model, seqs: SequenceTensors, split: dict, *, with_entropy: bool = False):
     """No-grad log-probs [B, T] (and entropy) of every row; each rank computes a share. ``split`` holds the
     pass's micro-batching (``micro_batch_size`` or ``max_token_len``), which never changes the values."""
+    def compute(part):
+        logp, entropy = compute_log_probs(model, part, **_split_kwargs(split, part), with_entropy=with_entropy,
+                                          temperature=run.config.actor_rollout_ref.rollout.temperature,
+                                          packed=run.update_config.use_remove_padding)
+        return [logp, entropy] if with_entropy else [logp]
+
+    stacked = _no_grad_rows(run, model, seqs, compute, channels=2 if with_entropy else 1)
+    return stacked[:, 0], (stacked[:, 1] if with_entropy else None)
+
+
+def critic_values(run: Run, seqs: SequenceTensors) -> Tensor:
+    """The critic's no-grad values [B, T] of every row (the state before each response token); each rank
+    computes a share, split by ``critic.forward_*`` (which never changes them)."""
+    critic = run.critic
+    model = critic.for_inference()
+
+    def compute(part):
+        return [compute_values(model, part, **_split_kwargs(critic.forward_split, part),
+                               packed=critic.update_config.use_remove_padding)]
+
+    return _no_grad_rows(run, model, seqs, compute, channels=1)[:, 0]
+
+
+def _split_kwargs(split: dict, part: RolloutBatch) -> dict:
+    """``micro_batch_size`` / ``max_token_len`` of a no-grad pass over ``part`` (null: the whole share)."""
+    if split.get("max_token_len"):
+        return {"micro_batch_size": None, "max_token_len": split["max_token_len"]}
+    return {"micro_batch_size": split.get("micro_batch_size") or len(part), "max_token_len": None}
+
+
+def _no_grad_rows(run: Run, model, seqs: SequenceTensors, compute, *, channels: int) -> Tensor:
+    """``compute(part)`` -> ``channels`` tensors [rows, T] on this rank's share of the rows, with ``model`` in
+    eval mode; gathered on every rank as [B, channels, T] in row order."""
     batch = RolloutBatch(prompts=seqs.prompts, responses=seqs.responses, attention_mask=seqs.attention_mask,
                          response_mask=seqs.response_mask, old_log_probs=seqs.rollout_log_probs,
                          advantages=torch.zeros(len(seqs.prompts), dtype=run.float_dtype))
@@ -161,17 +215,10 @@ def no_grad_log_probs(run: Run, model, seqs: SequenceTensors, split: dict, *, wi
 
     def work(rows):
         if not len(rows):
-            return torch.zeros(0, 2 if with_entropy else 1, seqs.responses.shape[1], dtype=run.float_dtype)
-        part = batch.select(list(rows))
-        size = split.get("micro_batch_size") or (None if split.get("max_token_len") else len(part))
-        logp, entropy = compute_log_probs(model, part, micro_batch_size=size, max_token_len=split.get("max_token_len"),
-                                          temperature=run.config.actor_rollout_ref.rollout.temperature,
-                                          with_entropy=with_entropy, packed=run.update_config.use_remove_padding)
-        parts = [logp, entropy] if with_entropy else [logp]
-        return torch.stack([p.to(run.float_dtype) for p in parts], dim=1)
+            return torch.zeros(0, channels, seqs.responses.shape[1], dtype=run.float_dtype)
+        return torch.stack([p.to(run.float_dtype) for p in compute(batch.select(list(rows)))], dim=1)
 
     try:
-        stacked = gather_rows(run.collective, len(batch), work)
+        return gather_rows(run.collective, len(batch), work)
     finally:
         model.train(was_training)
-    return stacked[:, 0], (stacked[:, 1] if with_entropy else None)
