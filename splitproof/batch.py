@@ -4,6 +4,7 @@ Layout: prompts are left-padded ``[B, P]``, responses right-padded ``[B, T]``; `
 both ``[B, P + T]``; ``response_mask`` ``[B, T]`` says which response tokens count in the loss (multi-turn
 masks allowed, but only on real tokens). Per-token tensors are ``[B, T]``; advantages may be ``[B]``
 (one scalar per sequence, broadcast). ``seq_ids`` are the canonical sequence keys (default: row index).
+The critic's update also reads ``values`` (its predictions before the update) and ``returns`` (its targets).
 Other paddings are accepted too — after a prompt, holes inside a prompt or a response — as long as every
 sequence with a response token has a prompt token; the engine computes each sequence over its span.
 """
@@ -52,6 +53,14 @@ def check_finite_on(name: str, values: Tensor, valid: Tensor, seq_ids: Tensor | 
         raise BatchError(name, "non-finite value on a valid response token", _seq_label(seq_ids, row))
 
 
+def check_per_token_shape(name: str, value: Tensor | None, shape: torch.Size) -> None:
+    """A per-token tensor (None = absent) must be floating point and shaped like the response mask."""
+    if value is not None and value.shape != shape:
+        raise BatchError(name, f"shape {tuple(value.shape)} does not match response_mask {tuple(shape)}")
+    if value is not None and not value.is_floating_point():
+        raise BatchError(name, f"must be a floating-point tensor, got {value.dtype}")
+
+
 def check_policy_tensors(
     log_prob: Tensor | None,
     old_log_prob: Tensor,
@@ -79,10 +88,7 @@ def check_policy_tensors(
                  "rollout_is_weights": rollout_is_weights, "entropy": entropy}
     per_token = {names.get(name, name): value for name, value in per_token.items()}
     for name, value in per_token.items():
-        if value is not None and value.shape != shape:
-            raise BatchError(name, f"shape {tuple(value.shape)} does not match response_mask {tuple(shape)}")
-        if value is not None and not value.is_floating_point():
-            raise BatchError(name, f"must be a floating-point tensor, got {value.dtype}")
+        check_per_token_shape(name, value, shape)
     if advantages.shape == shape[:1]:
         advantages = advantages[:, None].expand(shape)
     elif advantages.shape != shape:
@@ -105,6 +111,8 @@ def check_policy_tensors(
 
 # check_policy_tensors's argument names -> the RolloutBatch fields they come from
 FIELD_NAMES = {"old_log_prob": "old_log_probs", "ref_log_prob": "ref_log_probs"}
+# The critic's per-token fields: optional, checked like the others when present.
+VALUE_FIELDS = ("values", "returns")
 
 
 @dataclass
@@ -120,6 +128,8 @@ class RolloutBatch:
     ref_log_probs: Tensor | None = None  # [B, T]
     rollout_is_weights: Tensor | None = None  # [B, T]
     seq_ids: Tensor | None = None  # [B] canonical keys; default arange(B)
+    values: Tensor | None = None  # [B, T] the critic's predictions before its update (the critic's no-grad pass)
+    returns: Tensor | None = None  # [B, T] the critic's targets (GAE returns)
 
     def __post_init__(self) -> None:
         if self.seq_ids is None:
@@ -237,6 +247,11 @@ class RolloutBatch:
             ref_log_prob=self.ref_log_probs, rollout_is_weights=self.rollout_is_weights, seq_ids=self.seq_ids,
             names=FIELD_NAMES,
         )
+        for name in VALUE_FIELDS:
+            value = getattr(self, name)
+            check_per_token_shape(name, value, mask.shape)
+            if value is not None:
+                check_finite_on(name, value.detach(), mask, self.seq_ids)
         outside = mask & ~attention[:, self.prompt_width:]
         if outside.any():
             row = int(outside.nonzero()[0, 0])
