@@ -1,10 +1,11 @@
 """Everything a training run builds once from its config: data, reward, models, optimizer, sampler.
 
 ``build_run`` checks what can be checked before any model is loaded (the config, the data files, the
-reward function against every row's data source), then loads the model. Under torchrun the policy is
-wrapped for DDP or FSDP2; generation and the no-grad log-prob passes run on a plain module holding the
-same weights (the policy itself under DDP or on one process, a copy refreshed after each update under
-FSDP2, whose sharded forward would need every rank in lockstep).
+reward function against every row's data source), then loads the model (and the critic, for PPO). Under
+torchrun the policy is wrapped for DDP or FSDP2; generation and the no-grad log-prob passes run on a
+plain module holding the same weights (the policy itself under DDP or on one process, a copy refreshed
+after each update under FSDP2, whose sharded forward would need every rank in lockstep). The critic is
+kept the same way (``critic.Critic``).
 """
 
 from __future__ import annotations
