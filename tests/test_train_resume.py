@@ -262,6 +262,12 @@ def test_resume_on_two_ranks_continues_the_trajectory(model_dir, uninterrupted, 
         _same_trajectory({"weights": rank["weights"], "records": records}, uninterrupted)
 
 
+def test_a_critic_cannot_resume_from_a_checkpoint_without_one(model_dir, stopped_at_2, tmp_path):
+    out = _copy(stopped_at_2, tmp_path)
+    with pytest.raises(SetupError, match=r"critic\.enable.*holds none"):
+        train(_config(model_dir, out, extra=[*PPO, "trainer.resume_allow_config_change=true"]))
+
+
 def test_changed_result_affecting_key_is_refused_by_name(model_dir, stopped_at_2, tmp_path, capsys):
     out = _copy(stopped_at_2, tmp_path)
     with pytest.raises(SetupError, match=r"actor_rollout_ref\.actor\.optim\.lr.*differs from the checkpoint"):

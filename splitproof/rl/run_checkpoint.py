@@ -17,6 +17,7 @@ from ..config import ConfigError
 from .checkpoint import (STEP_DIR, Resumed, Trainable, check_resume_config, find_resume_checkpoint,
                          load_checkpoint, save_checkpoint)
 from .config import TrainConfig
+from .config_check import critic_enabled
 from .config_load import dump_config
 from .run import Run
 
@@ -39,6 +40,8 @@ def resume_point(cfg: TrainConfig, total_steps: int) -> ResumePoint | None:
     step = int(STEP_DIR.match(path.name).group(1))
     check_resume_config(Resumed(path=path, step=step, trainer_state={},
                                 config_yaml=(path / "config.yaml").read_text()), cfg)
+    if critic_enabled(cfg) and not (path / "critic_state").is_dir():
+        raise ConfigError("critic.enable", f"the run trains a critic but the checkpoint being resumed ({path}) holds none")
     if step > total_steps:
         raise ConfigError("trainer.total_training_steps",
                           f"the run has {total_steps} steps but the checkpoint being resumed ({path}) is at step {step}")
