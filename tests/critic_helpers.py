@@ -41,7 +41,7 @@ def critic_rollout(policy, critic, num_sequences: int = 8, *, seed: int = 1, **k
     return with_values(make_rollout(policy, num_sequences, seed=seed, **kwargs), critic, seed=seed + 2)
 
 
-def run_critic(critic, batch: RolloutBatch, config: CriticUpdateConfig, *, optimizer: str = "sgd", lr: float = 0.05):
+def run_critic(critic, batch: RolloutBatch, config: CriticUpdateConfig, *, optimizer: str = "sgd", lr: float = 0.02):
     """One critic update on a copy: (flattened parameters after, list[StepResult])."""
     critic = copy.deepcopy(critic)
     opt = make_optimizer(critic, optimizer, lr)
