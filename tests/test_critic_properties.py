@@ -1,6 +1,7 @@
 """Property test of the critic's update (hypothesis): random aggregation modes, orders, microbatch sizes,
 token budgets, packing, clipping and minibatch/epoch layouts give the same update as one microbatch
-(float64, 1e-10 relative to the update; measured below 1e-13)."""
+(float64, 1e-10 relative to the update; measured up to 5e-13 after four AdamW steps with clipping: Adam
+normalises each entry, so an entry whose gradient is near its eps carries re-association differences)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from .engine_helpers import REL, assert_metrics_close, flat, full_state, rel_dif
 
 @pytest.fixture(scope="module")
 def setup():
-    policy, critic = make_models(seed=5, head_seed=2)
+    policy, critic = make_models(seed=5, head_seed=2, exact_norms=True)  # several AdamW steps: see make_models
     return critic, critic_rollout(policy, critic, seed=9), flat(full_state(critic))
 
 
