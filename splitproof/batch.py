@@ -140,7 +140,8 @@ class RolloutBatch:
 
     @classmethod
     def from_sequences(cls, prompt_ids, response_ids, old_log_probs, advantages, *, response_mask=None,
-                       ref_log_probs=None, rollout_is_weights=None, seq_ids=None, pad_token_id: int = 0,
+                       ref_log_probs=None, rollout_is_weights=None, values=None, returns=None, seq_ids=None,
+                       pad_token_id: int = 0,
                        dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> "RolloutBatch":
         """A validated batch from plain per-sequence data; row i is sequence i of every list.
 
@@ -153,6 +154,7 @@ class RolloutBatch:
         - ``response_mask[i]`` (optional): 0/1 per response token, which tokens count in the loss
           (multi-turn masks); default every response token.
         - ``ref_log_probs[i]``, ``rollout_is_weights[i]`` (optional): one per response token.
+        - ``values[i]``, ``returns[i]`` (optional, the critic's update): one per response token.
         - ``seq_ids`` (optional): a unique integer id per sequence, its canonical key (default 0..B-1).
 
         A row may be a list, tuple, NumPy array or 1-D tensor. Bad input raises :class:`BatchError`
@@ -164,7 +166,8 @@ class RolloutBatch:
 
         return batch_from_sequences(cls, prompt_ids, response_ids, old_log_probs, advantages,
                                     response_mask=response_mask, ref_log_probs=ref_log_probs,
-                                    rollout_is_weights=rollout_is_weights, seq_ids=seq_ids,
+                                    rollout_is_weights=rollout_is_weights, values=values, returns=returns,
+                                    seq_ids=seq_ids,
                                     pad_token_id=pad_token_id, dtype=dtype, device=device)
 
     @property

@@ -99,6 +99,8 @@ def batch_from_sequences(
     response_mask=None,
     ref_log_probs=None,
     rollout_is_weights=None,
+    values=None,
+    returns=None,
     seq_ids=None,
     pad_token_id: int = 0,
     dtype: torch.dtype = torch.float32,
@@ -118,7 +120,8 @@ def batch_from_sequences(
     old = _per_token("old_log_probs", _rows("old_log_probs", old_log_probs, count), lengths, dtype)
     adv = _advantages(_rows("advantages", advantages, count), lengths, dtype)
     optional = {}
-    for name, rows in (("ref_log_probs", ref_log_probs), ("rollout_is_weights", rollout_is_weights)):
+    for name, rows in (("ref_log_probs", ref_log_probs), ("rollout_is_weights", rollout_is_weights),
+                       ("values", values), ("returns", returns)):
         if rows is not None:
             optional[name] = _per_token(name, _rows(name, rows, count), lengths, dtype)
     if response_mask is not None:

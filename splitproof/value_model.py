@@ -11,6 +11,7 @@ copied and the head is new: weights ~ N(0, ``initializer_range``²) drawn from a
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -78,6 +79,20 @@ def _from_causal_lm(policy: nn.Module, dtype: torch.dtype | None, seed: int) -> 
     return init_value_head(model, seed)
 
 
+@contextmanager
+def _quiet_load_report():
+    """Hugging Face reports the LM head as unexpected and the value head as missing when a value model is
+    built from a causal LM checkpoint; both are expected (any other missing weight is an error, below)."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
 def value_model_from_pretrained(path_or_model, *, dtype: torch.dtype | None = None, seed: int = 0,
                                 device: str | torch.device = "cpu", attn_implementation: str | None = None,
                                 trust_remote_code: bool = False) -> nn.Module:
@@ -99,9 +114,14 @@ def value_model_from_pretrained(path_or_model, *, dtype: torch.dtype | None = No
     saved = is_value_config(config)
     if not saved:
         kwargs["config"] = _value_config(config)
-    with torch.random.fork_rng(devices=[]):  # Hugging Face draws a missing head from the global RNG
+    with torch.random.fork_rng(devices=[]), _quiet_load_report():  # a missing head is drawn from the global RNG
         model, info = AutoModelForTokenClassification.from_pretrained(path, output_loading_info=True, **kwargs)
-    if any(key.startswith(f"{HEAD}.") for key in info.get("missing_keys", ())):
+    missing = sorted(info.get("missing_keys", ()))
+    body = [key for key in missing if not key.startswith(f"{HEAD}.")]
+    if body:
+        raise ValueError(f"{path}: the checkpoint lacks {len(body)} of the model's weights ({', '.join(body[:3])}"
+                         f"{', ...' if len(body) > 3 else ''}): not this architecture's causal LM or value model")
+    if missing:  # the head of a causal LM checkpoint: drawn from the seed (the LM head is not used)
         init_value_head(model, seed)
     model.config.use_cache = False
     return model.to(device)

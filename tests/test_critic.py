@@ -4,6 +4,7 @@ against an independent plain float64 reference and across splits (float64 tiny L
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -185,10 +186,15 @@ def test_update_metrics_and_steps(models, batch):
         assert step.metrics["critic/step_skipped"] == 0.0 and not step.skipped
 
 
+@pytest.fixture(scope="module")
+def exact_critic():
+    return make_models(exact_norms=True)[1]  # several AdamW steps: see make_models
+
+
 @pytest.mark.parametrize("split", ["micro1", "micro3", "budget", "packed"])
-def test_update_is_split_invariant(models, batch, split):
+def test_update_is_split_invariant(exact_critic, batch, split):
     """Several minibatches and epochs (shuffled), AdamW, clipping on: any split gives the same update."""
-    _, critic = models
+    critic = exact_critic
     common = dict(ppo_mini_batch_size=4, ppo_epochs=2, shuffle=True, data_loader_seed=5, grad_clip=0.3,
                   loss_agg_mode="seq-mean-token-mean")
     base_params, base_steps = run_critic(critic, batch, CriticUpdateConfig(**common), optimizer="adamw")
@@ -206,3 +212,28 @@ def test_update_is_split_invariant(models, batch, split):
     assert rel_diff(params, base_params, theta0) <= REL
     for a, b in zip(steps, base_steps):
         assert_metrics_close(a.metrics, b.metrics, label=split)
+
+
+def test_per_microbatch_scope_is_verl_before_its_pr_6957(models, batch):
+    """``statistics_scope="microbatch"`` (the diagnosis's legacy column) = Σ over microbatches of the value loss
+    normalised by each microbatch's own tokens: the independent reference applied microbatch by microbatch."""
+    _, critic = models
+    config = CriticUpdateConfig(ppo_mini_batch_size=len(batch), ppo_micro_batch_size_per_gpu=3, grad_clip=NO_CLIP,
+                                cliprange_value=0.2, statistics_scope="microbatch")
+    params, steps = run_critic(critic, batch, config)
+    model = copy.deepcopy(critic)
+    total = 0.0
+    for rows in ([0, 1, 2], [3, 4, 5], [6, 7]):
+        sub = batch.select(rows)
+        loss, _ = reference_value_objective(response_values(model, sub), sub.values, sub.returns, sub.response_mask,
+                                            cliprange_value=0.2)
+        loss.backward()
+        total += float(loss.detach())
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.02 * p.grad
+    theta0 = flat(full_state(critic))
+    assert rel_diff(params, flat(full_state(model)), theta0) <= REL
+    assert abs(steps[0].metrics["critic/vf_loss"] - total) <= FLOOR * total
+    one, _ = run_critic(critic, batch, replace(config, statistics_scope="minibatch"))
+    assert rel_diff(params, one, theta0) > 0.1  # and it is not the minibatch's objective

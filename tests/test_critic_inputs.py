@@ -135,3 +135,14 @@ def test_value_model_save_and_reload(tmp_path, batch):
         value_model_from_pretrained(from_module)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         value_model_from_pretrained(tmp_path / "missing")
+
+
+def test_value_model_from_an_incomplete_checkpoint_is_an_error(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    tiny_causal_lm("llama", seed=0).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    del weights["model.layers.0.mlp.up_proj.weight"]
+    save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"lacks 1 of the model's weights \(model.layers.0.mlp.up_proj.weight\)"):
+        value_model_from_pretrained(tmp_path)

@@ -1,6 +1,7 @@
 """Everything about an update that the batch, the config and the model can tell, checked before it runs.
 
-``update_policy`` calls :func:`validate_update` on every rank before the first forward. Every rank holds
+``update_policy`` calls :func:`validate_update` (``update_critic`` its own checks through
+:func:`validate_plans`) on every rank before the first forward. Every rank holds
 the same rollout batch and config (checked first, with one small gather of digests), so every rank
 raises the same named error (``BatchError`` naming the field and the sequence, or ``ConfigError`` naming
 the setting) and no weight, gradient or optimizer state has moved — instead of one rank failing
