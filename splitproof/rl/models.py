@@ -56,18 +56,11 @@ def load_policy(model_cfg, *, dtype: torch.dtype, vocab_size: int | None = None)
 def load_value_model(model_cfg, *, dtype: torch.dtype, seed: int, vocab_size: int | None = None) -> nn.Module:
     """The critic: ``critic.model.path``'s architecture with a scalar head (``num_labels=1``, seeded by
     ``seed``) in ``dtype``, gradient checkpointing if asked."""
-    from transformers.utils import logging as hf_logging
-
     from ..value_model import value_model_from_pretrained
 
     key = "critic.model.path"
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the load report of a new head (score missing, lm_head unused) is expected
-    try:
-        model = value_model_from_pretrained(model_directory(model_cfg.path, key), dtype=dtype, seed=seed,
-                                            trust_remote_code=model_cfg.trust_remote_code)
-    finally:
-        hf_logging.set_verbosity(verbosity)
+    model = value_model_from_pretrained(model_directory(model_cfg.path, key), dtype=dtype, seed=seed,
+                                        trust_remote_code=model_cfg.trust_remote_code)
     return _prepared(model, model_cfg, vocab_size, key)
 
 
