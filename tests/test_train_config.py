@@ -332,7 +332,8 @@ def test_reward_function_from_either_place():
 def test_schema_is_verl_tree_plus_documented_additions():
     ours = set(schema_keys())
     assert ours - config_verl.verl_keys() == {"actor_rollout_ref.actor.policy_loss.cov_strategy",
-                                              "trainer.resume_allow_config_change", "trainer.seed"}
+                                              "trainer.resume_allow_config_change", "trainer.seed",
+                                              "trainer.cpu_threads"}
     for pattern in config_verl.NO_EFFECT:  # every pattern matches a verl key, none of ours
         assert any(fnmatch.fnmatchcase(k, pattern) for k in config_verl.verl_keys()), pattern
         assert not any(fnmatch.fnmatchcase(k, pattern) for k in ours), pattern

@@ -228,6 +228,7 @@ class TrainerConfig:
     max_actor_ckpt_to_keep: Optional[int] = None  # null: keep every checkpoint
     device: str = "cpu"  # ours: cpu (verl: cuda)
     seed: int = 0  # ours: the model-initialisation and global RNG seed
+    cpu_threads: Optional[int] = None  # ours: torch's CPU threads per process during the run (null: torch's default); speed only
 
 
 @dataclass

@@ -338,6 +338,7 @@ def _check_trainer(cfg: TrainConfig) -> None:
                  f"is read only with trainer.resume_mode=resume_path (it is {trainer.resume_mode!r})")
     _require(bool(trainer.default_local_dir), "trainer.default_local_dir", "must not be empty")
     _optional_positive_int(trainer.max_actor_ckpt_to_keep, "trainer.max_actor_ckpt_to_keep")
+    _optional_positive_int(trainer.cpu_threads, "trainer.cpu_threads")
     device = trainer.device
     _require(device in ("cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit()), "trainer.device",
              f"must be cpu, cuda or cuda:N, got {device!r}")
