@@ -4,15 +4,13 @@ data-parallel size (DDP and FSDP2) — float64, tiny model, built-in task, a rew
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from splitproof.engine.launch import run_data_parallel
-from splitproof.rl.metrics import is_machine_dependent
 
-from .rl_helpers import LAYOUTS, final_weights, relative_update_difference, run_trajectory, trajectory_config
+from .rl_helpers import (LAYOUTS, assert_same_trajectory, final_weights, relative_update_difference, run_trajectory,
+                         trajectory_config)
 
 STEPS = 3
 
@@ -29,18 +27,6 @@ def baseline(model_dir):
     return run_trajectory(trajectory_config(model_dir, STEPS, LAYOUTS["one-piece"]))
 
 
-def _assert_same_trajectory(got, want):
-    for step, (a, b) in enumerate(zip(got["samples"], want["samples"]), start=1):
-        assert [(s.uid, s.index, s.response_ids) for s in a] == [(s.uid, s.index, s.response_ids) for s in b], step
-    assert relative_update_difference(got["weights"], want["weights"], want["initial"]) <= 1e-10
-    assert len(got["records"]) == len(want["records"])
-    for a, b in zip(got["records"], want["records"]):
-        keys = {k for k in b if not is_machine_dependent(k)}
-        assert keys == {k for k in a if not is_machine_dependent(k)}
-        for k in keys:
-            assert math.isclose(a[k], b[k], rel_tol=1e-9, abs_tol=1e-12), (k, a[k], b[k])
-
-
 def test_baseline_learns_something(baseline):
     """The comparison is not vacuous: rewards vary, advantages are non-zero, weights move."""
     first = baseline["records"][0]
@@ -52,7 +38,7 @@ def test_baseline_learns_something(baseline):
 @pytest.mark.parametrize("layout", ["ones", "budget-packed"])
 def test_layouts_give_the_same_trajectory(model_dir, baseline, layout):
     got = run_trajectory(trajectory_config(model_dir, STEPS, LAYOUTS[layout]))
-    _assert_same_trajectory(got, baseline)
+    assert_same_trajectory(got, baseline)
 
 
 def _dp_worker(model_dir, strategy):
@@ -66,7 +52,7 @@ def _dp_worker(model_dir, strategy):
 def test_data_parallel_gives_the_same_trajectory(model_dir, baseline, strategy):
     ranks = run_data_parallel(_dp_worker, 2, model_dir, strategy)
     for got in ranks:
-        _assert_same_trajectory(got, baseline)
+        assert_same_trajectory(got, baseline)
 
 
 def test_float32_drift_is_within_the_precision_floor(model_dir):

@@ -86,6 +86,9 @@ MISTAKES = {
                                                                                       "not a directory"]),
     "output directory unwritable": (["trainer.default_local_dir=/proc/splitproof/out"], ["trainer.default_local_dir"]),
     "model directory without a model": (["actor_rollout_ref.model.path={tmp}"], ["actor_rollout_ref.model.path"]),
+    "rollout correction without rollout log-probs": (["algorithm.rollout_correction.rollout_is=token",
+                                                       "actor_rollout_ref.rollout.calculate_log_probs=false"],
+                                                      ["actor_rollout_ref.rollout.calculate_log_probs"]),
     "resume from nothing": (["trainer.resume_mode=resume_path", "trainer.resume_from_path={tmp}/nowhere"],
                             ["trainer.resume_from_path", "does not exist"]),
 }

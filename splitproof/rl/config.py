@@ -141,6 +141,7 @@ class RolloutConfig(LogProbConfig):
     do_sample: bool = True  # false: greedy
     seed: int = 42  # keys every sample's randomness with (step, prompt uid, sample index)
     max_num_seqs: int = 256  # generation batch size: memory and speed only, never the tokens
+    calculate_log_probs: bool = True  # keep the rollout's log-probs (rollout_corr/ metrics, bypass_mode, rollout_is)
     prompt_length: int = II("data.max_prompt_length")  # must equal it
     response_length: int = II("data.max_response_length")  # must equal it
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
@@ -165,9 +166,9 @@ class KLControlConfig:
 
 @dataclass
 class RolloutCorrectionConfig:
-    rollout_is: Optional[str] = None  # null | token | sequence
-    rollout_is_threshold: float = 2.0  # truncation of the importance weights
-    bypass_mode: bool = False  # old log-probs := the rollout's (no recompute)
+    rollout_is: Optional[str] = None  # IS weights old/rollout: null (off) | token | sequence
+    rollout_is_threshold: float = 2.0  # weights above it are set to it (truncated IS)
+    bypass_mode: bool = False  # old log-probs := the rollout's (no recompute, no rollout_is)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from .kl_control import apply_kl_penalty
 from .metrics import StageTimer, actor_metrics, data_metrics, throughput_metrics
 from .parallel import gather_rows, run_on_share
 from .rewards import RewardError, score, token_level_scores as scores_on_last_token
+from .rollout_correction import rollout_correction
 from .run import Run, greedy as greedy_params
 
 BASELINE_STREAM = 2  # remax's greedy baseline (training samples use stream 0, validation 1)
@@ -49,10 +50,10 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
     seqs = pad_samples(samples, response_width=cfg.data.max_response_length, pad_token_id=run.pad_token_id,
                        dtype=run.float_dtype)
 
-    with timer("old_log_prob"):
-        if cfg.algorithm.rollout_correction.bypass_mode:
-            old_log_probs, entropy = seqs.rollout_log_probs, None
-        else:
+    if cfg.algorithm.rollout_correction.bypass_mode:  # verl's bypass mode: no recompute
+        old_log_probs, entropy = seqs.rollout_log_probs, None
+    else:
+        with timer("old_log_prob"):
             old_log_probs, entropy = no_grad_log_probs(run, run.policy_for_inference(), seqs, run.old_log_prob_split,
                                                        with_entropy=True)
     ref_log_probs = None
@@ -61,6 +62,9 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
             ref_log_probs, _ = no_grad_log_probs(run, run.ref, seqs, run.ref_log_prob_split)
 
     with timer("adv"):
+        is_weights, corr_metrics = rollout_correction(
+            cfg.algorithm.rollout_correction, old_log_probs,
+            seqs.rollout_log_probs if cfg.actor_rollout_ref.rollout.calculate_log_probs else None, seqs.response_mask)
         token_level_scores = scores_on_last_token(scores.to(run.float_dtype), seqs.response_mask)
         token_level_rewards, kl_metrics = token_level_scores, {}
         if cfg.algorithm.use_kl_in_reward:
@@ -74,7 +78,8 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
 
     batch = RolloutBatch(prompts=seqs.prompts, responses=seqs.responses, attention_mask=seqs.attention_mask,
                          response_mask=seqs.response_mask, old_log_probs=old_log_probs, advantages=advantages,
-                         ref_log_probs=ref_log_probs if cfg.actor_rollout_ref.actor.use_kl_loss else None)
+                         ref_log_probs=ref_log_probs if cfg.actor_rollout_ref.actor.use_kl_loss else None,
+                         rollout_is_weights=is_weights)
     with timer("update_actor"):
         run.policy.train()
         results = update_policy(run.policy, run.optimizer, batch, run.update_config, collective=run.collective,
@@ -94,6 +99,7 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
     if entropy is not None:
         metrics["actor/entropy"] = run.token_aggregate(entropy, seqs.response_mask)
     metrics.update(kl_metrics)
+    metrics.update(corr_metrics)
     metrics.update({f"reward/{name}/mean": sum(values) / len(values) for name, values in reward_extra.items()})
     metrics.update(timer.metrics())
     seconds = time.perf_counter() - start
