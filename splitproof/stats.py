@@ -69,15 +69,17 @@ class MinibatchStats:
         return torch.tensor([counts.get(int(g), 0) for g in index.tolist()], dtype=dtype, device=index.device)
 
     def as_tensor(self, group_keys: list[int] | tuple[int, ...] = ()) -> Tensor:
-        """[N, G, width, n_g for g in group_keys] (0 for a key this part lacks): what ranks sum."""
+        """[N, G, n_g for g in group_keys] (0 for a key this part lacks): what ranks sum."""
         counts = dict(self.group_tokens)
-        values = [self.num_tokens, self.num_sequences, self.response_width] + [counts.get(g, 0) for g in group_keys]
+        values = [self.num_tokens, self.num_sequences] + [counts.get(g, 0) for g in group_keys]
         return torch.tensor(values, dtype=torch.int64)
 
     @classmethod
-    def from_tensor(cls, values: Tensor, group_keys: list[int] | tuple[int, ...] = ()) -> "MinibatchStats":
-        n, g, width, *counts = (int(v) for v in values.tolist())
-        return cls(n, g, width, tuple(sorted((int(k), c) for k, c in zip(group_keys, counts) if c)))
+    def from_tensor(cls, values: Tensor, response_width: int,
+                    group_keys: list[int] | tuple[int, ...] = ()) -> "MinibatchStats":
+        """The inverse of :meth:`as_tensor` (the response width is not summed: every part knows it)."""
+        n, g, *counts = (int(v) for v in values.tolist())
+        return cls(n, g, response_width, tuple(sorted((int(k), c) for k, c in zip(group_keys, counts) if c)))
 
     def seq_scale(self, loss_scale_factor: float | None) -> float:
         """S of seq-mean-token-sum-norm: the configured constant, else the rollout's response width."""

@@ -169,8 +169,7 @@ def _minibatch_stats(batch: RolloutBatch, plan: MinibatchPlan, config: LossConfi
     keys = sorted(set(index[plan.rows].tolist())) if index is not None else []
     shard = MinibatchStats.of(batch.response_mask[plan.shard], batch.response_width,
                               None if index is None else index[plan.shard])
-    total = MinibatchStats.from_tensor(collective.sum(shard.as_tensor(keys)), keys)
-    return replace(total, response_width=batch.response_width)
+    return MinibatchStats.from_tensor(collective.sum(shard.as_tensor(keys)), batch.response_width, keys)
 
 
 def _reduce_metrics(sums: dict[str, Tensor], names: list[str], collective) -> dict[str, float]:
