@@ -420,6 +420,15 @@ def _fn_name(fn: Callable) -> str:
     return f"{module}:{name}"
 
 
+def check_agg_mode(agg_mode: str) -> None:
+    """verl's five modes; group-mean-token-mean needs group ids, which verl's convention does not pass."""
+    if agg_mode == GROUP_AGG:
+        raise ValueError(f"aggregation mode {agg_mode!r} cannot be audited in verl's convention: its loss functions "
+                         f"get no group ids; expected one of {', '.join(VERL_AGG_MODES)}")
+    if agg_mode not in AGG_MODES:
+        raise ValueError(f"unknown aggregation mode {agg_mode!r}; expected one of {', '.join(VERL_AGG_MODES)}")
+
+
 def run_audit(loss_fn: Callable, *, convention: str = "verl", loss_mode: str | None = None,
               agg_mode: str = "token-mean", seed: int = 0, sequences: int = 16, response_length: int = 24,
               loss_config: LossConfig | None = None, overrides: dict | None = None,
@@ -442,11 +451,7 @@ def run_audit(loss_fn: Callable, *, convention: str = "verl", loss_mode: str | N
     """
     if convention not in CONVENTIONS:
         raise ValueError(f"unsupported convention {convention!r}; supported: {', '.join(CONVENTIONS)}")
-    if agg_mode == GROUP_AGG:
-        raise ValueError(f"aggregation mode {agg_mode!r} cannot be audited in verl's convention: its loss functions "
-                         f"get no group ids; expected one of {', '.join(VERL_AGG_MODES)}")
-    if agg_mode not in AGG_MODES:
-        raise ValueError(f"unknown aggregation mode {agg_mode!r}; expected one of {', '.join(VERL_AGG_MODES)}")
+    check_agg_mode(agg_mode)
     if loss_mode is not None and (not isinstance(loss_mode, str) or not loss_mode):
         raise ValueError(f"loss_mode must be a non-empty string, got {loss_mode!r}")
     if not isinstance(sequences, int) or sequences < 4:
