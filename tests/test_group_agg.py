@@ -326,3 +326,15 @@ def test_missing_group_ids_fail_before_anything_moves(setup):
     for key, values in state["state"].items():
         for name, value in values.items():
             assert torch.equal(torch.as_tensor(after["state"][key][name]), torch.as_tensor(value)), (key, name)
+
+
+def test_the_lean_diagonal_still_covers_every_loss_and_every_aggregation():
+    """The lean run keeps one aggregation mode per loss mode of each sweep: with the sixth mode added, every
+    loss mode and every aggregation mode (group-mean-token-mean included) must still be on the diagonal."""
+    from splitproof.config import LOSS_MODES
+
+    from .conftest import on_the_diagonal
+
+    lean = [(loss, agg) for loss in LOSS_MODES for agg in AGG_MODES if on_the_diagonal(loss, agg)]
+    assert {loss for loss, _ in lean} == set(LOSS_MODES) and len(lean) == len(LOSS_MODES)
+    assert {agg for _, agg in lean} == set(AGG_MODES)
