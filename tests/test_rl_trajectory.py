@@ -41,6 +41,20 @@ def test_layouts_give_the_same_trajectory(model_dir, baseline, layout):
     assert_same_trajectory(got, baseline)
 
 
+def test_group_mean_token_mean_trajectory_is_layout_free(model_dir, baseline):
+    """The step hands the engine each sample's prompt uid as its group id: with group-mean-token-mean the
+    run trains (no missing-index error), a token budget with packing that cuts the groups changes nothing,
+    and the groups are really used (the first step's entropy metric, aggregated by the mode, differs from
+    the token-mean baseline's on the same samples)."""
+    group = ["actor_rollout_ref.actor.loss_agg_mode=group-mean-token-mean"]
+    one = run_trajectory(trajectory_config(model_dir, 2, group))
+    packed = run_trajectory(trajectory_config(model_dir, 2, group + LAYOUTS["budget-packed"]))
+    _assert_same_trajectory(packed, one)
+    first, base_first = one["records"][0], baseline["records"][0]
+    assert [s.response_ids for s in one["samples"][0]] == [s.response_ids for s in baseline["samples"][0]]
+    assert abs(first["actor/entropy"] - base_first["actor/entropy"]) > 1e-9 * abs(base_first["actor/entropy"])
+
+
 def _dp_worker(model_dir, strategy):
     overrides = [f"actor_rollout_ref.actor.strategy={strategy}", "actor_rollout_ref.rollout.max_num_seqs=3",
                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]

@@ -336,6 +336,12 @@ def test_update_config_from_actor_keys():
         assert getattr(update.loss, name) == getattr(owner, name), name
 
 
+def test_group_mean_token_mean_is_accepted():
+    cfg, _ = load("actor_rollout_ref.actor.loss_agg_mode=group-mean-token-mean")
+    assert to_update_config(cfg).loss.loss_agg_mode == "group-mean-token-mean"
+    assert cfg.critic.loss_agg_mode == "group-mean-token-mean"  # follows the actor, as in verl
+
+
 def test_reward_function_from_either_place():
     cfg, _ = load("reward.custom_reward_function.path=r.py")
     assert reward_function(cfg) == ("r.py", "compute_score")

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from ..batch import RolloutBatch
 from ..collective import LOCAL, default_collective
-from ..config import LossConfig
+from ..config import GROUP_AGG, LossConfig
 from ..objective import correction_share, merge_metric_shares, metric_names, minibatch_share, policy_inputs
 from ..selection import quota, select_tokens, shard_cov_sums
 from ..stats import MinibatchStats
@@ -75,7 +75,7 @@ def train_minibatch(model, optimizer, batch: RolloutBatch, plan: MinibatchPlan, 
     """One optimizer step over the minibatch ``plan.rows``; ``batch`` is validated."""
     loss_config = config.loss
     reduce_gradients_as_sum(model)
-    stats = _reduce_stats(MinibatchStats.of(batch.response_mask[plan.shard], batch.response_width), collective)
+    stats = _minibatch_stats(batch, plan, config.loss, collective)
     strategy = _cov_strategy(model, config, stats) if loss_config.is_cov else None
     with_entropy = loss_config.entropy_coeff != 0
     optimizer.zero_grad(set_to_none=True)
@@ -97,7 +97,8 @@ def train_minibatch(model, optimizer, batch: RolloutBatch, plan: MinibatchPlan, 
                     part_selection = _local_selection(part, log_prob, loss_config, step)
                     if on_selection is not None:
                         on_selection(part_selection, part.seq_ids)
-                part_stats = stats if config.statistics_scope == "minibatch" else MinibatchStats.of(part.response_mask)
+                part_stats = stats if config.statistics_scope == "minibatch" else MinibatchStats.of(
+                    part.response_mask, index=part.index)
                 share, shares = _share(part, log_prob, entropy, loss_config, part_stats, part_selection)
                 share.backward()  # the wrapper sums the ranks' gradients
             merge_metric_shares(metric_sums, shares)
@@ -154,12 +155,21 @@ def _share(part: RolloutBatch, log_prob, entropy, config: LossConfig, stats: Min
         return zero, {}
     return minibatch_share(log_prob, part.old_log_probs, part.advantages, part.response_mask, config, stats,
                            ref_log_prob=part.ref_log_probs, rollout_is_weights=part.rollout_is_weights,
-                           entropy=entropy, selection=selection)
+                           entropy=entropy, selection=selection, index=_group_ids(part, config))
 
 
-def _reduce_stats(stats: MinibatchStats, collective) -> MinibatchStats:
-    total = collective.sum(stats.as_tensor())
-    return MinibatchStats(int(total[0]), int(total[1]), stats.response_width)
+def _group_ids(part: RolloutBatch, config: LossConfig) -> Tensor | None:
+    return part.index if config.loss_agg_mode == GROUP_AGG else None
+
+
+def _minibatch_stats(batch: RolloutBatch, plan: MinibatchPlan, config: LossConfig, collective) -> MinibatchStats:
+    """N, G (and n_g per group for group-mean-token-mean) of the minibatch: this rank's shard summed over
+    ranks. Every rank holds the whole batch, so all agree on the minibatch's group ids without asking."""
+    index = _group_ids(batch, config)
+    keys = sorted(set(index[plan.rows].tolist())) if index is not None else []
+    shard = MinibatchStats.of(batch.response_mask[plan.shard], batch.response_width,
+                              None if index is None else index[plan.shard])
+    return MinibatchStats.from_tensor(collective.sum(shard.as_tensor(keys)), batch.response_width, keys)
 
 
 def _reduce_metrics(sums: dict[str, Tensor], names: list[str], collective) -> dict[str, float]:
@@ -246,7 +256,8 @@ def _deferred_correction(model, batch, plan, config: UpdateConfig, collective, s
             log_prob, _ = _log_probs(model, part, config)
             share, shares = correction_share(log_prob, part.old_log_probs, part.advantages, part.response_mask,
                                              config.loss, stats, _slice(selection, rows, part, live),
-                                             rollout_is_weights=part.rollout_is_weights)
+                                             rollout_is_weights=part.rollout_is_weights,
+                                             index=_group_ids(part, config.loss))
             share.backward()
         merge_metric_shares(metric_sums, shares)
 

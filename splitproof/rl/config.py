@@ -98,7 +98,7 @@ class ActorConfig:
     tau_pos: float = 1.0  # SAPO's temperature for positive advantages
     tau_neg: float = 1.05  # SAPO's temperature for negative advantages
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    loss_agg_mode: str = "token-mean"  # see docs/semantics.md
+    loss_agg_mode: str = "token-mean"  # or token-sum, seq-mean-token-*, group-mean-token-mean (docs/semantics.md)
     loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm's divisor (null: the response width)
     entropy_coeff: float = 0.0  # entropy bonus weight
     use_kl_loss: bool = False  # a KL term to the reference model in the loss (GRPO's)

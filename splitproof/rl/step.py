@@ -76,10 +76,11 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
             cfg.algorithm.adv_estimator, token_level_rewards, seqs.response_mask, index,
             **advantage_options(run, samples, uids, step))
 
+    group_ids = torch.tensor(index, dtype=torch.long)
     batch = RolloutBatch(prompts=seqs.prompts, responses=seqs.responses, attention_mask=seqs.attention_mask,
                          response_mask=seqs.response_mask, old_log_probs=old_log_probs, advantages=advantages,
                          ref_log_probs=ref_log_probs if cfg.actor_rollout_ref.actor.use_kl_loss else None,
-                         rollout_is_weights=is_weights)
+                         rollout_is_weights=is_weights, index=group_ids.to(seqs.prompts.device))
     with timer("update_actor"):
         run.policy.train()
         results = update_policy(run.policy, run.optimizer, batch, run.update_config, collective=run.collective,
@@ -97,7 +98,7 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
     metrics.update(actor_metrics(r.metrics for r in results))
     metrics["actor/lr"] = lr
     if entropy is not None:
-        metrics["actor/entropy"] = run.token_aggregate(entropy, seqs.response_mask)
+        metrics["actor/entropy"] = run.token_aggregate(entropy, seqs.response_mask, group_ids)
     metrics.update(kl_metrics)
     metrics.update(corr_metrics)
     metrics.update({f"reward/{name}/mean": sum(values) / len(values) for name, values in reward_extra.items()})
