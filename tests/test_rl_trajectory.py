@@ -49,7 +49,7 @@ def test_group_mean_token_mean_trajectory_is_layout_free(model_dir, baseline):
     group = ["actor_rollout_ref.actor.loss_agg_mode=group-mean-token-mean"]
     one = run_trajectory(trajectory_config(model_dir, 2, group))
     packed = run_trajectory(trajectory_config(model_dir, 2, group + LAYOUTS["budget-packed"]))
-    _assert_same_trajectory(packed, one)
+    assert_same_trajectory(packed, one)
     first, base_first = one["records"][0], baseline["records"][0]
     assert [s.response_ids for s in one["samples"][0]] == [s.response_ids for s in baseline["samples"][0]]
     assert abs(first["actor/entropy"] - base_first["actor/entropy"]) > 1e-9 * abs(base_first["actor/entropy"])
