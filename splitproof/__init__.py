@@ -5,7 +5,7 @@ never what it is.
 """
 
 from .batch import BatchError, RolloutBatch
-from .config import ConfigError, LossConfig
+from .config import ConfigError, LossConfig, ValueLossConfig
 from .objective import correction_share, minibatch_share, objective
 from .stats import MinibatchStats
 
@@ -17,6 +17,7 @@ __all__ = [
     "LossConfig",
     "MinibatchStats",
     "RolloutBatch",
+    "ValueLossConfig",
     "correction_share",
     "minibatch_share",
     "objective",

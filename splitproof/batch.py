@@ -5,6 +5,7 @@ both ``[B, P + T]``; ``response_mask`` ``[B, T]`` says which response tokens cou
 masks allowed, but only on real tokens). Per-token tensors are ``[B, T]``; advantages may be ``[B]``
 (one scalar per sequence, broadcast). ``seq_ids`` are the canonical sequence keys (default: row index);
 ``index`` (optional) is each sequence's prompt-group id (verl's uid), which group-mean-token-mean needs.
+The critic's update also reads ``values`` (its predictions before the update) and ``returns`` (its targets).
 Other paddings are accepted too — after a prompt, holes inside a prompt or a response — as long as every
 sequence with a response token has a prompt token; the engine computes each sequence over its span.
 """
@@ -55,6 +56,14 @@ def check_finite_on(name: str, values: Tensor, valid: Tensor, seq_ids: Tensor | 
         raise BatchError(name, "non-finite value on a valid response token", _seq_label(seq_ids, row))
 
 
+def check_per_token_shape(name: str, value: Tensor | None, shape: torch.Size) -> None:
+    """A per-token tensor (None = absent) must be floating point and shaped like the response mask."""
+    if value is not None and value.shape != shape:
+        raise BatchError(name, f"shape {tuple(value.shape)} does not match response_mask {tuple(shape)}")
+    if value is not None and not value.is_floating_point():
+        raise BatchError(name, f"must be a floating-point tensor, got {value.dtype}")
+
+
 def check_policy_tensors(
     log_prob: Tensor | None,
     old_log_prob: Tensor,
@@ -82,10 +91,7 @@ def check_policy_tensors(
                  "rollout_is_weights": rollout_is_weights, "entropy": entropy}
     per_token = {names.get(name, name): value for name, value in per_token.items()}
     for name, value in per_token.items():
-        if value is not None and value.shape != shape:
-            raise BatchError(name, f"shape {tuple(value.shape)} does not match response_mask {tuple(shape)}")
-        if value is not None and not value.is_floating_point():
-            raise BatchError(name, f"must be a floating-point tensor, got {value.dtype}")
+        check_per_token_shape(name, value, shape)
     if advantages.shape == shape[:1]:
         advantages = advantages[:, None].expand(shape)
     elif advantages.shape != shape:
@@ -135,6 +141,8 @@ def require_group_index(index: Tensor | None, agg_mode: str, name: str = "index"
 
 # check_policy_tensors's argument names -> the RolloutBatch fields they come from
 FIELD_NAMES = {"old_log_prob": "old_log_probs", "ref_log_prob": "ref_log_probs"}
+# The critic's per-token fields: optional, checked like the others when present.
+VALUE_FIELDS = ("values", "returns")
 
 
 @dataclass
@@ -151,6 +159,8 @@ class RolloutBatch:
     rollout_is_weights: Tensor | None = None  # [B, T]
     seq_ids: Tensor | None = None  # [B] canonical keys; default arange(B)
     index: Tensor | None = None  # [B] prompt-group id per sequence (verl's uid); group-mean-token-mean needs it
+    values: Tensor | None = None  # [B, T] the critic's predictions before its update (the critic's no-grad pass)
+    returns: Tensor | None = None  # [B, T] the critic's targets (GAE returns)
 
     def __post_init__(self) -> None:
         if self.seq_ids is None:
@@ -161,7 +171,8 @@ class RolloutBatch:
 
     @classmethod
     def from_sequences(cls, prompt_ids, response_ids, old_log_probs, advantages, *, response_mask=None,
-                       ref_log_probs=None, rollout_is_weights=None, seq_ids=None, index=None, pad_token_id: int = 0,
+                       ref_log_probs=None, rollout_is_weights=None, values=None, returns=None, seq_ids=None,
+                       index=None, pad_token_id: int = 0,
                        dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> "RolloutBatch":
         """A validated batch from plain per-sequence data; row i is sequence i of every list.
 
@@ -174,6 +185,7 @@ class RolloutBatch:
         - ``response_mask[i]`` (optional): 0/1 per response token, which tokens count in the loss
           (multi-turn masks); default every response token.
         - ``ref_log_probs[i]``, ``rollout_is_weights[i]`` (optional): one per response token.
+        - ``values[i]``, ``returns[i]`` (optional, the critic's update): one per response token.
         - ``seq_ids`` (optional): a unique integer id per sequence, its canonical key (default 0..B-1).
         - ``index`` (optional): an integer group id per sequence — the sequences sampled from one prompt
           share it (verl's uid); ``loss_agg_mode="group-mean-token-mean"`` needs it.
@@ -187,7 +199,8 @@ class RolloutBatch:
 
         return batch_from_sequences(cls, prompt_ids, response_ids, old_log_probs, advantages,
                                     response_mask=response_mask, ref_log_probs=ref_log_probs,
-                                    rollout_is_weights=rollout_is_weights, seq_ids=seq_ids, index=index,
+                                    rollout_is_weights=rollout_is_weights, values=values, returns=returns,
+                                    seq_ids=seq_ids, index=index,
                                     pad_token_id=pad_token_id, dtype=dtype, device=device)
 
     @property
@@ -271,6 +284,11 @@ class RolloutBatch:
             ref_log_prob=self.ref_log_probs, rollout_is_weights=self.rollout_is_weights, seq_ids=self.seq_ids,
             names=FIELD_NAMES,
         )
+        for name in VALUE_FIELDS:
+            value = getattr(self, name)
+            check_per_token_shape(name, value, mask.shape)
+            if value is not None:
+                check_finite_on(name, value.detach(), mask, self.seq_ids)
         outside = mask & ~attention[:, self.prompt_width:]
         if outside.any():
             row = int(outside.nonzero()[0, 0])

@@ -157,3 +157,29 @@ class LossConfig:
         if unknown:
             raise ConfigError(unknown[0], f"unknown field; known fields: {', '.join(sorted(known))}")
         return cls(**flat)
+
+
+@dataclass(frozen=True)
+class ValueLossConfig:
+    """The critic's value loss: verl's ``critic`` fields, same names, same defaults.
+
+    ``cliprange_value`` c bounds how far a prediction may move from the critic's prediction before the
+    update (clipped loss); ``loss_agg_mode`` aggregates over the critic's minibatch exactly as for the
+    policy (``loss_scale_factor``: S of ``seq-mean-token-sum-norm``, else the rollout's response width).
+    """
+
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    loss_scale_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        _check(_finite(self.cliprange_value) and self.cliprange_value > 0, "cliprange_value",
+               f"must be a finite number > 0, got {self.cliprange_value!r}")
+        _check(self.loss_agg_mode in AGG_MODES, "loss_agg_mode",
+               f"unknown {self.loss_agg_mode!r}; expected one of {', '.join(AGG_MODES)}")
+        if self.loss_scale_factor is not None:
+            _check(_finite(self.loss_scale_factor) and self.loss_scale_factor > 0, "loss_scale_factor",
+                   f"must be > 0, got {self.loss_scale_factor!r}")
+
+    def replace(self, **changes) -> "ValueLossConfig":
+        return replace(self, **changes)

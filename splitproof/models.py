@@ -67,17 +67,24 @@ def tiny_causal_lm(
     return model
 
 
-def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
-                   trust_remote_code: bool = False) -> nn.Module:
-    """``AutoModelForCausalLM.from_pretrained(path)`` from local files only (no hub access)."""
-    from transformers import AutoModelForCausalLM
-
+def local_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None,
+                     trust_remote_code: bool = False) -> tuple[str, dict]:
+    """(path, ``from_pretrained`` keyword arguments) for a local checkpoint: local files only, no hub access."""
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"model path {path!r} does not exist (only local checkpoints are loaded)")
     kwargs = {"local_files_only": True, "trust_remote_code": trust_remote_code}
     if dtype is not None:
         kwargs["dtype"] = dtype
+    return path, kwargs
+
+
+def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+                   trust_remote_code: bool = False) -> nn.Module:
+    """``AutoModelForCausalLM.from_pretrained(path)`` from local files only (no hub access)."""
+    from transformers import AutoModelForCausalLM
+
+    path, kwargs = local_checkpoint(path, dtype=dtype, trust_remote_code=trust_remote_code)
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     model.config.use_cache = False
     return model.to(device)

@@ -115,6 +115,8 @@ def batch_from_sequences(
     response_mask=None,
     ref_log_probs=None,
     rollout_is_weights=None,
+    values=None,
+    returns=None,
     seq_ids=None,
     index=None,
     pad_token_id: int = 0,
@@ -135,7 +137,8 @@ def batch_from_sequences(
     old = _per_token("old_log_probs", _rows("old_log_probs", old_log_probs, count), lengths, dtype)
     adv = _advantages(_rows("advantages", advantages, count), lengths, dtype)
     optional = {}
-    for name, rows in (("ref_log_probs", ref_log_probs), ("rollout_is_weights", rollout_is_weights)):
+    for name, rows in (("ref_log_probs", ref_log_probs), ("rollout_is_weights", rollout_is_weights),
+                       ("values", values), ("returns", returns)):
         if rows is not None:
             optional[name] = _per_token(name, _rows(name, rows, count), lengths, dtype)
     if response_mask is not None:

@@ -144,6 +144,30 @@ def test_group_mean_custom_run(tmp_path):
     assert splits[0]["legacy"]["verdict"] == "fail"
 
 
+def test_value_scenario_exact_and_legacy_differs(tmp_path):
+    """The critic's value loss: exact across splits in float64; verl's per-microbatch normalisation before
+    its PR #6957 (the legacy column) is not, and as the candidate it fails."""
+    path = tmp_path / "v.json"
+    assert main(["diagnose", "value", "--dtype", "float64", "--split", "even:8", "--split", "packed:48",
+                 "--split", "shuffle:1+sizes:3,5", "--json", str(path), "--no-progress"]) == 0
+    record = _scenario(json.loads(path.read_text()), "value")
+    assert record["passed"] and record["settings"]["loss"]["cliprange_value"] == 0.2
+    for s in record["splits"]:
+        assert s["grad_rel_diff"] < 1e-12 and s["update_rel_diff"] < 1e-12
+        assert abs(s["objective"] - s["objective_reference"]) < 1e-12
+        assert s["legacy"]["verdict"] == "fail" and s["legacy"]["grad_rel_diff"] > 1.0
+    assert main(["diagnose", "value", "--statistics-scope", "microbatch", "--split", "even:4", "--no-progress"]) == 1
+
+
+@pytest.mark.dist
+def test_value_scenario_default_splits(tmp_path):
+    path = tmp_path / "v.json"
+    assert main(["diagnose", "value", "--json", str(path), "--no-progress"]) == 0
+    splits = {s["split"]: s for s in _scenario(json.loads(path.read_text()), "value")["splits"]}
+    assert {"dp:2", "dp:2+even:4", "tokens:48", "packed:48"} <= set(splits)
+    assert all(s["verdict"] == "pass" and s["legacy"]["verdict"] == "fail" for s in splits.values())
+
+
 def test_float64_is_exact(tmp_path):
     path = tmp_path / "e.json"
     assert main(["diagnose", "--dtype", "float64", "--loss-mode", "geo_mean", "--split", "even:8",
@@ -291,6 +315,8 @@ def test_help_exits_0(capsys):
     ("klcov", ["kl_cov_ratio 2e-4", "tokens:1088", "--cov-strategy"], ["--loss-mode", "--loss-fn"]),
     ("sweep", ["geo_mean", "seq-mean-token-sum-norm", "group-mean-token-mean", "--dtype", "--plot"],
      ["--split", "--lr", "--loss-fn"]),
+    ("value", ["cliprange_value 0.2", "packed:48", "PR #6957", "--split", "--statistics-scope"],
+     ["--loss-mode", "--cov-strategy", "--loss-fn"]),
     ("audit", ["--loss-fn", "global_batch_info", "dp_size", "--json"], ["--dtype", "--device", "--plot", "--split"]),
 ])
 def test_scenario_help_names_its_runs_and_flags(scenario, shows, hides, capsys):
@@ -307,7 +333,7 @@ def test_scenario_help_names_its_runs_and_flags(scenario, shows, hides, capsys):
         assert not present(text), text
 
 
-@pytest.mark.parametrize("scenario", ["gmpo", "klcov", "sweep", "audit"])
+@pytest.mark.parametrize("scenario", ["gmpo", "klcov", "sweep", "value", "audit"])
 def test_every_flag_is_honoured_or_refused(scenario, tmp_path, monkeypatch, capsys):
     """A flag missing from a scenario's help page is refused, with one line, before any work."""
     from splitproof.cli.diagnose_options import OPTIONS

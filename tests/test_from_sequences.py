@@ -46,6 +46,15 @@ def test_per_token_advantages_and_row_types():
     assert batch.seq_ids.tolist() == [10, 7] and batch.advantages.dtype == torch.float32
 
 
+def test_critic_fields():
+    batch = RolloutBatch.from_sequences(prompt_ids=[[4], [5, 6]], response_ids=[[1, 2], [3]],
+                                        old_log_probs=[[-1.0, -1.0], [-1.0]], advantages=[1.0, -1.0],
+                                        values=[[0.25, 0.5], [1.5]], returns=[[1.0, 2.0], [-1.0]])
+    assert batch.values.tolist() == [[0.25, 0.5], [1.5, 0.0]]
+    assert batch.returns.tolist() == [[1.0, 2.0], [-1.0, 0.0]]
+    assert batch.select([1]).values.tolist() == [[1.5, 0.0]]
+
+
 @given(st.lists(st.tuples(st.integers(1, 6), st.integers(0, 6)), min_size=1, max_size=6), st.integers(0, 2 ** 16))
 def test_every_row_comes_back_unpadded(lengths, seed):
     if not any(n for _, n in lengths):
@@ -110,6 +119,8 @@ GOOD = dict(prompt_ids=[[5, 6], [7]], response_ids=[[1, 2, 3], [4, 2]], old_log_
     (dict(response_mask=[[1, 1, 1], [1, 2]]), "response_mask[1]: must contain only 0 and 1"),
     (dict(ref_log_probs=[[-1.0, -1.0], [-1.0, -1.0]]), "ref_log_probs[0]: 2 values for 3 response tokens"),
     (dict(rollout_is_weights=[[1.0, 1.0, 1.0], [1.0, -1.0]]), "rollout_is_weights (sequence 1): must be >= 0"),
+    (dict(values=[[0.5, 0.5], [0.5, 0.5]]), "values[0]: 2 values for 3 response tokens"),
+    (dict(returns=[[0.5, 0.5, 0.5], [0.5, float("inf")]]), "returns (sequence 1): non-finite"),
     (dict(seq_ids=[3, 3]), "seq_ids: canonical sequence ids must be unique"),
     (dict(seq_ids=[3]), "seq_ids: must hold one id per sequence (2)"),
     (dict(response_ids=[[], []], old_log_probs=[[], []]), "empty minibatch"),

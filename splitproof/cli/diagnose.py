@@ -17,7 +17,7 @@ from . import diagnose_options as opts
 from .common import EXIT_FAIL, EXIT_PASS, STDOUT, UsageError, check_output_path, output_stream
 
 DIAGNOSE_DESCRIPTION = """\
-Rerun one policy update of the same optimizer minibatch under different splits (microbatches, token
+Rerun one policy (or critic) update of the same optimizer minibatch under different splits (microbatches, token
 budgets, orders, data-parallel ranks) and compare each with one microbatch on one rank: the accumulated
 gradient, the parameter update, and the objective against an independent float64 reference, next to a
 control that measures the floating-point floor of the same comparison.
@@ -29,6 +29,9 @@ scenarios:
   klcov    KL-Cov, kl_cov_ratio 2e-4: 64 sequences x 128 tokens (8,192 valid), SGD lr 0.02, clip 0.05;
            one microbatch vs eight dynamic microbatches of 1,024 response tokens; control = penalty off
   sweep    every loss mode x every aggregation mode x {even, uneven, tokens, shuffle, dp:2}
+  value    the critic's clipped value loss (cliprange_value 0.2, token-mean) on a value model (the tiny
+           model's body with a scalar head): microbatches, token budgets, packing, an order, dp:2;
+           legacy = verl's per-microbatch normalisation before its PR #6957
   audit    audit a third-party policy-loss function: --loss-fn package.module:function --convention verl
 A flag a scenario does not use is refused (exit 2); SCENARIO --help lists the ones it accepts.
 
@@ -58,7 +61,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               description=DIAGNOSE_DESCRIPTION, add_help=False,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     d.add_argument("scenario", nargs="?", choices=opts.SCENARIOS, metavar="SCENARIO",
-                   help="gmpo | klcov | sweep | audit (default: gmpo and klcov)")
+                   help="gmpo | klcov | sweep | value | audit (default: gmpo and klcov)")
     opts.add_options(d)
     d.set_defaults(run=run, help_text=d.format_help)
     return d
@@ -165,7 +168,7 @@ def _scenarios(args) -> list:
     elif args.scenario == "sweep":
         chosen = sc.sweep(args.seed)
     else:
-        chosen = [sc.gmpo(args.seed) if args.scenario == "gmpo" else sc.klcov(args.seed)]
+        chosen = [{"gmpo": sc.gmpo, "klcov": sc.klcov, "value": sc.value}[args.scenario](args.seed)]
     settings = {k: getattr(args, k) for k in ("lr", "grad_clip", "optimizer", "cov_strategy", "statistics_scope")
                 if getattr(args, k) is not None}
     chosen = [sc.with_overrides(s, splits=args.split, settings=settings) for s in chosen]

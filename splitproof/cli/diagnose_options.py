@@ -14,14 +14,14 @@ from dataclasses import dataclass, field
 from .common import (OneLineParser, UsageError, finite_float, flag, nonnegative_float, nonnegative_int,
                      positive_float, positive_int)
 
-SCENARIOS = ("gmpo", "klcov", "sweep", "audit")
-DIAGNOSIS = ("default", "gmpo", "klcov", "sweep")  # the runs that update a model
-STEP = ("default", "gmpo", "klcov")  # the runs whose step settings and splits may be changed
+SCENARIOS = ("gmpo", "klcov", "sweep", "value", "audit")
+DIAGNOSIS = ("default", "gmpo", "klcov", "sweep", "value")  # the runs that update a model
+STEP = ("default", "gmpo", "klcov", "value")  # the runs whose step settings and splits may be changed
 EVERY = DIAGNOSIS + ("audit",)
 
 MODEL = "model and numerics"
 CUSTOM = "custom scenario (no SCENARIO name; unset flags take the defaults shown)"
-STEP_GROUP = "step and splits (custom scenario, gmpo, klcov)"
+STEP_GROUP = "step and splits (custom scenario, gmpo, klcov, value)"
 OUTPUT = "output"
 AUDIT = "audit (SCENARIO = audit)"
 GROUPS = ("help", MODEL, CUSTOM, STEP_GROUP, OUTPUT, AUDIT)
@@ -103,7 +103,7 @@ OPTIONS = (
          help="plot the gradient and update differences with their bounds; .png, .pdf or .svg (needs matplotlib)"),
     _opt("--scope", group=OUTPUT, by=DIAGNOSIS, choices=("minibatch", "microbatch"),
          help="microbatch: add the legacy column (per-microbatch statistics); minibatch: leave it out "
-              "(default: shown for gmpo, klcov and sweep)"),
+              "(default: shown for gmpo, klcov, sweep and value)"),
     _opt("--no-progress", group=OUTPUT, by=EVERY, action="store_true",
          help="no progress bar on stderr (nor the model-loading bar of transformers)",
          audit_help="accepted (the audit shows no progress bar)"),
@@ -162,8 +162,9 @@ def refuse_unaccepted(args: argparse.Namespace) -> None:
         if scenario == "sweep":
             raise UsageError(f"{name} does not apply to the sweep (it runs fixed splits and settings)")
         if o.dest == "cov_strategy":
+            runs = "the critic's value loss" if scenario == "value" else "geo_mean"
             raise UsageError(f"{name} applies to KL-Cov/Clip-Cov (klcov, or --loss-mode kl_cov/clip_cov); "
-                             f"{scenario} runs geo_mean")
+                             f"{scenario} runs {runs}")
         raise UsageError(f"{name} does not apply to {scenario}")  # pragma: no cover - every case is named above
 
 
@@ -198,7 +199,7 @@ def _describe(scenario: str) -> str:
                  f"  legacy:      {first.legacy_note} (--scope minibatch leaves it out)",
                  "Only the model, numerics and output flags apply: the sweep's splits and settings are fixed."]
         return "\n".join(lines) + _FOOTER
-    one = sc.gmpo(0) if scenario == "gmpo" else sc.klcov(0)
+    one = {"gmpo": sc.gmpo, "klcov": sc.klcov, "value": sc.value}[scenario](0)
     lines = [f"{one.title}.", "One update, rerun under each split and compared with one microbatch on one rank:",
              f"  splits:  {', '.join(one.splits)} (--split replaces them)",
              f"  control: {one.control_note}",

@@ -4,6 +4,9 @@ The model is the embedded tiny random Llama (no download) or a local Hugging Fac
 eval mode so that two runs see the same deterministic forward. The reference objective is
 :func:`splitproof.reference.reference_objective` — a separate, plain float64 implementation — on the
 log-probs of a float64 copy of the model before the update (the baseline's pre-update log-probs).
+Value-loss scenarios update a critic — the model's body with a value head drawn from the seed
+(:mod:`splitproof.value_model`) — and their reference is
+:func:`splitproof.reference.reference_value_objective` on a float64 copy's value predictions.
 """
 
 from __future__ import annotations
@@ -16,12 +19,12 @@ import torch
 from torch import Tensor, nn
 
 from splitproof.batch import RolloutBatch
-from splitproof.config import LossConfig
-from splitproof.engine import compute_log_probs
+from splitproof.config import LossConfig, ValueLossConfig
+from splitproof.engine import compute_log_probs, compute_values
 from splitproof.models import load_causal_lm, tiny_causal_lm
-from splitproof.reference import reference_objective
+from splitproof.reference import reference_objective, reference_value_objective
 
-from .synthetic import synthetic_rollout
+from .synthetic import synthetic_rollout, with_critic_targets
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 
@@ -73,6 +76,17 @@ def build_model(spec: ModelSpec) -> nn.Module:
     return model
 
 
+def build_critic(model: nn.Module, seed: int) -> nn.Module:
+    """The critic of the value-loss scenarios: ``model``'s body with a value head drawn from ``seed``."""
+    from splitproof.value_model import value_model_from_pretrained
+
+    critic = value_model_from_pretrained(model, seed=seed, device=next(model.parameters()).device)
+    critic.eval()  # no dropout: runs must be comparable
+    for p in critic.parameters():
+        p.requires_grad_(True)
+    return critic
+
+
 @dataclass(frozen=True)
 class BatchSpec:
     sequences: int
@@ -81,25 +95,29 @@ class BatchSpec:
     full_length: bool = False
     with_is_weights: bool = False
     seed: int = 1
+    with_values: bool = False  # the critic's values and returns (value-loss scenarios)
 
 
 @dataclass
 class Context:
-    """One model and one rollout batch, and the pre-update log-probs the reference objective needs.
+    """One model and one rollout batch, and the pre-update per-token outputs the reference objective needs.
 
-    The model is the runs' template: it is never changed, so its parameters are the "before" of every
-    update. The log-probs are computed when the context is made, before any run holds memory (a float32
-    model needs a float64 copy for them, twice its size, for that moment only).
+    The model (and, for value-loss scenarios, the critic built from it) is the runs' template: it is never
+    changed, so its parameters are the "before" of every update. The log-probs (values) are computed when
+    the context is made, before any run holds memory (a float32 model needs a float64 copy for them, twice
+    its size, for that moment only).
     """
 
     model: nn.Module
     batch: RolloutBatch
     spec: BatchSpec
+    critic: nn.Module | None = None
     _log_probs: tuple[Tensor, Tensor] | None = None
+    _values: tuple[Tensor, Tensor] | None = None
     _references: dict = field(default_factory=dict)
 
     @classmethod
-    def create(cls, model: nn.Module, spec: BatchSpec) -> "Context":
+    def create(cls, model: nn.Module, spec: BatchSpec, critic: nn.Module | None = None) -> "Context":
         batch = synthetic_rollout(model, spec.sequences, spec.prompt_length, spec.response_length, seed=spec.seed,
                                   full_length=spec.full_length, with_is_weights=spec.with_is_weights)
         if _param_dtype(model) in (torch.bfloat16, torch.float16):
@@ -108,8 +126,14 @@ class Context:
                 value = getattr(batch, name)
                 if value is not None:
                     setattr(batch, name, value.float())
-        context = cls(model, batch, spec)
+        if spec.with_values:
+            if critic is None:
+                raise ValueError("a batch with values needs the critic that predicts them")
+            with_critic_targets(batch, critic, seed=spec.seed)
+        context = cls(model, batch, spec, critic if spec.with_values else None)
         context._cached_log_probs()
+        if context.critic is not None:
+            context._cached_values()
         return context
 
     @property
@@ -120,18 +144,30 @@ class Context:
         logp, entropy = compute_log_probs(model, self.batch, micro_batch_size=len(self.batch), with_entropy=True)
         return logp.double(), entropy.double()
 
+    def _values_of(self, critic: nn.Module) -> tuple[Tensor]:
+        return (compute_values(critic, self.batch, micro_batch_size=len(self.batch)).double(),)
+
+    def _exact_and_run(self, model: nn.Module, outputs_of) -> tuple[tuple, tuple]:
+        """(a float64 copy's outputs, the run dtype's), before the update, one microbatch."""
+        run = outputs_of(model)
+        if _param_dtype(model) == torch.float64:
+            return run, run
+        model64 = copy.deepcopy(model).double()
+        exact = outputs_of(model64)
+        del model64
+        return exact, run
+
     def _cached_log_probs(self) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
         """(float64 copy's log-probs and entropy, the run dtype's), before the update, one microbatch."""
         if self._log_probs is None:
-            run = self._log_probs_of(self.model)
-            if _param_dtype(self.model) == torch.float64:
-                exact = run
-            else:
-                model64 = copy.deepcopy(self.model).double()
-                exact = self._log_probs_of(model64)
-                del model64
-            self._log_probs = (exact, run)
+            self._log_probs = self._exact_and_run(self.model, self._log_probs_of)
         return self._log_probs
+
+    def _cached_values(self) -> tuple[tuple[Tensor], tuple[Tensor]]:
+        """(float64 copy's value predictions, the run dtype's), before the update, one microbatch."""
+        if self._values is None:
+            self._values = self._exact_and_run(self.critic, self._values_of)
+        return self._values
 
     def _reference_at(self, loss: LossConfig, logp: Tensor, entropy: Tensor) -> Tensor:
         b = self.batch
@@ -146,30 +182,44 @@ class Context:
             entropy=entropy if loss.entropy_coeff != 0 else None, seq_ids=b.seq_ids, index=b.index, step=0)
         return total
 
-    def reference(self, loss: LossConfig) -> ReferenceObjective:
-        """J(ℬ) from the independent float64 reference on the float64 pre-update log-probs, with the two
-        figures its precision floor is made of (:func:`compare.objective_tolerance`):
+    def _value_reference_at(self, loss: ValueLossConfig, vpreds: Tensor) -> Tensor:
+        b = self.batch
+        total, _ = reference_value_objective(vpreds, b.values.double(), b.returns.double(), b.response_mask,
+                                             cliprange_value=loss.cliprange_value, loss_agg_mode=loss.loss_agg_mode,
+                                             loss_scale_factor=loss.loss_scale_factor)
+        return total
 
-        - ``rounding`` = |J_ref(run-dtype log-probs) − J_ref(float64 log-probs)|, measured;
-        - ``scale`` = |J| + Σ|∂J/∂log π|·(1 + |log π|) + Σ|∂J/∂H|·(1 + |H|) over valid tokens (the size of
-          the terms that are summed).
+    def reference(self, loss: LossConfig | ValueLossConfig) -> ReferenceObjective:
+        """J(ℬ) from the independent float64 reference on the float64 pre-update log-probs (a value loss: on
+        the float64 value predictions), with the two figures its precision floor is made of
+        (:func:`compare.objective_tolerance`):
+
+        - ``rounding`` = |J_ref(run-dtype inputs) − J_ref(float64 inputs)|, measured;
+        - ``scale`` = |J| + Σ|∂J/∂x|·(1 + |x|) over the valid tokens of every per-token input x (log π and
+          H, or the value predictions): the size of the terms that are summed.
         """
         if loss not in self._references:
-            (lp64, h64), (lp_run, h_run) = self._cached_log_probs()
-            lp = lp64.clone().requires_grad_(True)
-            h = h64.clone().requires_grad_(True)
-            exact = self._reference_at(loss, lp, h)
-            mask = self.batch.response_mask.bool()
-            grads = torch.autograd.grad(exact, [lp, h], allow_unused=True)
-            scale = abs(float(exact.detach()))
-            for g, x in zip(grads, (lp64, h64)):
-                if g is not None:
-                    scale += float((g.abs() * (1 + x.abs()))[mask].sum())
-            with torch.no_grad():
-                run = self._reference_at(loss, lp_run, h_run)
-            value = float(exact.detach())
-            self._references[loss] = ReferenceObjective(value, abs(float(run) - value), scale)
+            if isinstance(loss, ValueLossConfig):
+                inputs, at = self._cached_values(), lambda v: self._value_reference_at(loss, v)
+            else:
+                inputs, at = self._cached_log_probs(), lambda lp, h: self._reference_at(loss, lp, h)
+            self._references[loss] = self._measure(inputs, at)
         return self._references[loss]
+
+    def _measure(self, inputs: tuple[tuple, tuple], at) -> ReferenceObjective:
+        exact_inputs, run_inputs = inputs
+        leaves = [x.clone().requires_grad_(True) for x in exact_inputs]
+        exact = at(*leaves)
+        mask = self.batch.response_mask.bool()
+        grads = torch.autograd.grad(exact, leaves, allow_unused=True)
+        scale = abs(float(exact.detach()))
+        for g, x in zip(grads, exact_inputs):
+            if g is not None:
+                scale += float((g.abs() * (1 + x.abs()))[mask].sum())
+        with torch.no_grad():
+            run = at(*run_inputs)
+        value = float(exact.detach())
+        return ReferenceObjective(value, abs(float(run) - value), scale)
 
 
 @dataclass(frozen=True)

@@ -14,12 +14,11 @@ import warnings
 from dataclasses import dataclass
 from typing import Callable
 
-from splitproof.config import LossConfig
 from splitproof.engine.launch import run_data_parallel
 
 from .compare import DIFF_FIELDS, eps_of, mask_agreement, objective_tolerance, tolerance, verdict
-from .context import BatchSpec, Context, ModelSpec, build_model
-from .run import Baseline, RunResult, RunSettings, run_baseline, run_compared
+from .context import BatchSpec, Context, ModelSpec, build_critic, build_model
+from .run import Baseline, Loss, RunResult, RunSettings, describe_loss, is_cov, is_value, run_baseline, run_compared
 from .scenarios import Scenario
 from .splits import SplitError, SplitPlan, baseline_plan, parse_split, plan_split
 
@@ -29,7 +28,7 @@ Progress = Callable[[int, int, str], None]
 @dataclass(frozen=True)
 class Case:
     batch: BatchSpec
-    loss: LossConfig
+    loss: Loss
     settings: RunSettings
     split: str  # spec, or the baseline label
 
@@ -63,6 +62,9 @@ class Diagnosis:
         self.model_spec = model_spec
         self.progress = progress
         self.model = model if model is not None else build_model(model_spec)
+        self.critic = None
+        if any(is_value(sc.loss) for sc in scenarios):
+            self.critic = build_critic(self.model, model_spec.seed)
         self.contexts: dict[BatchSpec, Context] = {}
         self.plans: dict[tuple[BatchSpec, str], SplitPlan] = {}
         self.outcomes: dict[Case, dict] = {}
@@ -72,8 +74,12 @@ class Diagnosis:
     # ---------------------------------------------------------------------------------------- planning
     def context(self, spec: BatchSpec) -> Context:
         if spec not in self.contexts:
-            self.contexts[spec] = Context.create(self.model, spec)
+            self.contexts[spec] = Context.create(self.model, spec, critic=self.critic)
         return self.contexts[spec]
+
+    def template(self, loss: Loss):
+        """The model a run of ``loss`` updates: the critic for a value loss, else the policy."""
+        return self.critic if is_value(loss) else self.model
 
     def _plan_all(self) -> None:
         """Parse and plan every split of every scenario before anything runs (user errors first)."""
@@ -119,22 +125,23 @@ class Diagnosis:
             ctx = self.context(base.batch)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # forced-aggregation and legacy-strategy warnings: documented
-                baseline = run_baseline(self.model, ctx.batch, base.loss, baseline_plan(ctx.batch), base.settings)
+                template = self.template(base.loss)
+                baseline = run_baseline(template, ctx.batch, base.loss, baseline_plan(ctx.batch), base.settings)
                 self.baselines[base] = baseline.result
-                tick(f"baseline {base.loss.loss_mode}/{base.loss.loss_agg_mode}")
+                tick(f"baseline {describe_loss(base.loss)}")
                 for case in cases:
                     plan = self.plans[(case.batch, case.split)]
                     if plan.ranks == 1:
-                        result = run_compared(self.model, ctx.batch, case.loss, plan, case.settings, baseline)
+                        result = run_compared(template, ctx.batch, case.loss, plan, case.settings, baseline)
                         self.outcomes[case] = _outcome(result)
-                        tick(f"{case.loss.loss_mode}/{case.loss.loss_agg_mode} {case.split}")
+                        tick(f"{describe_loss(case.loss)} {case.split}")
             groups: dict[tuple[int, str], list[Case]] = {}
             for case in cases:
                 ranks = self.plans[(case.batch, case.split)].ranks
                 if ranks > 1:
                     groups.setdefault((ranks, case.settings.wrapper), []).append(case)
             for (ranks, wrapper), group in groups.items():
-                jobs = [(self.model, ctx.batch, case.loss, case.settings, self.plans[(case.batch, case.split)])
+                jobs = [(template, ctx.batch, case.loss, case.settings, self.plans[(case.batch, case.split)])
                         for case in group]
                 per_rank = run_data_parallel(_dp_worker, ranks, jobs, baseline, timeout=1800.0)
                 for case, outcome in zip(group, per_rank[0]):
@@ -155,7 +162,7 @@ class Diagnosis:
 
         def objective_bound(control_objective: float) -> float:
             # KL-Cov/Clip-Cov: the control is the same objective without the selection, a measured floor
-            deviation = abs(control_objective - control_reference) if sc.loss.is_cov else None
+            deviation = abs(control_objective - control_reference) if is_cov(sc.loss) else None
             return objective_tolerance(ref.value, ref.rounding, ref.scale, dtype, deviation)
 
         rows: dict[str, dict] = {}
@@ -183,7 +190,7 @@ class Diagnosis:
                 entry["legacy"] = _figures(got["legacy"], base, reference)
                 entry["legacy"]["verdict"] = verdict(entry["legacy"], bounds)
             for block, outcome in ((entry, got["candidate"]), (entry.get("legacy"), got.get("legacy"))):
-                if block is not None and sc.loss.is_cov:
+                if block is not None and is_cov(sc.loss):
                     block["selected_tokens"] = {"baseline": _count(base.metrics), "split": _count(outcome["metrics"])}
                     block["mask_agreement"] = mask_agreement(base.selected, outcome["selected"])
             splits.append(entry)
@@ -203,7 +210,7 @@ class Diagnosis:
             record["notes"] = [f"the objective check is not informative here: its precision floor in {dtype} "
                                f"({record['baseline']['objective_tolerance']:.1e}) is not below |J| ({abs(reference):.1e}), "
                                "so it catches only gross errors; the gradient and update comparisons carry the verdict"]
-        if sc.loss.is_cov:
+        if is_cov(sc.loss):
             record["baseline"]["selected_tokens"] = _count(base.metrics)
             record["baseline"]["cov_strategy"] = base.strategy
         if sc.group:

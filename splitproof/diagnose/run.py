@@ -1,8 +1,8 @@
 """Run one policy update for one split and keep what the diagnosis compares.
 
 A run copies the template model, builds a fresh optimizer, and drives the engine's own optimizer step
-(:func:`splitproof.engine.train_minibatch`) with the split's microbatch plan — the same call
-``update_policy`` makes per minibatch. It reads the accumulated gradient (before clipping, through the
+(:func:`splitproof.engine.train_minibatch`, or for a value loss :func:`splitproof.engine.train_critic_minibatch`)
+with the split's microbatch plan — the same call ``update_policy`` (``update_critic``) makes per minibatch. It reads the accumulated gradient (before clipping, through the
 engine's ``on_gradients`` hook) and the parameters after the step, and keeps the engine's metrics and,
 for KL-Cov / Clip-Cov, the canonical keys (sequence id, position) of the tokens the engine selected.
 
@@ -25,14 +25,15 @@ from torch import Tensor, nn
 
 from splitproof.batch import RolloutBatch
 from splitproof.collective import default_collective
-from splitproof.config import LossConfig
-from splitproof.engine import UpdateConfig, train_minibatch, wrap_model
+from splitproof.config import LossConfig, ValueLossConfig
+from splitproof.engine import CriticUpdateConfig, UpdateConfig, train_critic_minibatch, train_minibatch, wrap_model
 from splitproof.models import unwrap, vocab_size_of
 
 from .compare import Difference
 from .splits import SplitPlan
 
 OPTIMIZERS = ("sgd", "adamw")
+Loss = LossConfig | ValueLossConfig  # a policy loss, or the critic's value loss
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class RunSettings:
 
 @dataclass
 class RunResult:
-    objective: float  # the engine's metrics["loss"]
+    objective: float  # the engine's metrics["loss"] (a value loss: metrics["critic/vf_loss"])
     metrics: dict[str, float]
     selected: frozenset | None  # canonical keys of the tokens the engine selected (Cov losses)
     skipped: bool
@@ -81,7 +82,26 @@ def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
     raise ValueError(f"optimizer: unknown {name!r}; expected one of {', '.join(OPTIMIZERS)}")
 
 
-def update_config(loss: LossConfig, plan: SplitPlan, num_sequences: int, settings: RunSettings) -> UpdateConfig:
+def is_value(loss: Loss) -> bool:
+    """A scenario on the critic's value loss (else a policy loss)."""
+    return isinstance(loss, ValueLossConfig)
+
+
+def is_cov(loss: Loss) -> bool:
+    return not is_value(loss) and loss.is_cov
+
+
+def describe_loss(loss: Loss) -> str:
+    return f"value/{loss.loss_agg_mode}" if is_value(loss) else f"{loss.loss_mode}/{loss.loss_agg_mode}"
+
+
+def objective_metric(loss: Loss) -> str:
+    """The metric that holds the step's objective J."""
+    return "critic/vf_loss" if is_value(loss) else "loss"
+
+
+def update_config(loss: Loss, plan: SplitPlan, num_sequences: int,
+                  settings: RunSettings) -> UpdateConfig | CriticUpdateConfig:
     """The engine config of a split (its microbatch fields also shape the `deferred` correction pass)."""
     micro = plan.split.micro
     extra = {}
@@ -90,8 +110,12 @@ def update_config(loss: LossConfig, plan: SplitPlan, num_sequences: int, setting
                      use_remove_padding=micro[0] == "packed")
     elif micro is not None:
         extra = dict(ppo_micro_batch_size_per_gpu=max(1, max(len(mb) for mbs in plan.per_rank for mb in mbs)))
-    return UpdateConfig(loss=loss, ppo_mini_batch_size=num_sequences, grad_clip=settings.grad_clip,
-                        cov_strategy=settings.cov_strategy, statistics_scope=settings.statistics_scope, **extra)
+    common = dict(ppo_mini_batch_size=num_sequences, grad_clip=settings.grad_clip,
+                  statistics_scope=settings.statistics_scope, **extra)
+    if is_value(loss):
+        return CriticUpdateConfig(cliprange_value=loss.cliprange_value, loss_agg_mode=loss.loss_agg_mode,
+                                  loss_scale_factor=loss.loss_scale_factor, **common)
+    return UpdateConfig(loss=loss, cov_strategy=settings.cov_strategy, **common)
 
 
 def _full(t: Tensor) -> Tensor:
@@ -149,7 +173,7 @@ def _dtype_of(model: nn.Module) -> torch.dtype:
     return next(p.dtype for p in parameters_of(model))
 
 
-def _run(template: nn.Module, batch: RolloutBatch, loss: LossConfig, plan: SplitPlan, settings: RunSettings,
+def _run(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: SplitPlan, settings: RunSettings,
          on_gradients, on_parameters) -> RunResult:
     """One optimizer step of ``template``'s copy over ``batch`` split as ``plan``; ``on_gradients(model)``
     sees the accumulated gradient, ``on_parameters(model)`` the parameters after the step.
@@ -167,23 +191,28 @@ def _run(template: nn.Module, batch: RolloutBatch, loss: LossConfig, plan: Split
     config = update_config(loss, plan, len(batch), settings)
     data = plan.batch_for(batch).validate(vocab_size_of(model)).to(settings.device)
     recorder = SelectionRecorder()
+    minibatch = plan.minibatch_plan(rank, data)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the microbatch strategy's warning is the point of a legacy run
-        result = train_minibatch(model, optimizer, data, plan.minibatch_plan(rank, data), config, collective=collective,
-                                 step=0, on_gradients=on_gradients, on_selection=recorder)
+        if is_value(loss):
+            result = train_critic_minibatch(model, optimizer, data, minibatch, config, collective=collective, step=0,
+                                            on_gradients=on_gradients)
+        else:
+            result = train_minibatch(model, optimizer, data, minibatch, config, collective=collective, step=0,
+                                     on_gradients=on_gradients, on_selection=recorder)
     on_parameters(model)
     del optimizer, model
     selected = None
-    if loss.is_cov:
+    if is_cov(loss):
         selected = frozenset(recorder.keys)
         if plan.ranks > 1:
             gathered = collective.gather_objects(sorted(recorder.keys))
             selected = frozenset(k for part in gathered for k in part)
-    return RunResult(float(result.metrics.get("loss", float("nan"))), dict(result.metrics), selected,
+    return RunResult(float(result.metrics.get(objective_metric(loss), float("nan"))), dict(result.metrics), selected,
                      bool(result.skipped), plan.microbatches, result.cov_strategy)
 
 
-def run_baseline(template: nn.Module, batch: RolloutBatch, loss: LossConfig, plan: SplitPlan,
+def run_baseline(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: SplitPlan,
                  settings: RunSettings) -> Baseline:
     """The baseline run, kept as flat vectors for the comparisons."""
     kept: dict[str, Tensor] = {}
@@ -201,7 +230,7 @@ def run_baseline(template: nn.Module, batch: RolloutBatch, loss: LossConfig, pla
     return Baseline(result, kept["grad"], kept["after"], grad_norm.norm, update.norm)
 
 
-def run_compared(template: nn.Module, batch: RolloutBatch, loss: LossConfig, plan: SplitPlan,
+def run_compared(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: SplitPlan,
                  settings: RunSettings, baseline: Baseline) -> RunResult:
     """A split's run, compared with ``baseline`` as it goes: nothing model-sized is kept."""
     figures: dict[str, float] = {}

@@ -1,4 +1,5 @@
-"""The named scenarios (docs/diagnose.md, "Scenarios"): the two public bug reports, the sweep, and a custom one from flags.
+"""The named scenarios (docs/diagnose.md, "Scenarios"): the two public bug reports, the sweep, the critic's value
+loss, and a custom one from flags.
 
 A scenario fixes the loss, the batch shape, the optimizer step and the splits to compare with one
 microbatch on one rank. It also names its control — the same comparison with the split-sensitive term
@@ -9,12 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from splitproof.config import AGG_MODES, LOSS_MODES, LossConfig
+from splitproof.config import AGG_MODES, LOSS_MODES, LossConfig, ValueLossConfig
 
 from .context import BatchSpec
 from .run import RunSettings
 
-NAMED = ("gmpo", "klcov", "sweep")
+NAMED = ("gmpo", "klcov", "sweep", "value")
 DEFAULT = ("gmpo", "klcov")
 
 # Legacy variants: every statistic per microbatch (as verl 24f25b03 does for geo_mean, kl_cov and
@@ -30,11 +31,11 @@ SWEEP_SPLITS = {"even": "even:4", "uneven": "sizes:1,2,5", "tokens": None, "shuf
 class Scenario:
     name: str
     title: str
-    loss: LossConfig
+    loss: LossConfig | ValueLossConfig  # a policy loss, or the critic's value loss
     batch: BatchSpec
     settings: RunSettings
     splits: tuple[str, ...]
-    control: LossConfig
+    control: LossConfig | ValueLossConfig
     control_note: str
     legacy: dict | None = None
     legacy_note: str = ""
@@ -86,6 +87,24 @@ def klcov(seed: int = 0) -> Scenario:
         "klcov", "KL-Cov, kl_cov_ratio 2e-4: 64 sequences x 128 response tokens (8,192 valid), SGD lr 0.02, clip 0.05",
         loss, batch, RunSettings(optimizer="sgd", lr=0.02, grad_clip=0.05), splits, control, note,
         legacy=LEGACY_SELECTION, legacy_note="cov_strategy 'microbatch': tokens selected per microbatch")
+
+
+def value(seed: int = 0) -> Scenario:
+    """The critic's clipped value loss through microbatches, token budgets, packing, orders and DP, next to
+    verl's per-microbatch normalisation before its PR #6957 (docs/diagnose.md, "Scenarios")."""
+    loss = ValueLossConfig(cliprange_value=0.2, loss_agg_mode="token-mean")
+    control = ValueLossConfig(cliprange_value=0.2, loss_agg_mode="token-sum")
+    # responses of 1..16 tokens: microbatches hold different token counts, so per-microbatch means differ
+    # rollout seed + 4: with the default --seed the two dp:2 shards hold 39 and 43 valid tokens (not equal)
+    batch = BatchSpec(sequences=8, prompt_length=8, response_length=16, seed=seed + 4, with_values=True)
+    splits = ("even:8", "sizes:3,5", "sizes:1,2,5", "tokens:48", "packed:48", "shuffle:1+even:4", "dp:2",
+              "dp:2+even:4")
+    return Scenario(
+        "value", "critic value loss (cliprange_value 0.2, token-mean): 8 sequences x 1-16 response tokens, "
+        "SGD lr 0.02, clip 1.0", loss, batch, RunSettings(optimizer="sgd", lr=0.02, grad_clip=1.0), splits, control,
+        "the value loss with token-sum: a per-token sum, split-insensitive in any framework",
+        legacy=LEGACY_STATISTICS,
+        legacy_note="verl before its PR #6957: each microbatch normalised by its own token count, ranks averaged")
 
 
 def sweep_loss(loss_mode: str, agg_mode: str) -> LossConfig:

@@ -89,3 +89,22 @@ def synthetic_rollout(model: nn.Module, num_sequences: int, prompt_length: int, 
         w = torch.exp(0.1 * is_noise)
         batch.rollout_is_weights = torch.where(resp_att, w, zeros).to(dtype=dtype, device=device)
     return batch
+
+
+def with_critic_targets(batch: RolloutBatch, critic: nn.Module, *, seed: int = 0, value_noise: float = 0.2,
+                        return_noise: float = 1.0) -> RolloutBatch:
+    """``batch`` with the critic's inputs: ``values`` = the critic's own predictions + N(0, value_noise²)
+    (so that a cliprange of that order binds on some tokens) and ``returns`` = its predictions +
+    N(0, return_noise²). Per-token fields in the batch's dtype; padding holds zeros."""
+    from splitproof.engine.values import compute_values
+
+    g = torch.Generator().manual_seed(seed)
+    v = compute_values(critic, batch, micro_batch_size=len(batch)).double().cpu()
+    shape, valid = v.shape, batch.response_mask.bool().cpu()
+    zeros = torch.zeros(shape, dtype=torch.float64)
+    values = v + value_noise * torch.randn(shape, generator=g, dtype=torch.float64)
+    returns = v + return_noise * torch.randn(shape, generator=g, dtype=torch.float64)
+    dtype, device = batch.old_log_probs.dtype, batch.old_log_probs.device
+    batch.values = torch.where(valid, values, zeros).to(dtype=dtype, device=device)
+    batch.returns = torch.where(valid, returns, zeros).to(dtype=dtype, device=device)
+    return batch

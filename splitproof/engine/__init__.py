@@ -1,9 +1,13 @@
-"""The update engine: minibatches, microbatches, log-probs, accumulation, DP glue."""
+"""The update engine: minibatches, microbatches, log-probs and values, accumulation, DP glue."""
 
-from .config import UpdateConfig
+from .config import CriticUpdateConfig, UpdateConfig
+from .critic import train_critic_minibatch, update_critic
 from .distributed import wrap_model
 from .logprobs import compute_log_probs, response_log_probs
-from .update import StepResult, train_minibatch, update_policy
+from .step import StepResult
+from .update import train_minibatch, update_policy
+from .values import compute_values, response_values
 
-__all__ = ["StepResult", "UpdateConfig", "compute_log_probs", "response_log_probs", "train_minibatch",
+__all__ = ["CriticUpdateConfig", "StepResult", "UpdateConfig", "compute_log_probs", "compute_values",
+           "response_log_probs", "response_values", "train_critic_minibatch", "train_minibatch", "update_critic",
            "update_policy", "wrap_model"]

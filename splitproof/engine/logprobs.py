@@ -53,22 +53,16 @@ def _logits_of(out) -> Tensor:
     return out[0]
 
 
-def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: float = 1.0,
-                       with_entropy: bool = False, packed: bool = False) -> tuple[Tensor, Tensor | None]:
-    """log pi(response token) as [b, T] (zeros past each row's response), and the entropy of the
-    temperature-scaled distribution [b, T] when ``with_entropy``. Differentiable. ``packed`` puts
-    several sequences in a row (``splitproof.engine.packing``) instead of padding each to the longest."""
-    if not temperature > 0:
-        raise ConfigError("temperature", f"must be > 0, got {temperature}")
-    check_attention(model)
-    b, P, T = len(batch), batch.prompt_width, batch.response_width
+def output_dtypes(model: nn.Module) -> tuple[torch.dtype, torch.dtype]:
+    """(the model's parameter dtype, the dtype its per-token results are kept in: float32 for bf16/fp16)."""
     dtype = _param_dtype(model)
-    out_dtype = torch.float32 if dtype in _LOW_PRECISION else dtype
-    device = batch.responses.device
-    if b == 0:
-        empty = torch.zeros(0, T, dtype=out_dtype, device=device)
-        return empty, (empty.clone() if with_entropy else None)
+    return dtype, (torch.float32 if dtype in _LOW_PRECISION else dtype)
 
+
+def response_window(batch: RolloutBatch) -> tuple[int, int]:
+    """(p0, t1): the microbatch trimmed to prompt columns p0.. and response columns ..t1 (t1 = 0: no
+    response token to compute). A sequence with response tokens and no prompt token is a BatchError."""
+    P = batch.prompt_width
     attention = batch.attention_mask.bool()
     prompt_att, resp_att = attention[:, :P], attention[:, P:]
     # Trim: leading prompt columns and trailing response columns that are padding in every row.
@@ -77,17 +71,22 @@ def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: fl
     resp_cols = resp_att.any(dim=0).nonzero()
     t1 = int(resp_cols[-1]) + 1 if len(resp_cols) else 0
     if t1 == 0:
-        zeros = torch.zeros(b, T, dtype=out_dtype, device=device)
-        return zeros, (zeros.clone() if with_entropy else None)
+        return p0, 0
     no_prompt = resp_att.any(dim=1) & ~prompt_att.any(dim=1)
     if no_prompt.any():
         row = int(no_prompt.nonzero()[0, 0])
         raise BatchError("prompts", "a sequence with response tokens needs at least one prompt token",
                          int(batch.seq_ids[row]))
-    if packed:
-        return packed_response_log_probs(model, batch, temperature=temperature, with_entropy=with_entropy,
-                                         logits_of=_logits_of, dtype=dtype, out_dtype=out_dtype)
+    return p0, t1
 
+
+def padded_outputs(model: nn.Module, batch: RolloutBatch, p0: int, t1: int, dtype: torch.dtype):
+    """The model's outputs [b, t1 + 1, C] at the last t1 + 1 positions of the trimmed padded rows —
+    position j predicts response token j, the final one predicts nothing — with the trimmed input ids
+    [b, L] and the response tokens' attention [b, t1]."""
+    P = batch.prompt_width
+    attention = batch.attention_mask.bool()
+    prompt_att, resp_att = attention[:, :P], attention[:, P:]
     input_ids = torch.cat([batch.prompts[:, p0:], batch.responses[:, :t1]], dim=1)
     mask = torch.cat([prompt_att[:, p0:], resp_att[:, :t1]], dim=1)
     input_ids = torch.where(mask, input_ids, torch.zeros_like(input_ids))  # pad ids may be out of vocabulary
@@ -97,16 +96,39 @@ def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: fl
     kwargs = dict(input_ids=input_ids, attention_mask=mask_4d, position_ids=position_ids, use_cache=False)
     if _takes_logits_to_keep(model):
         kwargs["logits_to_keep"] = t1 + 1
-    logits = _logits_of(model(**kwargs))
-    # Last t1 + 1 positions: position j predicts response token j; the final one predicts nothing. It is
-    # dropped after the log-softmax, not before: the kept logits are then contiguous, and log_softmax on a
-    # strided slice first copies it (benchmarks/rollout.py: 20-40 % of the head). Same values per row.
-    logits = logits[:, -(t1 + 1):]
+    return _logits_of(model(**kwargs))[:, -(t1 + 1):], input_ids, resp_att[:, :t1]
+
+
+def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: float = 1.0,
+                       with_entropy: bool = False, packed: bool = False) -> tuple[Tensor, Tensor | None]:
+    """log pi(response token) as [b, T] (zeros past each row's response), and the entropy of the
+    temperature-scaled distribution [b, T] when ``with_entropy``. Differentiable. ``packed`` puts
+    several sequences in a row (``splitproof.engine.packing``) instead of padding each to the longest."""
+    if not temperature > 0:
+        raise ConfigError("temperature", f"must be > 0, got {temperature}")
+    check_attention(model)
+    b, T = len(batch), batch.response_width
+    dtype, out_dtype = output_dtypes(model)
+    device = batch.responses.device
+    if b == 0:
+        empty = torch.zeros(0, T, dtype=out_dtype, device=device)
+        return empty, (empty.clone() if with_entropy else None)
+    p0, t1 = response_window(batch)
+    if t1 == 0:
+        zeros = torch.zeros(b, T, dtype=out_dtype, device=device)
+        return zeros, (zeros.clone() if with_entropy else None)
+    if packed:
+        return packed_response_log_probs(model, batch, temperature=temperature, with_entropy=with_entropy,
+                                         logits_of=_logits_of, dtype=dtype, out_dtype=out_dtype)
+
+    # Position j predicts response token j; the final one predicts nothing. It is dropped after the
+    # log-softmax, not before: the kept logits are then contiguous, and log_softmax on a strided slice first
+    # copies it (benchmarks/rollout.py: 20-40 % of the head). Same values per row.
+    logits, input_ids, valid = padded_outputs(model, batch, p0, t1, dtype)
     z = logits.float() if logits.dtype in _LOW_PRECISION else logits
     if temperature != 1.0:  # x / 1.0 == x exactly: skip a full [b, T, V] pass (and its backward)
         z = z / temperature
 
-    valid = resp_att[:, :t1]
     tokens = input_ids[:, -t1:].long()
     # log_softmax, not z - logsumexp(z): one fused pass each way instead of ~6 full [b, T, V] passes
     # (benchmarks/engine_overhead.py), and one saved [b, T, V] tensor less at the backward's peak.
@@ -121,6 +143,20 @@ def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: fl
     return logp, entropy
 
 
+def inference_microbatches(batch: RolloutBatch, micro_batch_size: int | None, max_token_len: int | None,
+                           packed: bool, field: str) -> list[list[int]]:
+    """Rows of each microbatch of a no-grad pass: fixed ``micro_batch_size`` rows or a ``max_token_len``
+    budget — exactly one of the two (``field`` names the setting in errors)."""
+    if (micro_batch_size is None) == (max_token_len is None):
+        raise BatchError(field, "give exactly one of micro_batch_size or max_token_len "
+                         f"({field.replace('micro_batch_size_per_gpu', 'max_token_len_per_gpu')})")
+    rows = list(range(len(batch)))
+    if micro_batch_size is not None:
+        return fixed_microbatches(rows, micro_batch_size)
+    return budget_microbatches(rows, batch.token_spans().tolist(), max_token_len, seq_ids=batch.seq_ids.tolist(),
+                               prompt_lengths=batch.prompt_spans().tolist(), packed=packed)
+
+
 @torch.no_grad()
 def compute_log_probs(model: nn.Module, batch: RolloutBatch, *, micro_batch_size: int | None = None,
                       max_token_len: int | None = None, temperature: float = 1.0,
@@ -130,18 +166,9 @@ def compute_log_probs(model: nn.Module, batch: RolloutBatch, *, micro_batch_size
     Split into fixed microbatches of ``micro_batch_size`` rows or under a ``max_token_len`` padded-token
     budget: exactly one of the two. This is the "old log-probs" pass.
     """
-    if (micro_batch_size is None) == (max_token_len is None):
-        raise BatchError("log_prob_micro_batch_size_per_gpu",
-                         "give exactly one of micro_batch_size or max_token_len (log_prob_max_token_len_per_gpu)")
-    rows = list(range(len(batch)))
-    if micro_batch_size is not None:
-        microbatches = fixed_microbatches(rows, micro_batch_size)
-    else:
-        lengths = batch.token_spans().tolist()
-        microbatches = budget_microbatches(rows, lengths, max_token_len, seq_ids=batch.seq_ids.tolist(),
-                                           prompt_lengths=batch.prompt_spans().tolist(), packed=packed)
-    dtype = _param_dtype(model)
-    out_dtype = torch.float32 if dtype in _LOW_PRECISION else dtype
+    microbatches = inference_microbatches(batch, micro_batch_size, max_token_len, packed,
+                                          "log_prob_micro_batch_size_per_gpu")
+    _, out_dtype = output_dtypes(model)
     device = batch.responses.device
     shape = (len(batch), batch.response_width)
     logp = torch.zeros(shape, dtype=out_dtype, device=device)

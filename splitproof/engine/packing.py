@@ -95,15 +95,16 @@ def packed_cost(lengths: list[int]) -> int:
     return _packing_of(lengths).best()[0] if lengths else 0
 
 
-def packed_response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: float, with_entropy: bool,
-                              logits_of, dtype: torch.dtype, out_dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
-    """log π of the response tokens [b, T] (and entropy), computed on packed rows.
+def packed_outputs(model: nn.Module, batch: RolloutBatch, *, logits_of, dtype: torch.dtype):
+    """The model's outputs at the positions that predict response tokens, computed on packed rows:
+    ``(outputs [n, C], seq_index [n], resp_index [n], ids [b, P + T])`` — output k belongs to response
+    position ``resp_index[k]`` of row ``seq_index[k]``, predicted from the token before it.
 
     A sequence occupies its span — from its first to its last real token, padding inside included (as a
     token 0 that no query sees, with the position of the real token before it) — so every layout the batch
-    contract accepts gets the log-probs of its padded row.
+    contract accepts gets the outputs of its padded row.
     """
-    b, P, T = len(batch), batch.prompt_width, batch.response_width
+    P = batch.prompt_width
     attention = batch.attention_mask.bool()
     starts = (P - batch.prompt_spans()).tolist()
     lengths = batch.token_spans().tolist()
@@ -134,22 +135,28 @@ def packed_response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperat
             resp_index += predicted
             offset += lengths[i]
     mask = attention_mask(segment, real, model, dtype)
-    logits = logits_of(model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False))
-    z = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
-    if temperature != 1.0:
-        z = z / temperature
-
+    outputs = logits_of(model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False))
     rows_t = torch.tensor(rows_index, dtype=torch.long, device=device)
     cols_t = torch.tensor(cols_index, dtype=torch.long, device=device)
     seq_t = torch.tensor(seq_index, dtype=torch.long, device=device)
     resp_t = torch.tensor(resp_index, dtype=torch.long, device=device)
-    picked = z[rows_t, cols_t]  # [n, V]: only the positions that predict response tokens
+    return outputs[rows_t, cols_t], seq_t, resp_t, ids
+
+
+def packed_response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: float, with_entropy: bool,
+                              logits_of, dtype: torch.dtype, out_dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
+    """log π of the response tokens [b, T] (and entropy), computed on packed rows (:func:`packed_outputs`)."""
+    b, P, T = len(batch), batch.prompt_width, batch.response_width
+    device = batch.responses.device
+    picked, seq_t, resp_t, ids = packed_outputs(model, batch, logits_of=logits_of, dtype=dtype)
+    z = picked.float() if picked.dtype in (torch.bfloat16, torch.float16) else picked  # [n, V]
+    if temperature != 1.0:
+        z = z / temperature
     tokens = ids[seq_t, P + resp_t]
-    logp = torch.log_softmax(picked, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+    logp = torch.log_softmax(z, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
     out = torch.zeros(b, T, dtype=out_dtype, device=device).index_put((seq_t, resp_t), logp.to(out_dtype))
     entropy = None
     if with_entropy:
-        h = torch.logsumexp(picked, dim=-1) - (torch.softmax(picked, dim=-1) * picked).sum(dim=-1)
+        h = torch.logsumexp(z, dim=-1) - (torch.softmax(z, dim=-1) * z).sum(dim=-1)
         entropy = torch.zeros(b, T, dtype=out_dtype, device=device).index_put((seq_t, resp_t), h.to(out_dtype))
     return out, entropy
-

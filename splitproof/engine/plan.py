@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..batch import RolloutBatch
-from .config import UpdateConfig
+from .config import SplitSettings
 from .microbatch import budget_microbatches, fixed_microbatches, minibatch_schedule, pad_microbatches, shard_rows
 
 
@@ -22,7 +22,7 @@ class MinibatchPlan:
     stand_in: int  # a row run masked-out where a rank has nothing to compute (see stand_in_row)
 
 
-def split_rows(rows: list[int], batch: RolloutBatch, config: UpdateConfig) -> list[list[int]]:
+def split_rows(rows: list[int], batch: RolloutBatch, config: SplitSettings) -> list[list[int]]:
     """Cut rows into microbatches: a token budget, a fixed size, or one microbatch."""
     if not rows:
         return []
@@ -43,7 +43,7 @@ def stand_in_row(batch: RolloutBatch, rows: list[int]) -> int:
     return rows[int(lengths.argmax())]
 
 
-def plan_update(batch: RolloutBatch, config: UpdateConfig, world_size: int, rank: int) -> list[MinibatchPlan]:
+def plan_update(batch: RolloutBatch, config: SplitSettings, world_size: int, rank: int) -> list[MinibatchPlan]:
     """Every optimizer step of the update, from this rank's point of view."""
     lengths = batch.token_spans().tolist()
     plans = []

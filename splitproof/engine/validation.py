@@ -1,6 +1,7 @@
 """Everything about an update that the batch, the config and the model can tell, checked before it runs.
 
-``update_policy`` calls :func:`validate_update` on every rank before the first forward. Every rank holds
+``update_policy`` calls :func:`validate_update` (``update_critic`` its own checks through
+:func:`validate_plans`) on every rank before the first forward. Every rank holds
 the same rollout batch and config (checked first, with one small gather of digests), so every rank
 raises the same named error (``BatchError`` naming the field and the sequence, or ``ConfigError`` naming
 the setting) and no weight, gradient or optimizer state has moved — instead of one rank failing
@@ -70,7 +71,7 @@ def batch_fingerprint(batch: RolloutBatch) -> list[tuple[str, str]]:
     return out
 
 
-def check_same_inputs(batch: RolloutBatch, config: UpdateConfig, collective) -> None:
+def check_same_inputs(batch: RolloutBatch, config, collective) -> None:
     """Every rank must pass the same rollout batch (each takes its own shard of it) and config."""
     if collective.world_size == 1:
         return
@@ -82,20 +83,31 @@ def check_same_inputs(batch: RolloutBatch, config: UpdateConfig, collective) -> 
                              "rollout batch; the engine takes each rank's shard itself")
     others = [rank for rank, (_, c) in enumerate(prints) if c != prints[0][1]]
     if others:
-        raise ConfigError("config", f"the UpdateConfig differs between ranks (rank 0 vs ranks {others})")
+        raise ConfigError("config", f"the {type(config).__name__} differs between ranks (rank 0 vs ranks {others})")
 
 
 def validate_update(model: nn.Module, batch: RolloutBatch, config: UpdateConfig,
                     collective=LOCAL) -> tuple[RolloutBatch, list[MinibatchPlan]]:
     """The validated batch (bool masks, [B, T] advantages) and this rank's plan of every optimizer step."""
+
+    def policy_checks(batch: RolloutBatch) -> None:
+        if config.loss.use_kl_loss and batch.ref_log_probs is None:
+            raise BatchError("ref_log_probs", "loss.use_kl_loss is set but the batch has no ref_log_probs")
+        require_group_index(batch.index, config.loss.loss_agg_mode)
+        check_positions(model, batch)
+        check_cov_strategy(model, config)
+
+    return validate_plans(model, batch, config, collective, policy_checks)
+
+
+def validate_plans(model: nn.Module, batch: RolloutBatch, config, collective, checks) -> tuple[RolloutBatch, list[MinibatchPlan]]:
+    """What every update checks — attention implementation, the same inputs on every rank, the batch
+    contract — then the update's own ``checks(validated batch)``, then the plan (token budget, minibatch
+    size) and N > 0 in every minibatch."""
     check_attention(model)
     check_same_inputs(batch, config, collective)
     batch = batch.validate(vocab_size_of(model))
-    if config.loss.use_kl_loss and batch.ref_log_probs is None:
-        raise BatchError("ref_log_probs", "loss.use_kl_loss is set but the batch has no ref_log_probs")
-    require_group_index(batch.index, config.loss.loss_agg_mode)
-    check_positions(model, batch)
-    check_cov_strategy(model, config)
+    checks(batch)
     plans = plan_update(batch, config, collective.world_size, collective.rank)  # budget, minibatch size
     for index, plan in enumerate(plans):
         if not batch.response_mask[plan.rows].any():
