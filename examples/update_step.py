@@ -24,19 +24,22 @@ from splitproof.models import tiny_causal_lm
 
 def rollout(model, dtype: torch.dtype, *, prompts: int = 2, group: int = 4, seed: int = 1) -> RolloutBatch:
     """A stand-in for generation and rewards: random prompts and responses (``group`` per prompt), a 0/1
-    reward per response, GRPO advantages per group, and the policy's own log-probs as the old ones."""
+    reward per response, GRPO advantages per group, the prompt's number as each response's group id, and the
+    policy's own log-probs as the old ones."""
     g = torch.Generator().manual_seed(seed)
-    prompt_ids, response_ids, advantages = [], [], []
-    for _ in range(prompts):
+    prompt_ids, response_ids, advantages, index = [], [], [], []
+    for p in range(prompts):
         prompt = torch.randint(3, 256, (int(torch.randint(4, 9, (1,), generator=g)),), generator=g).tolist()
         rewards = torch.tensor([0.0, 1.0] + torch.randint(0, 2, (group - 2,), generator=g).tolist())
         advantages += ((rewards - rewards.mean()) / (rewards.std() + 1e-6)).tolist()
         for _ in range(group):
             length = int(torch.randint(1, 17, (1,), generator=g))
             prompt_ids.append(prompt)
+            index.append(p)
             response_ids.append(torch.randint(3, 256, (length,), generator=g).tolist())
     zeros = [[0.0] * len(r) for r in response_ids]
-    batch = RolloutBatch.from_sequences(prompt_ids, response_ids, zeros, advantages, ref_log_probs=zeros, dtype=dtype)
+    batch = RolloutBatch.from_sequences(prompt_ids, response_ids, zeros, advantages, ref_log_probs=zeros, index=index,
+                                        dtype=dtype)
     old, _ = compute_log_probs(model, batch, micro_batch_size=4)  # no micro-batching changes them
     batch.old_log_probs = old
     batch.ref_log_probs = old.clone()  # the reference policy is the initial policy

@@ -3,7 +3,8 @@
 Layout: prompts are left-padded ``[B, P]``, responses right-padded ``[B, T]``; ``attention_mask`` covers
 both ``[B, P + T]``; ``response_mask`` ``[B, T]`` says which response tokens count in the loss (multi-turn
 masks allowed, but only on real tokens). Per-token tensors are ``[B, T]``; advantages may be ``[B]``
-(one scalar per sequence, broadcast). ``seq_ids`` are the canonical sequence keys (default: row index).
+(one scalar per sequence, broadcast). ``seq_ids`` are the canonical sequence keys (default: row index);
+``index`` (optional) is each sequence's prompt-group id (verl's uid), which group-mean-token-mean needs.
 The critic's update also reads ``values`` (its predictions before the update) and ``returns`` (its targets).
 Other paddings are accepted too — after a prompt, holes inside a prompt or a response — as long as every
 sequence with a response token has a prompt token; the engine computes each sequence over its span.
@@ -15,6 +16,8 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
+
+from .config import GROUP_AGG
 
 
 class BatchError(ValueError):
@@ -109,6 +112,33 @@ def check_policy_tensors(
     return mask, advantages
 
 
+def check_group_index(index: Tensor | None, batch_size: int, seq_ids: Tensor | None = None,
+                      name: str = "index") -> Tensor | None:
+    """Validate group ids: one integer per row ([B]); returns them as int64 (None stays None)."""
+    if index is None:
+        return None
+    if not isinstance(index, Tensor):
+        index = torch.as_tensor(index)
+    if tuple(index.shape) != (batch_size,):
+        raise BatchError(name, f"must hold one group id per sequence, [B] = [{batch_size}], got shape {tuple(index.shape)}")
+    if index.dtype == torch.bool or index.is_complex():
+        raise BatchError(name, f"group ids must be integers, got {index.dtype}")
+    if index.is_floating_point():
+        bad = ~torch.isfinite(index)
+        if bad.any():
+            row = int(bad.nonzero()[0, 0])
+            raise BatchError(name, f"non-finite group id {float(index[row])}", _seq_label(seq_ids, row))
+        raise BatchError(name, f"group ids must be an integer tensor, got {index.dtype}")
+    return index.long()
+
+
+def require_group_index(index: Tensor | None, agg_mode: str, name: str = "index") -> None:
+    """group-mean-token-mean without group ids is an error (not "each sequence its own group")."""
+    if agg_mode == GROUP_AGG and index is None:
+        raise BatchError(name, f"loss_agg_mode {GROUP_AGG!r} needs a group id per sequence (the prompt group, "
+                               "verl's uid), but none was given")
+
+
 # check_policy_tensors's argument names -> the RolloutBatch fields they come from
 FIELD_NAMES = {"old_log_prob": "old_log_probs", "ref_log_prob": "ref_log_probs"}
 # The critic's per-token fields: optional, checked like the others when present.
@@ -128,6 +158,7 @@ class RolloutBatch:
     ref_log_probs: Tensor | None = None  # [B, T]
     rollout_is_weights: Tensor | None = None  # [B, T]
     seq_ids: Tensor | None = None  # [B] canonical keys; default arange(B)
+    index: Tensor | None = None  # [B] prompt-group id per sequence (verl's uid); group-mean-token-mean needs it
     values: Tensor | None = None  # [B, T] the critic's predictions before its update (the critic's no-grad pass)
     returns: Tensor | None = None  # [B, T] the critic's targets (GAE returns)
 
@@ -141,7 +172,7 @@ class RolloutBatch:
     @classmethod
     def from_sequences(cls, prompt_ids, response_ids, old_log_probs, advantages, *, response_mask=None,
                        ref_log_probs=None, rollout_is_weights=None, values=None, returns=None, seq_ids=None,
-                       pad_token_id: int = 0,
+                       index=None, pad_token_id: int = 0,
                        dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> "RolloutBatch":
         """A validated batch from plain per-sequence data; row i is sequence i of every list.
 
@@ -156,6 +187,8 @@ class RolloutBatch:
         - ``ref_log_probs[i]``, ``rollout_is_weights[i]`` (optional): one per response token.
         - ``values[i]``, ``returns[i]`` (optional, the critic's update): one per response token.
         - ``seq_ids`` (optional): a unique integer id per sequence, its canonical key (default 0..B-1).
+        - ``index`` (optional): an integer group id per sequence — the sequences sampled from one prompt
+          share it (verl's uid); ``loss_agg_mode="group-mean-token-mean"`` needs it.
 
         A row may be a list, tuple, NumPy array or 1-D tensor. Bad input raises :class:`BatchError`
         naming the field and the row (``old_log_probs[3]: 5 values for 6 response tokens``). Per-token
@@ -167,7 +200,7 @@ class RolloutBatch:
         return batch_from_sequences(cls, prompt_ids, response_ids, old_log_probs, advantages,
                                     response_mask=response_mask, ref_log_probs=ref_log_probs,
                                     rollout_is_weights=rollout_is_weights, values=values, returns=returns,
-                                    seq_ids=seq_ids,
+                                    seq_ids=seq_ids, index=index,
                                     pad_token_id=pad_token_id, dtype=dtype, device=device)
 
     @property
@@ -239,6 +272,7 @@ class RolloutBatch:
             raise BatchError("seq_ids", f"canonical sequence ids must be an integer tensor, got {self.seq_ids.dtype}")
         if torch.unique(self.seq_ids).numel() != b:
             raise BatchError("seq_ids", "canonical sequence ids must be unique")
+        index = check_group_index(self.index, b, self.seq_ids)
         expected = (b, self.prompt_width + self.response_width)
         if tuple(self.attention_mask.shape) != expected:
             raise BatchError("attention_mask", f"shape {tuple(self.attention_mask.shape)}, expected {expected}")
@@ -272,4 +306,4 @@ class RolloutBatch:
                     row = int(bad.nonzero()[0, 0])
                     raise BatchError(name, f"token id {int(ids[bad][0])} outside the model's vocabulary [0, {vocab_size})",
                                      int(self.seq_ids[row]))
-        return replace(self, attention_mask=attention, response_mask=mask, advantages=advantages)
+        return replace(self, attention_mask=attention, response_mask=mask, advantages=advantages, index=index)

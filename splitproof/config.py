@@ -28,7 +28,10 @@ AGG_MODES = (
     "seq-mean-token-sum",
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
+    "group-mean-token-mean",
 )
+# The aggregation that needs a group id per sequence (RolloutBatch.index; verl's uid).
+GROUP_AGG = "group-mean-token-mean"
 KL_TYPES = ("k1", "kl", "abs", "k2", "mse", "k3", "low_var_kl")
 COV_MODES = ("clip_cov", "kl_cov")
 

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from .aggregation import aggregate, sequence_weights, token_weights
-from .batch import BatchError, check_policy_tensors
+from .batch import BatchError, check_group_index, check_policy_tensors, require_group_index
 from .collective import LOCAL
 from .config import LossConfig
 from .losses import COV_CORRECTIONS, POLICY_LOSSES, PolicyInputs, kl_estimate
@@ -50,12 +50,14 @@ def minibatch_share(
     rollout_is_weights: Tensor | None = None,
     entropy: Tensor | None = None,
     selection: Tensor | None = None,
+    index: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """This part's share of J(ℬ) (differentiable) and of each metric (detached scalars).
 
     Inputs are one part's [b, T] tensors, already validated: ``response_mask`` bool, ``advantages``
     [b, T]. ``stats`` are the minibatch's (all parts, all ranks). For kl_cov/clip_cov, ``selection`` is
     this part's slice of the minibatch selection (None = no token selected: the `deferred` base loss).
+    ``index``: the part's group id per row (group-mean-token-mean; its n_g come from ``stats``).
     The part never needs to know how ℬ was split.
     """
     mask = response_mask
@@ -65,7 +67,7 @@ def minibatch_share(
     x = policy_inputs(log_prob, old_log_prob, advantages, mask, rollout_is_weights, selection)
     terms = POLICY_LOSSES[config.loss_mode](x, config)
 
-    per_token = token_weights(mask, config.loss_agg_mode, stats, config.loss_scale_factor, dtype)
+    per_token = token_weights(mask, config.loss_agg_mode, stats, config.loss_scale_factor, dtype, index)
     if terms.seq_loss is not None:
         pg = (sequence_weights(mask, stats, dtype) * terms.seq_loss).sum()
     else:
@@ -73,7 +75,7 @@ def minibatch_share(
         if terms.applies_is_weights and x.rollout_is_weights is not None:
             token_loss = token_loss * x.rollout_is_weights
         policy_weights = per_token if config.policy_agg_mode == config.loss_agg_mode else token_weights(
-            mask, config.policy_agg_mode, stats, config.loss_scale_factor, dtype)
+            mask, config.policy_agg_mode, stats, config.loss_scale_factor, dtype, index)
         pg = aggregate(token_loss, policy_weights, mask)
 
     mean_weights = token_weights(mask, "token-mean", stats, None, dtype)
@@ -112,6 +114,7 @@ def correction_share(
     selection: Tensor,
     *,
     rollout_is_weights: Tensor | None = None,
+    index: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The `deferred` strategy's second pass: the selection's change to J (KL-Cov +κ|δ|, Clip-Cov −ℓ).
 
@@ -123,7 +126,7 @@ def correction_share(
     delta = COV_CORRECTIONS[config.loss_mode](x, config)
     if x.rollout_is_weights is not None:
         delta = delta * x.rollout_is_weights
-    weights = token_weights(mask, config.loss_agg_mode, stats, config.loss_scale_factor, dtype)
+    weights = token_weights(mask, config.loss_agg_mode, stats, config.loss_scale_factor, dtype, index)
     share = aggregate(delta, weights, mask)
     metrics = {"loss": share.detach(), "pg_loss": share.detach(), "cov_selected": (selection & mask).sum().to(dtype)}
     return share, metrics
@@ -162,19 +165,25 @@ def objective(
     entropy: Tensor | None = None,
     *,
     seq_ids: Tensor | None = None,
+    index: Tensor | None = None,
     step: int = 0,
 ) -> tuple[Tensor, dict[str, float]]:
     """J(ℬ) over a whole minibatch of padded [B, T] tensors, and the step's metrics.
 
     Differentiable w.r.t. ``log_prob`` and ``entropy``. For kl_cov/clip_cov it makes the minibatch-wide
     selection itself (``seq_ids``: canonical keys, default row index; ``step``: Clip-Cov's hash input).
+    ``index``: a group id per sequence ([B] integers), required by group-mean-token-mean, ignored otherwise.
     """
     mask, advantages = check_policy_tensors(
         log_prob, old_log_prob, advantages, response_mask, ref_log_prob=ref_log_prob,
         rollout_is_weights=rollout_is_weights, entropy=entropy, seq_ids=seq_ids)
     if config.use_kl_loss and ref_log_prob is None:
         raise BatchError("ref_log_prob", "use_kl_loss is set but no reference log-probs were given")
-    stats = MinibatchStats.of(mask)
+    index = check_group_index(index, mask.shape[0], seq_ids)
+    require_group_index(index, config.loss_agg_mode)
+    if index is not None:
+        index = index.to(mask.device)
+    stats = MinibatchStats.of(mask, index=index)
     selection = None
     if config.is_cov:
         if seq_ids is None:
@@ -183,5 +192,5 @@ def objective(
         selection = select_tokens(x, config, seq_ids, step=step, collective=LOCAL)
     loss, shares = minibatch_share(
         log_prob, old_log_prob, advantages, mask, config, stats, ref_log_prob=ref_log_prob,
-        rollout_is_weights=rollout_is_weights, entropy=entropy, selection=selection)
+        rollout_is_weights=rollout_is_weights, entropy=entropy, selection=selection, index=index)
     return loss, finalize_metrics(shares)

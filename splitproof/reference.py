@@ -58,10 +58,11 @@ def priority_hash(seed: int, step: int, seq_id: int, pos: int) -> int:
 class _Seq:
     """The valid tokens of one non-empty sequence, float64, in response order."""
 
-    def __init__(self, row: int, seq_id: int, positions: list[int], lp: Tensor, old: Tensor, adv: Tensor,
-                 ref: Tensor | None, w: Tensor | None, ent: Tensor | None):
+    def __init__(self, row: int, seq_id: int, group: int | None, positions: list[int], lp: Tensor, old: Tensor,
+                 adv: Tensor, ref: Tensor | None, w: Tensor | None, ent: Tensor | None):
         self.row = row
         self.seq_id = seq_id
+        self.group = group  # prompt-group id (group-mean-token-mean), None if not given
         self.positions = positions  # response positions t of the valid tokens
         self.n = len(positions)
         self.lp = lp
@@ -73,7 +74,7 @@ class _Seq:
 
 
 def _prepare(log_prob, old_log_prob, advantages, response_mask, *, ref_log_prob=None,
-             rollout_is_weights=None, entropy=None, seq_ids=None):
+             rollout_is_weights=None, entropy=None, seq_ids=None, index=None):
     if response_mask.dim() != 2:
         raise ValueError(f"response_mask: must be [B, T], got shape {tuple(response_mask.shape)}")
     batch, width = response_mask.shape
@@ -93,6 +94,11 @@ def _prepare(log_prob, old_log_prob, advantages, response_mask, *, ref_log_prob=
         ids = [int(s) for s in (seq_ids.tolist() if isinstance(seq_ids, Tensor) else seq_ids)]
         if len(ids) != batch:
             raise ValueError(f"seq_ids: expected {batch} ids, got {len(ids)}")
+    groups = [None] * batch
+    if index is not None:
+        groups = [int(g) for g in (index.tolist() if isinstance(index, Tensor) else index)]
+        if len(groups) != batch:
+            raise ValueError(f"index: expected {batch} group ids, got {len(groups)}")
 
     def pick(x: Tensor | None, row: int, valid: Tensor) -> Tensor | None:
         return None if x is None else x[row][valid].to(torch.float64)
@@ -104,7 +110,7 @@ def _prepare(log_prob, old_log_prob, advantages, response_mask, *, ref_log_prob=
         if n == 0:
             continue  # an empty sequence contributes nothing and counts nowhere
         positions = [int(t) for t in valid.nonzero().flatten().tolist()]
-        seqs.append(_Seq(row, ids[row], positions, pick(log_prob, row, valid), pick(old_log_prob, row, valid),
+        seqs.append(_Seq(row, ids[row], groups[row], positions, pick(log_prob, row, valid), pick(old_log_prob, row, valid),
                          pick(advantages, row, valid), pick(ref_log_prob, row, valid),
                          pick(rollout_is_weights, row, valid), pick(entropy, row, valid)))
     if not seqs:
@@ -113,12 +119,17 @@ def _prepare(log_prob, old_log_prob, advantages, response_mask, *, ref_log_prob=
 
 
 class _Norm:
-    """The minibatch normalisers: N valid tokens, G non-empty sequences, S the norm-mode scale."""
+    """The minibatch normalisers: N valid tokens, G non-empty sequences, S the norm-mode scale, and n_g,
+    the valid tokens of each prompt group (only groups with a non-empty sequence appear)."""
 
     def __init__(self, seqs: list[_Seq], width: int, config: LossConfig):
         self.N = sum(s.n for s in seqs)
         self.G = len(seqs)
         self.S = float(config.loss_scale_factor) if config.loss_scale_factor is not None else float(width)
+        self.group_n: dict[int, int] = {}
+        for s in seqs:
+            if s.group is not None:
+                self.group_n[s.group] = self.group_n.get(s.group, 0) + s.n
 
 
 def _aggregate(per_seq: list[Tensor], seqs: list[_Seq], mode: str, norm: _Norm) -> Tensor:
@@ -134,6 +145,13 @@ def _aggregate(per_seq: list[Tensor], seqs: list[_Seq], mode: str, norm: _Norm) 
         return torch.stack([s / seq.n for s, seq in zip(sums, seqs)]).sum() / norm.G
     if mode == "seq-mean-token-sum-norm":
         return torch.stack(sums).sum() / (norm.G * norm.S)
+    if mode == "group-mean-token-mean":
+        # the token mean of each group, then the mean over the groups
+        group_sums: dict[int, list[Tensor]] = {}
+        for s, seq in zip(sums, seqs):
+            group_sums.setdefault(seq.group, []).append(s)
+        means = [torch.stack(parts).sum() / norm.group_n[g] for g, parts in group_sums.items()]
+        return torch.stack(means).sum() / len(means)
     raise ValueError(f"loss_agg_mode: unknown {mode!r}")
 
 
@@ -377,13 +395,18 @@ def _kl_token(lp: Tensor, ref: Tensor, kind: str) -> Tensor:
 # ----------------------------------------------------------------------------------------------
 
 def reference_objective(log_prob, old_log_prob, advantages, response_mask, config: LossConfig, *,
-                        ref_log_prob=None, rollout_is_weights=None, entropy=None, seq_ids=None,
+                        ref_log_prob=None, rollout_is_weights=None, entropy=None, seq_ids=None, index=None,
                         step: int = 0) -> tuple[Tensor, dict[str, float]]:
-    """The minibatch objective J (float64 scalar, differentiable w.r.t. log_prob and entropy) and its metrics."""
+    """The minibatch objective J (float64 scalar, differentiable w.r.t. log_prob and entropy) and its metrics.
+
+    ``index``: a group id per sequence, required by group-mean-token-mean."""
     if config.use_kl_loss and ref_log_prob is None:
         raise ValueError("ref_log_prob: required when use_kl_loss is set")
+    if config.loss_agg_mode == "group-mean-token-mean" and index is None:
+        raise ValueError("index: group-mean-token-mean needs a group id per sequence")
     seqs, _, width = _prepare(log_prob, old_log_prob, advantages, response_mask, ref_log_prob=ref_log_prob,
-                              rollout_is_weights=rollout_is_weights, entropy=entropy, seq_ids=seq_ids)
+                              rollout_is_weights=rollout_is_weights, entropy=entropy, seq_ids=seq_ids,
+                              index=index)
     norm = _Norm(seqs, width, config)
     mode = config.loss_mode
     metrics: dict[str, float] = {}
@@ -444,12 +467,13 @@ def reference_objective(log_prob, old_log_prob, advantages, response_mask, confi
 # ----------------------------------------------------------------------------------------------
 
 def reference_value_objective(vpreds, values, returns, response_mask, *, cliprange_value: float,
-                              loss_agg_mode: str = "token-mean",
-                              loss_scale_factor: float | None = None) -> tuple[Tensor, dict[str, float]]:
+                              loss_agg_mode: str = "token-mean", loss_scale_factor: float | None = None,
+                              index=None) -> tuple[Tensor, dict[str, float]]:
     """The critic's minibatch objective J_V (float64, differentiable w.r.t. ``vpreds``) and its metrics.
 
     Per valid token: lo = V_old − c, hi = V_old + c, v̂ = lo if v < lo, hi if v > hi, else v;
-    ℓ = ½·max((v − R)², (v̂ − R)²), clipped when (v̂ − R)² > (v − R)². Aggregated like the policy loss.
+    ℓ = ½·max((v − R)², (v̂ − R)²), clipped when (v̂ − R)² > (v − R)². Aggregated like the policy loss
+    (``index``: one group id per row, for group-mean-token-mean).
     """
     mask = response_mask.bool()
     if mask.dim() != 2:
@@ -472,7 +496,8 @@ def reference_value_objective(vpreds, values, returns, response_mask, *, clipran
         losses.append(0.5 * torch.where(err_clip > err, err_clip, err))
         clipped.append((err_clip > err).double())
         preds.append(v.detach())
-        seqs.append(_Seq(row, row, valid.nonzero().flatten().tolist(), v, old, r, None, None, None))
+        group = None if index is None else int(index[row])
+        seqs.append(_Seq(row, row, group, valid.nonzero().flatten().tolist(), v, old, r, None, None, None))
     if not seqs:
         raise ValueError("response_mask: empty minibatch: no valid response token (N = 0)")
     norm = _Norm(seqs, mask.shape[1], LossConfig(loss_scale_factor=loss_scale_factor))

@@ -8,6 +8,7 @@ row (``old_log_probs[3]: 5 values for 6 response tokens``); then the whole batch
 
 from __future__ import annotations
 
+import math
 from numbers import Integral, Real
 from typing import Sequence
 
@@ -77,6 +78,21 @@ def _advantages(rows: list, lengths: list[int], dtype: torch.dtype) -> list[floa
     return out
 
 
+def _group_ids(values, count: int) -> Tensor:
+    """One integer group id per sequence; an error names the row (``index[3]: ...``)."""
+    rows = _rows("index", values.tolist() if hasattr(values, "tolist") else values, count)
+    ids = []
+    for i, g in enumerate(rows):
+        if isinstance(g, Real) and not isinstance(g, Integral) and not math.isfinite(g):
+            raise BatchError(f"index[{i}]", f"non-finite group id {g!r}")
+        if isinstance(g, bool) or not isinstance(g, Integral):
+            raise BatchError(f"index[{i}]", f"a group id must be an integer, got {g!r}")
+        if not -2**63 <= int(g) < 2**63:
+            raise BatchError(f"index[{i}]", f"group id {int(g)} does not fit in 64 bits")
+        ids.append(int(g))
+    return torch.tensor(ids, dtype=torch.long)
+
+
 def _pad(rows: Sequence[Tensor], width: int, fill, dtype: torch.dtype, *, left: bool) -> Tensor:
     out = torch.full((len(rows), width), fill, dtype=dtype)
     for i, row in enumerate(rows):
@@ -102,6 +118,7 @@ def batch_from_sequences(
     values=None,
     returns=None,
     seq_ids=None,
+    index=None,
     pad_token_id: int = 0,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
@@ -139,6 +156,8 @@ def batch_from_sequences(
         if ids.is_floating_point() or ids.dtype == torch.bool:
             raise BatchError("seq_ids", f"must be integers, got {ids.dtype}")
         seq_ids = ids.long()
+    if index is not None:
+        index = _group_ids(index, count)
 
     prompt_width = max(p.numel() for p in prompts)
     width = max(lengths)
@@ -158,6 +177,7 @@ def batch_from_sequences(
         old_log_probs=_pad(old, width, 0.0, dtype, left=False),
         advantages=adv_tensor,
         seq_ids=seq_ids,
+        index=index,
         **{name: _pad(rows, width, 0.0, dtype, left=False) for name, rows in optional.items()},
     )
     if device is not None:

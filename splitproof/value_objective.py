@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from .aggregation import aggregate, token_weights
-from .batch import BatchError, check_binary_mask, check_finite_on, check_per_token_shape
+from .batch import BatchError, require_group_index, check_binary_mask, check_finite_on, check_per_token_shape
 from .config import ValueLossConfig
 from .losses.value import value_loss
 from .objective import _clean, finalize_metrics
@@ -25,11 +25,13 @@ VALUE_METRICS = ("critic/vf_clipfrac", "critic/vf_loss", "critic/vpred_mean")
 
 
 def value_share(vpreds: Tensor, values: Tensor, returns: Tensor, response_mask: Tensor, config: ValueLossConfig,
-                stats: MinibatchStats, *, scale: float = 1.0) -> tuple[Tensor, dict[str, Tensor]]:
+                stats: MinibatchStats, *, scale: float = 1.0, index: Tensor | None = None
+                ) -> tuple[Tensor, dict[str, Tensor]]:
     """This part's share of J_V(ℬ) (differentiable w.r.t. ``vpreds``) and of each metric (detached).
 
     ``stats`` are the minibatch's (all parts, all ranks); ``scale`` multiplies the share and its metrics
-    (1 except in the diagnosis's per-microbatch emulation). Padding never reaches the loss or its gradient.
+    (1 except in the diagnosis's per-microbatch emulation); ``index`` the part's group id per row, for
+    group-mean-token-mean. Padding never reaches the loss or its gradient.
     """
     mask = response_mask
     dtype = vpreds.dtype
@@ -37,7 +39,7 @@ def value_share(vpreds: Tensor, values: Tensor, returns: Tensor, response_mask: 
         return (vpreds * 0).sum(), {}
     vpreds = _clean(vpreds, mask)
     terms = value_loss(vpreds, _clean(values, mask).to(dtype), _clean(returns, mask).to(dtype), config.cliprange_value)
-    weights = token_weights(mask, config.loss_agg_mode, stats, config.loss_scale_factor, dtype)
+    weights = token_weights(mask, config.loss_agg_mode, stats, config.loss_scale_factor, dtype, index)
     mean_weights = token_weights(mask, "token-mean", stats, None, dtype)
     loss = aggregate(terms.loss, weights, mask) * scale
     metrics = {
@@ -49,7 +51,7 @@ def value_share(vpreds: Tensor, values: Tensor, returns: Tensor, response_mask: 
 
 
 def value_objective(vpreds: Tensor, values: Tensor, returns: Tensor, response_mask: Tensor,
-                    config: ValueLossConfig) -> tuple[Tensor, dict[str, float]]:
+                    config: ValueLossConfig, *, index: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
     """J_V(ℬ) over a whole minibatch of padded [B, T] tensors (differentiable w.r.t. ``vpreds``), and its
     metrics. Inputs are checked: shapes, a 0/1 mask, finite values on valid tokens, N > 0."""
     mask = check_binary_mask("response_mask", response_mask)
@@ -58,7 +60,9 @@ def value_objective(vpreds: Tensor, values: Tensor, returns: Tensor, response_ma
         check_finite_on(name, value.detach(), mask)
     if not mask.any():
         raise BatchError("response_mask", "empty minibatch: no valid response token (N = 0)")
-    loss, shares = value_share(vpreds, values, returns, mask, config, MinibatchStats.of(mask))
+    require_group_index(index, config.loss_agg_mode, "index")
+    loss, shares = value_share(vpreds, values, returns, mask, config, MinibatchStats.of(mask, index=index),
+                               index=index)
     return loss, finalize_metrics(shares)
 
 

@@ -72,6 +72,21 @@ def make_rollout(model, num_sequences: int = 8, prompt_length: int = 8, response
     return batch
 
 
+def grouped_rollout(model, seed: int = 1) -> RolloutBatch:
+    """12 sequences with group ids (``index``): groups of 4, 2 (plus an empty member), 2, 1 and 1 non-empty
+    sequences, their rows scattered, and a group holding nothing but an empty sequence (it counts nowhere)."""
+    batch = make_rollout(model, 12, seed=seed)  # one empty sequence, one with a multi-turn hole
+    mask = batch.response_mask.clone()
+    empty = int((mask.sum(1) == 0).nonzero()[0, 0])
+    second_empty = (empty + 5) % 12
+    mask[second_empty] = 0
+    batch.response_mask = mask
+    labels = iter([5, 3, 8, 5, 1, 3, 5, 8, 6, 5])
+    index = [99 if r == empty else 3 if r == second_empty else next(labels) for r in range(12)]
+    batch.index = torch.tensor(index)
+    return batch
+
+
 def cast_batch(batch: RolloutBatch, dtype) -> RolloutBatch:
     changes = {}
     for f in fields(batch):

@@ -20,11 +20,13 @@ class Minibatch:
     rollout_is_weights: torch.Tensor | None
     entropy: torch.Tensor | None
     seq_ids: torch.Tensor
+    index: torch.Tensor  # prompt-group ids: random groups of random sizes, ids not 0..k-1
 
 
 def random_minibatch(seed: int, batch: int, width: int, *, with_ref=True, with_weights=True, with_entropy=True,
                      quantized=False, nan_padding=True, dtype=torch.float64) -> Minibatch:
-    """Random lengths (some sequences empty, at least one token valid), NaN on padding when asked."""
+    """Random lengths (some sequences empty, at least one token valid), NaN on padding when asked; random
+    prompt groups (any number from one to one per sequence, uneven sizes, rows of a group not adjacent)."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(0, width + 1, (batch,), generator=g)
     if int(lengths.sum()) == 0:
@@ -49,7 +51,10 @@ def random_minibatch(seed: int, batch: int, width: int, *, with_ref=True, with_w
             if t is not None:
                 t[~mask] = float("nan")
     seq_ids = torch.randperm(1000, generator=g)[:batch]
-    return Minibatch(log_prob, old_log_prob, advantages, mask, ref, weights, entropy, seq_ids)
+    num_groups = int(torch.randint(1, batch + 1, (1,), generator=g))
+    labels = torch.randperm(1000, generator=g)[:num_groups] - 500
+    index = labels[torch.randint(0, num_groups, (batch,), generator=g)]
+    return Minibatch(log_prob, old_log_prob, advantages, mask, ref, weights, entropy, seq_ids, index)
 
 
 def config_for(loss_mode: str, agg_mode: str, **overrides) -> LossConfig:

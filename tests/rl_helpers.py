@@ -118,6 +118,27 @@ def relative_update_difference(a: dict, b: dict, initial: dict) -> float:
     return (diff / update) ** 0.5 if update > 0 else float("inf")
 
 
+def assert_same_trajectory(got, want):
+    """Identical rollouts, weights (the critic's too) within 1e-10 of the update, every non-timing metric
+    within 1e-9 relative."""
+    import math
+
+    from splitproof.rl.metrics import is_machine_dependent
+
+    for step, (a, b) in enumerate(zip(got["samples"], want["samples"]), start=1):
+        assert [(s.uid, s.index, s.response_ids) for s in a] == [(s.uid, s.index, s.response_ids) for s in b], step
+    assert relative_update_difference(got["weights"], want["weights"], want["initial"]) <= 1e-10
+    if "critic_weights" in want:
+        difference = relative_update_difference(got["critic_weights"], want["critic_weights"], want["critic_initial"])
+        assert difference <= 1e-10, difference
+    assert len(got["records"]) == len(want["records"])
+    for a, b in zip(got["records"], want["records"]):
+        keys = {k for k in b if not is_machine_dependent(k)}
+        assert keys == {k for k in a if not is_machine_dependent(k)}
+        for k in keys:
+            assert math.isclose(a[k], b[k], rel_tol=1e-9, abs_tol=1e-12), (k, a[k], b[k])
+
+
 def train_overrides(model_dir: str, out_dir, steps: int, *, dtype: str = "fp32", reward: str = "graded",
                     extra=()) -> list[str]:
     """A small `splitproof train` command line (key=value overrides): GRPO on the built-in addition task

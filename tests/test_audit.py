@@ -153,6 +153,8 @@ def test_errors_from_the_function_and_settings():
         run_audit(ex.correct_token_mean, convention="trl")
     with pytest.raises(ValueError, match="aggregation"):
         run_audit(ex.correct_token_mean, agg_mode="mean")
+    with pytest.raises(ValueError, match="no group ids"):  # verl's convention has no uid argument
+        run_audit(ex.correct_token_mean, agg_mode="group-mean-token-mean")
 
     def fails_on_small(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, w):
         if response_mask.shape[0] == 1:

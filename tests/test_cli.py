@@ -132,6 +132,18 @@ def test_legacy_statistics_scope_fails_and_scope_column(tmp_path):
     assert all(s["verdict"] == "pass" and s["legacy"]["verdict"] == "fail" for s in splits)
 
 
+def test_group_mean_custom_run(tmp_path):
+    """The synthetic batch carries group ids: group-mean-token-mean runs, exact across splits that cut the
+    groups, and per-microbatch group counts (the legacy column) differ."""
+    path = tmp_path / "g.json"
+    assert main(["diagnose", "--loss-mode", "vanilla", "--agg-mode", "group-mean-token-mean", "--dtype", "float64",
+                 "--split", "sizes:3,5", "--split", "dp:2", "--scope", "microbatch", "--json", str(path),
+                 "--no-progress"]) == 0
+    splits = json.loads(path.read_text())["scenarios"][0]["splits"]
+    assert all(s["update_rel_diff"] < 1e-12 and s["verdict"] == "pass" for s in splits)
+    assert splits[0]["legacy"]["verdict"] == "fail"
+
+
 def test_value_scenario_exact_and_legacy_differs(tmp_path):
     """The critic's value loss: exact across splits in float64; verl's per-microbatch normalisation before
     its PR #6957 (the legacy column) is not, and as the candidate it fails."""
@@ -195,6 +207,7 @@ def test_float64_is_exact(tmp_path):
     ["audit", "--loss-fn", "tests.audit_examples:microbatch_mean", "--plot", "a.png"],
     ["audit", "--loss-fn", "tests.audit_examples:microbatch_mean", "--split", "even:2"],
     ["audit", "--loss-fn", "tests.audit_examples:microbatch_mean", "--convention", "trl"],
+    ["audit", "--loss-fn", "tests.audit_examples:microbatch_mean", "--agg-mode", "group-mean-token-mean"],
     ["--loss-fn", "tests.audit_examples:microbatch_mean"],
 ], ids=lambda a: " ".join(a))
 def test_user_errors_exit_2_with_one_line(argv, tmp_path, capsys, monkeypatch):
@@ -300,7 +313,8 @@ def test_help_exits_0(capsys):
 @pytest.mark.parametrize("scenario, shows, hides", [
     ("gmpo", ["geo_mean", "even:8", "--split", "--lr", "--dtype"], ["--loss-mode", "--cov-strategy", "--loss-fn"]),
     ("klcov", ["kl_cov_ratio 2e-4", "tokens:1088", "--cov-strategy"], ["--loss-mode", "--loss-fn"]),
-    ("sweep", ["geo_mean", "seq-mean-token-sum-norm", "--dtype", "--plot"], ["--split", "--lr", "--loss-fn"]),
+    ("sweep", ["geo_mean", "seq-mean-token-sum-norm", "group-mean-token-mean", "--dtype", "--plot"],
+     ["--split", "--lr", "--loss-fn"]),
     ("value", ["cliprange_value 0.2", "packed:48", "PR #6957", "--split", "--statistics-scope"],
      ["--loss-mode", "--cov-strategy", "--loss-fn"]),
     ("audit", ["--loss-fn", "global_batch_info", "dp_size", "--json"], ["--dtype", "--device", "--plot", "--split"]),

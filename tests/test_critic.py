@@ -58,16 +58,22 @@ def _random_inputs(seed: int, rows: int = 6, width: int = 7):
     return vpreds, old, returns, mask
 
 
+def _groups(rows: int, seed: int = 0) -> torch.Tensor:
+    """Random prompt-group ids (group-mean-token-mean); sizes differ, ids are not in row order."""
+    return torch.randint(0, 3, (rows,), generator=torch.Generator().manual_seed(100 + seed)) * 7 - 4
+
+
 @pytest.mark.parametrize("agg_mode", AGG_MODES)
 @pytest.mark.parametrize("seed", range(3))
 def test_objective_matches_reference(agg_mode, seed):
     vpreds, old, returns, mask = _random_inputs(seed)
+    index = _groups(len(mask), seed)
     config = ValueLossConfig(cliprange_value=0.4, loss_agg_mode=agg_mode, loss_scale_factor=5.0 if seed == 1 else None)
     v1 = vpreds.clone().requires_grad_(True)
     v2 = vpreds.clone().requires_grad_(True)
-    loss, metrics = value_objective(v1, old, returns, mask, config)
+    loss, metrics = value_objective(v1, old, returns, mask, config, index=index)
     ref, ref_metrics = reference_value_objective(v2, old, returns, mask, cliprange_value=0.4, loss_agg_mode=agg_mode,
-                                                 loss_scale_factor=config.loss_scale_factor)
+                                                 loss_scale_factor=config.loss_scale_factor, index=index)
     loss.backward()
     ref.backward()
     assert abs(float(loss.detach()) - float(ref.detach())) <= FLOOR * abs(float(ref.detach()))
@@ -80,12 +86,14 @@ def test_objective_matches_reference(agg_mode, seed):
 @pytest.mark.parametrize("agg_mode", AGG_MODES)
 def test_shares_of_any_partition_add_up(agg_mode):
     vpreds, old, returns, mask = _random_inputs(5, rows=9)
+    index = _groups(9)
     config = ValueLossConfig(loss_agg_mode=agg_mode)
-    whole, metrics = value_objective(vpreds, old, returns, mask, config)
-    stats = MinibatchStats.of(mask)
+    whole, metrics = value_objective(vpreds, old, returns, mask, config, index=index)
+    stats = MinibatchStats.of(mask, index=index)
     total, sums = 0.0, {}
     for rows in ([4, 0], [7], [2, 8, 1], [3, 5, 6]):
-        share, shares = value_share(vpreds[rows], old[rows], returns[rows], mask[rows], config, stats)
+        share, shares = value_share(vpreds[rows], old[rows], returns[rows], mask[rows], config, stats,
+                                    index=index[rows])
         total += float(share)
         for k, x in shares.items():
             sums[k] = sums.get(k, 0.0) + float(x)
@@ -151,7 +159,7 @@ def _reference_step(critic, batch, config: CriticUpdateConfig, lr: float):
     vpreds = torch.stack(rows)
     loss, metrics = reference_value_objective(vpreds, batch.values, batch.returns, batch.response_mask,
                                               cliprange_value=config.cliprange_value,
-                                              loss_agg_mode=config.loss_agg_mode)
+                                              loss_agg_mode=config.loss_agg_mode, index=batch.index)
     loss.backward()
     with torch.no_grad():
         for p in critic.parameters():
@@ -161,8 +169,10 @@ def _reference_step(critic, batch, config: CriticUpdateConfig, lr: float):
 
 @pytest.mark.parametrize("agg_mode", AGG_MODES)
 def test_update_matches_reference(models, batch, agg_mode):
-    """One critic step through the engine (three microbatches) = an independent float64 SGD step."""
+    """One critic step through the engine (three microbatches, cutting the prompt groups of two) = an
+    independent float64 SGD step."""
     _, critic = models
+    batch = replace(batch, index=torch.arange(len(batch)) // 2)
     config = CriticUpdateConfig(ppo_mini_batch_size=len(batch), ppo_micro_batch_size_per_gpu=3, grad_clip=NO_CLIP,
                                 cliprange_value=0.2, loss_agg_mode=agg_mode)
     params, steps = run_critic(critic, batch, config, lr=0.05)

@@ -55,7 +55,7 @@ def _nan_on_valid(batch, field):
 
 
 @pytest.mark.parametrize("case", ["no values", "no returns", "nan values", "inf returns", "values shape",
-                                  "returns dtype", "budget", "minibatch size", "policy model"])
+                                  "returns dtype", "budget", "minibatch size", "no group ids", "policy model"])
 def test_bad_input_fails_before_anything_moves(models, batch, case):
     policy, critic = models
     critic = copy.deepcopy(critic)
@@ -83,6 +83,9 @@ def test_bad_input_fails_before_anything_moves(models, batch, case):
     elif case == "minibatch size":
         bad, match = batch, "ppo_mini_batch_size"
         config = CriticUpdateConfig(ppo_mini_batch_size=3)
+    elif case == "no group ids":
+        bad, match = replace(batch, index=None), "index: loss_agg_mode 'group-mean-token-mean' needs a group id"
+        config = CriticUpdateConfig(ppo_mini_batch_size=4, loss_agg_mode="group-mean-token-mean")
     else:  # a causal LM is not a value model: its output has a vocabulary's channels
         model, bad, match, expected = copy.deepcopy(policy), batch, "model: a value model has one output", ConfigError
     before = flat(full_state(model))

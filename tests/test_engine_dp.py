@@ -19,8 +19,8 @@ from splitproof.engine import UpdateConfig, update_policy, wrap_model
 from splitproof.engine.launch import run_data_parallel
 from splitproof.engine.plan import plan_update
 
-from .engine_helpers import (BUDGET, NO_CLIP, REL, assert_metrics_close, flat, full_state, loss_config, make_model,
-                             make_optimizer, make_rollout, rel_diff, run_update)
+from .engine_helpers import (BUDGET, NO_CLIP, REL, assert_metrics_close, flat, full_state, grouped_rollout, loss_config,
+                             make_model, make_optimizer, make_rollout, rel_diff, run_update)
 
 pytestmark = pytest.mark.dist
 
@@ -51,6 +51,18 @@ def build_cases(model):
         cases[f"uneven/{loss_mode}/{agg_mode}/{strategy}"] = (odd, UpdateConfig(
             loss=loss, ppo_mini_batch_size=7, ppo_micro_batch_size_per_gpu=3, grad_clip=NO_CLIP,
             cov_strategy=strategy), "sgd")
+    grouped = grouped_rollout(model)  # uneven prompt groups, cut across the two ranks' shards
+    for loss_mode, strategy, split in (("vanilla", "auto", dict(ppo_micro_batch_size_per_gpu=2)),
+                                       ("geo_mean", "auto", dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=BUDGET,
+                                                                 use_remove_padding=True)),
+                                       ("kl_cov", "deferred", dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=BUDGET)),
+                                       ("clip_cov", "prepass", dict(ppo_micro_batch_size_per_gpu=5))):
+        cases[f"groups/{loss_mode}/{strategy}"] = (grouped, UpdateConfig(
+            loss=loss_config(loss_mode, "group-mean-token-mean"), ppo_mini_batch_size=12, grad_clip=NO_CLIP,
+            cov_strategy=strategy, **split), "sgd")
+    cases["groups/two-minibatches"] = (grouped, UpdateConfig(
+        loss=loss_config("vanilla", "group-mean-token-mean"), ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=2,
+        grad_clip=NO_CLIP), "momentum")
     for loss_mode in ("vanilla", "kl_cov"):
         cases[f"epochs/{loss_mode}"] = (batch, UpdateConfig(
             loss=loss_config(loss_mode, "seq-mean-token-mean"), ppo_mini_batch_size=2, ppo_epochs=2, shuffle=True,
@@ -94,6 +106,9 @@ def test_the_dp_cases_really_split(setup):
     assert all(len(plan_update(batch.validate(), cfg, WORLD, r)[0].microbatches) >= 2 for r in range(WORLD))
     batch, cfg, _ = cases["epochs/vanilla"]
     assert len(plan_update(batch.validate(), cfg, WORLD, 0)) == 8
+    batch, cfg, _ = cases["groups/vanilla/auto"]
+    groups = [set(batch.index[plan_update(batch.validate(), cfg, WORLD, r)[0].shard].tolist()) for r in range(WORLD)]
+    assert groups[0] & groups[1]  # a prompt group cut across the ranks
 
 
 @pytest.mark.parametrize("wrapper", WRAPPERS)

@@ -22,7 +22,7 @@ def evaluate(fn, mb, config, step):
     entropy = None if mb.entropy is None else mb.entropy.clone().requires_grad_(True)
     loss, metrics = fn(log_prob, mb.old_log_prob, mb.advantages, mb.response_mask, config,
                        ref_log_prob=mb.ref_log_prob, rollout_is_weights=mb.rollout_is_weights, entropy=entropy,
-                       seq_ids=mb.seq_ids, step=step)
+                       seq_ids=mb.seq_ids, index=mb.index, step=step)
     inputs = [log_prob] + ([entropy] if entropy is not None else [])
     grads = torch.autograd.grad(loss, inputs, allow_unused=True)
     return float(loss.detach()), metrics, grads

@@ -51,7 +51,7 @@ def split_selection(mb, config, parts, step):
 def run_parts(mb, config, parts, step=0):
     log_prob = mb.log_prob.clone().requires_grad_(True)
     entropy = None if mb.entropy is None else mb.entropy.clone().requires_grad_(True)
-    stats = MinibatchStats.of(mb.response_mask)
+    stats = MinibatchStats.of(mb.response_mask, index=mb.index)
     selections = split_selection(mb, config, parts, step) if config.is_cov else [None] * len(parts)
     total, metrics = 0.0, {}
     for rows, selection in zip(parts, selections):
@@ -59,7 +59,7 @@ def run_parts(mb, config, parts, step=0):
             log_prob[rows], mb.old_log_prob[rows], mb.advantages_bt[rows], mb.response_mask[rows], config, stats,
             ref_log_prob=None if mb.ref_log_prob is None else mb.ref_log_prob[rows],
             rollout_is_weights=None if mb.rollout_is_weights is None else mb.rollout_is_weights[rows],
-            entropy=None if entropy is None else entropy[rows], selection=selection)
+            entropy=None if entropy is None else entropy[rows], selection=selection, index=mb.index[rows])
         total = total + share
         merge_metric_shares(metrics, shares)
     inputs = [log_prob] + ([entropy] if entropy is not None else [])
@@ -72,7 +72,7 @@ def run_whole(mb, config, step=0):
     entropy = None if mb.entropy is None else mb.entropy.clone().requires_grad_(True)
     loss, metrics = objective(log_prob, mb.old_log_prob, mb.advantages, mb.response_mask, config,
                               ref_log_prob=mb.ref_log_prob, rollout_is_weights=mb.rollout_is_weights,
-                              entropy=entropy, seq_ids=mb.seq_ids, step=step)
+                              entropy=entropy, seq_ids=mb.seq_ids, index=mb.index, step=step)
     inputs = [log_prob] + ([entropy] if entropy is not None else [])
     return float(loss.detach()), metrics, torch.autograd.grad(loss, inputs, allow_unused=True)
 

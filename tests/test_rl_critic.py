@@ -56,21 +56,3 @@ def test_builtin_model_trains_with_a_critic_and_the_actor_waits_for_the_warmup()
     assert records[0]["critic/vf_loss"] > 0 and math.isfinite(records[1]["critic/vf_explained_var"])
     assert not all(torch.equal(final_weights(run.policy)[k], initial[k]) for k in initial)
 
-
-def test_compare_curves_script_averages_runs_by_label(tmp_path, capsys):
-    import importlib.util
-    import json
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("compare_curves", Path(__file__).parents[1] / "scripts" / "compare_curves.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    for name, scores in (("a", [0.1, 0.5]), ("b", [0.3, 0.7])):
-        (tmp_path / name).mkdir()
-        rows = [{"step": 0, "val-core/x/reward/mean@1": scores[0]}, {"step": 1, "critic/score/mean": 0.2},
-                {"step": 2, "val-core/x/reward/mean@1": scores[1]}]
-        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    script.main([f"grpo={tmp_path / 'a'}", f"grpo={tmp_path / 'b'}", "--out", str(tmp_path / "c.png")])
-    table = capsys.readouterr().out.splitlines()
-    assert table[0] == "| run | 0 | 2 |" and table[2:] == ["| grpo | 0.100 | 0.500 |", "| grpo | 0.300 | 0.700 |"]
-    assert (tmp_path / "c.png").stat().st_size > 0

@@ -5,16 +5,13 @@ PPO with a critic (GAE): the critic's weights too, whatever its values pass's an
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from splitproof.engine.launch import run_data_parallel
-from splitproof.rl.metrics import is_machine_dependent
 
-from .rl_helpers import (LAYOUTS, PPO, final_weights, relative_update_difference, run_trajectory,
-                         trajectory_config)
+from .rl_helpers import (LAYOUTS, PPO, assert_same_trajectory, final_weights, relative_update_difference,
+                         run_trajectory, trajectory_config)
 
 STEPS = 3
 
@@ -36,21 +33,6 @@ def ppo_baseline(model_dir):
     return run_trajectory(trajectory_config(model_dir, STEPS, PPO))
 
 
-def _assert_same_trajectory(got, want):
-    for step, (a, b) in enumerate(zip(got["samples"], want["samples"]), start=1):
-        assert [(s.uid, s.index, s.response_ids) for s in a] == [(s.uid, s.index, s.response_ids) for s in b], step
-    assert relative_update_difference(got["weights"], want["weights"], want["initial"]) <= 1e-10
-    if "critic_weights" in want:
-        difference = relative_update_difference(got["critic_weights"], want["critic_weights"], want["critic_initial"])
-        assert difference <= 1e-10, difference
-    assert len(got["records"]) == len(want["records"])
-    for a, b in zip(got["records"], want["records"]):
-        keys = {k for k in b if not is_machine_dependent(k)}
-        assert keys == {k for k in a if not is_machine_dependent(k)}
-        for k in keys:
-            assert math.isclose(a[k], b[k], rel_tol=1e-9, abs_tol=1e-12), (k, a[k], b[k])
-
-
 def test_baseline_learns_something(baseline):
     """The comparison is not vacuous: rewards vary, advantages are non-zero, weights move."""
     first = baseline["records"][0]
@@ -62,7 +44,21 @@ def test_baseline_learns_something(baseline):
 @pytest.mark.parametrize("layout", ["ones", "budget-packed"])
 def test_layouts_give_the_same_trajectory(model_dir, baseline, layout):
     got = run_trajectory(trajectory_config(model_dir, STEPS, LAYOUTS[layout]))
-    _assert_same_trajectory(got, baseline)
+    assert_same_trajectory(got, baseline)
+
+
+def test_group_mean_token_mean_trajectory_is_layout_free(model_dir, baseline):
+    """The step hands the engine each sample's prompt uid as its group id: with group-mean-token-mean the
+    run trains (no missing-index error), a token budget with packing that cuts the groups changes nothing,
+    and the groups are really used (the first step's entropy metric, aggregated by the mode, differs from
+    the token-mean baseline's on the same samples)."""
+    group = ["actor_rollout_ref.actor.loss_agg_mode=group-mean-token-mean"]
+    one = run_trajectory(trajectory_config(model_dir, 2, group))
+    packed = run_trajectory(trajectory_config(model_dir, 2, group + LAYOUTS["budget-packed"]))
+    assert_same_trajectory(packed, one)
+    first, base_first = one["records"][0], baseline["records"][0]
+    assert [s.response_ids for s in one["samples"][0]] == [s.response_ids for s in baseline["samples"][0]]
+    assert abs(first["actor/entropy"] - base_first["actor/entropy"]) > 1e-9 * abs(base_first["actor/entropy"])
 
 
 def test_ppo_baseline_trains_the_critic_then_the_actor(ppo_baseline):
@@ -84,7 +80,7 @@ def test_ppo_baseline_trains_the_critic_then_the_actor(ppo_baseline):
 @pytest.mark.parametrize("layout", ["ones", "budget-packed"])
 def test_ppo_layouts_give_the_same_trajectory(model_dir, ppo_baseline, layout):
     got = run_trajectory(trajectory_config(model_dir, STEPS, PPO + LAYOUTS[layout]))
-    _assert_same_trajectory(got, ppo_baseline)
+    assert_same_trajectory(got, ppo_baseline)
 
 
 def _dp_worker(model_dir, strategy, extra=()):
@@ -98,7 +94,7 @@ def _dp_worker(model_dir, strategy, extra=()):
 def test_data_parallel_gives_the_same_trajectory(model_dir, baseline, strategy):
     ranks = run_data_parallel(_dp_worker, 2, model_dir, strategy)
     for got in ranks:
-        _assert_same_trajectory(got, baseline)
+        assert_same_trajectory(got, baseline)
 
 
 @pytest.mark.dist
@@ -107,7 +103,7 @@ def test_ppo_on_three_ranks_gives_the_same_trajectory(model_dir, ppo_baseline):
     extra = [*PPO, "critic.strategy=fsdp2", "critic.forward_micro_batch_size_per_gpu=2",
              "critic.ppo_micro_batch_size_per_gpu=1"]
     for got in run_data_parallel(_dp_worker, 3, model_dir, "ddp", extra):
-        _assert_same_trajectory(got, ppo_baseline)
+        assert_same_trajectory(got, ppo_baseline)
 
 
 def test_float32_drift_is_within_the_precision_floor(model_dir):

@@ -18,6 +18,7 @@ def test_synthetic_rollout_is_valid_and_deterministic():
     rlen = batch.response_mask.sum(1)
     assert plen.min() >= 6 and plen.max() <= 12 and rlen.min() >= 1 and rlen.max() <= 16
     assert torch.equal(batch.seq_ids, torch.arange(8))
+    assert batch.index.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]  # the groups the advantages were normalised in
     for t in (batch.old_log_probs, batch.advantages, batch.ref_log_probs, batch.rollout_is_weights):
         assert t.dtype == torch.float64 and t.shape == (8, 16)
         assert torch.all(t[~batch.response_mask.bool()] == 0)

@@ -91,6 +91,9 @@ MISTAKES = {
     "critic directory without a model": (["algorithm.adv_estimator=gae", "critic.model.path={tmp}"], ["critic.model.path"]),
     "critic minibatch does not divide": (["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=3"],
                                          ["critic.ppo_mini_batch_size", "divide"]),
+    "rollout correction without rollout log-probs": (["algorithm.rollout_correction.rollout_is=token",
+                                                       "actor_rollout_ref.rollout.calculate_log_probs=false"],
+                                                      ["actor_rollout_ref.rollout.calculate_log_probs"]),
     "resume from nothing": (["trainer.resume_mode=resume_path", "trainer.resume_from_path={tmp}/nowhere"],
                             ["trainer.resume_from_path", "does not exist"]),
 }

@@ -197,6 +197,21 @@ def test_wrong_types_name_the_key():
     (["trainer.logger=[console,console]"], "trainer.logger", "twice"),
     (["data.truncation=middle"], "data.truncation", "not supported"),
     (["algorithm.rollout_correction.rollout_is=geometric"], "algorithm.rollout_correction.rollout_is", "unknown"),
+    (["algorithm.rollout_correction.rollout_is_threshold=0"], "algorithm.rollout_correction.rollout_is_threshold", "> 0"),
+    (["algorithm.rollout_correction.rollout_is_threshold=-2"], "algorithm.rollout_correction.rollout_is_threshold", "> 0"),
+    (["algorithm.rollout_correction.rollout_is_threshold=inf"], "algorithm.rollout_correction.rollout_is_threshold", "finite"),
+    (["algorithm.rollout_correction.rollout_is_threshold=nan"], "algorithm.rollout_correction.rollout_is_threshold", "finite"),
+    (["algorithm.rollout_correction.rollout_is_threshold=0.5_2.0"], "algorithm.rollout_correction.rollout_is_threshold",
+     "expected a number"),
+    (["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_is=token"],
+     "algorithm.rollout_correction.rollout_is", "would all be 1"),
+    (["algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=false"],
+     "actor_rollout_ref.rollout.calculate_log_probs", "bypass_mode=true"),
+    (["algorithm.rollout_correction.rollout_is=sequence", "actor_rollout_ref.rollout.calculate_log_probs=false"],
+     "actor_rollout_ref.rollout.calculate_log_probs", "rollout_is=sequence"),
+    (["algorithm.rollout_correction.rollout_is_batch_normalize=true"],
+     "algorithm.rollout_correction.rollout_is_batch_normalize", "not supported"),
+    (["algorithm.rollout_correction.loss_type=reinforce"], "algorithm.rollout_correction.loss_type", "not supported"),
     (["actor_rollout_ref.actor.kl_loss_type=k9"], "actor_rollout_ref.actor.kl_loss_type", "unknown"),
     (["actor_rollout_ref.actor.loss_agg_mode=mean"], "actor_rollout_ref.actor.loss_agg_mode", "unknown"),
     (["actor_rollout_ref.actor.policy_loss.loss_mode=ppo2"], "actor_rollout_ref.actor.policy_loss.loss_mode", "unknown"),
@@ -360,6 +375,12 @@ def test_update_config_from_actor_keys():
         assert getattr(update.loss, name) == getattr(owner, name), name
 
 
+def test_group_mean_token_mean_is_accepted():
+    cfg, _ = load("actor_rollout_ref.actor.loss_agg_mode=group-mean-token-mean")
+    assert to_update_config(cfg).loss.loss_agg_mode == "group-mean-token-mean"
+    assert cfg.critic.loss_agg_mode == "group-mean-token-mean"  # follows the actor, as in verl
+
+
 def test_reward_function_from_either_place():
     cfg, _ = load("reward.custom_reward_function.path=r.py")
     assert reward_function(cfg) == ("r.py", "compute_score")
@@ -371,7 +392,8 @@ def test_reward_function_from_either_place():
 def test_schema_is_verl_tree_plus_documented_additions():
     ours = set(schema_keys())
     assert ours - config_verl.verl_keys() == {"actor_rollout_ref.actor.policy_loss.cov_strategy",
-                                              "trainer.resume_allow_config_change", "trainer.seed"}
+                                              "trainer.resume_allow_config_change", "trainer.seed",
+                                              "trainer.cpu_threads"}
     for pattern in config_verl.NO_EFFECT:  # every pattern matches a verl key, none of ours
         assert any(fnmatch.fnmatchcase(k, pattern) for k in config_verl.verl_keys()), pattern
         assert not any(fnmatch.fnmatchcase(k, pattern) for k in ours), pattern

@@ -244,6 +244,17 @@ def _initial_critic(model_dir) -> dict:
     return {k: v.detach().double().clone() for k, v in model.state_dict().items()}
 
 
+def test_thread_count_is_a_speed_knob_restored_after_the_run(model_dir, uninterrupted, stopped_at_2, tmp_path):
+    """trainer.cpu_threads=2 resumes a one-thread run's trajectory; torch's own setting comes back after."""
+    before = torch.get_num_threads()
+    seen = []
+    out = _copy(stopped_at_2, tmp_path)
+    result = train(_config(model_dir, out, ["trainer.cpu_threads=2"]), on_step=lambda *a, **k: seen.append(torch.get_num_threads()))
+    assert result.start_step == 2 and seen and set(seen) == {2}
+    assert torch.get_num_threads() == before
+    _same_trajectory(_outcome(result, out), uninterrupted)
+
+
 def _resume_data_parallel(model_dir, out, strategy):
     result = train(_config(model_dir, out, [f"actor_rollout_ref.actor.strategy={strategy}",
                                             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]))

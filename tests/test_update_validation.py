@@ -66,11 +66,26 @@ def bad_cases(batch):
         "seq_ids not integers": (replace(batch, seq_ids=batch.seq_ids.double()), config(), BatchError, "seq_ids", None),
         "token budget below a sequence": (batch, config(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=5),
                                           BatchError, "ppo_max_token_len_per_gpu", None),
+        "group mean without group ids": (replace(batch, index=None), config(loss=GROUP_LOSS), BatchError, "index", None),
+        "group ids shape": (replace(batch, index=batch.index[:-1]), config(loss=GROUP_LOSS), BatchError, "index", None),
+        "group ids not integers": (replace(batch, index=batch.index.double()), config(), BatchError, "index", None),
+        "group id non-finite": (replace(batch, index=nan_at(batch.index.double(), LAST)), config(loss=GROUP_LOSS),
+                                BatchError, "index", ids[LAST]),
     }
 
 
+GROUP_LOSS = loss_config("vanilla", "group-mean-token-mean")
+
+
+def nan_at(values, row):
+    values = values.clone()
+    values[row] = float("nan")
+    return values
+
+
 CASES = ["no prompt token", "kl loss without ref_log_probs", "old_log_probs non-finite", "ref_log_probs non-finite",
-         "ref_log_probs shape", "seq_ids not integers", "token budget below a sequence"]
+         "ref_log_probs shape", "seq_ids not integers", "token budget below a sequence", "group mean without group ids",
+         "group ids shape", "group ids not integers", "group id non-finite"]
 
 
 def attempt(model, batch, cfg):
@@ -142,7 +157,7 @@ def test_every_rank_raises_the_same_named_error(setup):
     """Under DDP each rank holds one shard: the defect's row is on one of them, yet both refuse alike."""
     model, batch = setup
     cases = {name: bad_cases(batch)[name] for name in ("no prompt token", "old_log_probs non-finite",
-                                                        "kl loss without ref_log_probs")}
+                                                        "kl loss without ref_log_probs", "group mean without group ids")}
     ranks = run_data_parallel(_dp_attempts, 2, model, cases, timeout=60)
     for name, (_, _, error_class, field, _) in cases.items():
         reports = [r[name] for r in ranks]

@@ -251,13 +251,14 @@ def _print_report(text: str, written: list[str], json_on_stdout: bool) -> None:
 def _audit(args) -> int:
     import torch
 
-    from splitproof.diagnose.audit import load_loss_fn, run_audit
+    from splitproof.diagnose.audit import check_agg_mode, load_loss_fn, run_audit
 
     if not args.loss_fn:
         raise UsageError("audit needs --loss-fn package.module:function (or path/to/file.py:function)")
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
+        check_agg_mode(args.agg_mode or "token-mean")
         fn = load_loss_fn(args.loss_fn)
         report = run_audit(fn, convention=args.convention or "verl", loss_mode=args.loss_mode,
                            agg_mode=args.agg_mode or "token-mean", seed=args.seed, name=args.loss_fn)

@@ -192,7 +192,8 @@ def _describe(scenario: str) -> str:
                  f"  loss modes:  {', '.join(LOSS_MODES)}",
                  f"  aggregation: {', '.join(AGG_MODES)}",
                  f"  batch:       {first.batch.sequences} sequences x {first.batch.response_length} response tokens, "
-                 "rollout IS weights,", "               KL loss 0.01 and entropy 0.01 on (so every aggregation mode matters)",
+                 "rollout IS weights,", "               prompt groups of 4 (the group ids group-mean-token-mean needs),",
+                 "               KL loss 0.01 and entropy 0.01 on (so every aggregation mode matters)",
                  "  splits:      " + ", ".join(f"{kind}={spec}" for kind, spec in zip(first.columns, first.splits)),
                  "  control:     per mode, the same comparison with the split-sensitive term disabled",
                  f"  legacy:      {first.legacy_note} (--scope minibatch leaves it out)",

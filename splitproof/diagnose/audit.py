@@ -35,13 +35,14 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from splitproof.config import AGG_MODES, LossConfig
+from splitproof.config import AGG_MODES, GROUP_AGG, LossConfig
 from splitproof.diagnose.verl_convention import VerlActorConfig, native_verl_config, one_line, set_global_batch_info
 
 CONVENTIONS = ("verl",)
 TOLERANCE_FACTOR = 16.0
 TOLERANCE_FLOOR = 1e-12
 SPLIT_KINDS = ("uneven", "many_small", "token_budget", "dp2")
+VERL_AGG_MODES = tuple(m for m in AGG_MODES if m != GROUP_AGG)  # verl's loss functions get no group ids
 
 
 CONTRACT = ("a split-invariant loss in verl's convention divides by the minibatch's figures in "
@@ -419,6 +420,15 @@ def _fn_name(fn: Callable) -> str:
     return f"{module}:{name}"
 
 
+def check_agg_mode(agg_mode: str) -> None:
+    """verl's five modes; group-mean-token-mean needs group ids, which verl's convention does not pass."""
+    if agg_mode == GROUP_AGG:
+        raise ValueError(f"aggregation mode {agg_mode!r} cannot be audited in verl's convention: its loss functions "
+                         f"get no group ids; expected one of {', '.join(VERL_AGG_MODES)}")
+    if agg_mode not in AGG_MODES:
+        raise ValueError(f"unknown aggregation mode {agg_mode!r}; expected one of {', '.join(VERL_AGG_MODES)}")
+
+
 def run_audit(loss_fn: Callable, *, convention: str = "verl", loss_mode: str | None = None,
               agg_mode: str = "token-mean", seed: int = 0, sequences: int = 16, response_length: int = 24,
               loss_config: LossConfig | None = None, overrides: dict | None = None,
@@ -441,8 +451,7 @@ def run_audit(loss_fn: Callable, *, convention: str = "verl", loss_mode: str | N
     """
     if convention not in CONVENTIONS:
         raise ValueError(f"unsupported convention {convention!r}; supported: {', '.join(CONVENTIONS)}")
-    if agg_mode not in AGG_MODES:
-        raise ValueError(f"unknown aggregation mode {agg_mode!r}; expected one of {', '.join(AGG_MODES)}")
+    check_agg_mode(agg_mode)
     if loss_mode is not None and (not isinstance(loss_mode, str) or not loss_mode):
         raise ValueError(f"loss_mode must be a non-empty string, got {loss_mode!r}")
     if not isinstance(sequences, int) or sequences < 4:

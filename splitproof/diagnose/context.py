@@ -179,7 +179,7 @@ class Context:
             logp, f64(b.old_log_probs), f64(b.advantages), b.response_mask, loss,
             ref_log_prob=f64(b.ref_log_probs) if loss.use_kl_loss else None,
             rollout_is_weights=f64(b.rollout_is_weights),
-            entropy=entropy if loss.entropy_coeff != 0 else None, seq_ids=b.seq_ids, step=0)
+            entropy=entropy if loss.entropy_coeff != 0 else None, seq_ids=b.seq_ids, index=b.index, step=0)
         return total
 
     def _value_reference_at(self, loss: ValueLossConfig, vpreds: Tensor) -> Tensor:

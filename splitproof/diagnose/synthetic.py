@@ -38,7 +38,8 @@ def synthetic_rollout(model: nn.Module, num_sequences: int, prompt_length: int, 
     Prompts: lengths in [prompt_length // 2, prompt_length], left-padded. Responses: lengths in
     [1, response_length], right-padded (all full with ``full_length``; ``vary_lengths=False`` makes every
     prompt and response full). old_log_probs = the model's log-probs + N(0, 0.1^2) noise, so ratios != 1.
-    Advantages: a random 0/1 reward per sequence, group-normalised, per token. Padding holds zeros.
+    Advantages: a random 0/1 reward per sequence, group-normalised, per token; ``index`` holds each
+    sequence's group (consecutive groups of ``group_size``). Padding holds zeros.
     """
     if num_sequences < 1 or prompt_length < 1 or response_length < 1 or group_size < 1:
         raise ValueError("num_sequences, prompt_length, response_length and group_size must be >= 1")
@@ -76,6 +77,7 @@ def synthetic_rollout(model: nn.Module, num_sequences: int, prompt_length: int, 
         old_log_probs=torch.zeros(B, T, dtype=dtype, device=device),
         advantages=advantages.to(dtype=dtype, device=device),
         seq_ids=torch.arange(B, device=device),
+        index=(torch.arange(B) // group_size).to(device),
     )
     logp, _ = compute_log_probs(model, batch, micro_batch_size=B)
     logp = logp.double().cpu()

@@ -15,9 +15,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from ..batch import BatchError, RolloutBatch
+from ..batch import BatchError, RolloutBatch, require_group_index
 from ..collective import LOCAL, default_collective
-from ..config import ConfigError
+from ..config import GROUP_AGG, ConfigError
 from ..models import unwrap
 from ..stats import MinibatchStats
 from ..value_objective import VALUE_METRICS, value_share
@@ -61,6 +61,7 @@ def validate_critic_update(model: nn.Module, batch: RolloutBatch, config: Critic
                            ("returns", "the critic's targets (e.g. GAE returns)")):
             if getattr(batch, name) is None:
                 raise BatchError(name, f"the critic's update needs {what}; the batch has none")
+        require_group_index(batch.index, config.loss_agg_mode)
         check_positions(model, batch)
 
     return validate_plans(model, batch, config, collective, critic_checks)
@@ -78,7 +79,7 @@ def check_value_model(model: nn.Module) -> None:
 def train_critic_minibatch(model, optimizer, batch: RolloutBatch, plan: MinibatchPlan, config: CriticUpdateConfig,
                            *, collective=LOCAL, step: int = 0, on_gradients=None) -> StepResult:
     """One critic optimizer step over the minibatch ``plan.rows``; ``batch`` is validated."""
-    objective = ValueObjective(config, collective.world_size)
+    objective = ValueObjective(config, collective.world_size, batch.index)
     return optimizer_step(model, optimizer, batch, plan, objective, grad_clip=config.grad_clip,
                           collective=collective, step=step, on_gradients=on_gradients)
 
@@ -96,10 +97,11 @@ class ValueObjective:
     skipped_metric = "critic/step_skipped"
     syncs_in_loop = True
 
-    def __init__(self, config: CriticUpdateConfig, world_size: int = 1):
+    def __init__(self, config: CriticUpdateConfig, world_size: int = 1, index: Tensor | None = None):
         self.config = config
         self.loss = config.value_loss
         self.world_size = world_size
+        self.group_index = index if config.loss_agg_mode == GROUP_AGG else None
 
     def begin(self, model, stats: MinibatchStats) -> None:
         return None
@@ -109,11 +111,13 @@ class ValueObjective:
 
     def share(self, model, part: Part, stats: MinibatchStats) -> tuple[Tensor, dict[str, Tensor]]:
         sub = part.batch
+        index = sub.index if self.group_index is not None else None
         vpreds = response_values(model, sub, packed=self.config.use_remove_padding)
         scale = 1.0
         if self.config.statistics_scope == "microbatch":
-            stats, scale = MinibatchStats.of(sub.response_mask), 1.0 / self.world_size
-        return value_share(vpreds, sub.values, sub.returns, sub.response_mask, self.loss, stats, scale=scale)
+            stats, scale = MinibatchStats.of(sub.response_mask, index=index), 1.0 / self.world_size
+        return value_share(vpreds, sub.values, sub.returns, sub.response_mask, self.loss, stats, scale=scale,
+                           index=index)
 
     def after(self, model, stats: MinibatchStats, metric_sums: dict[str, Tensor]) -> None:
         pass

@@ -57,6 +57,7 @@ class Objective(Protocol):
 
     grad_norm_metric: str
     skipped_metric: str
+    group_index: Tensor | None  # the batch's group ids when the aggregation needs them (group-mean-token-mean)
 
     def begin(self, model: nn.Module, stats: MinibatchStats) -> str | None: ...
 
@@ -77,7 +78,7 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Ro
                    on_gradients=None) -> StepResult:
     """One optimizer step of ``objective`` over the minibatch ``plan.rows``; ``batch`` is validated."""
     reduce_gradients_as_sum(model)
-    stats = reduce_stats(MinibatchStats.of(batch.response_mask[plan.shard], batch.response_width), collective)
+    stats = minibatch_stats(batch, plan, objective.group_index, collective)
     strategy = objective.begin(model, stats)
     optimizer.zero_grad(set_to_none=True)
     metric_sums: dict[str, Tensor] = {}
@@ -124,9 +125,13 @@ def part_of(batch: RolloutBatch, rows: list[int], plan: MinibatchPlan, model) ->
     return Part(rows, replace(stand_in, response_mask=torch.zeros_like(stand_in.response_mask)), False)
 
 
-def reduce_stats(stats: MinibatchStats, collective) -> MinibatchStats:
-    total = collective.sum(stats.as_tensor())
-    return MinibatchStats(int(total[0]), int(total[1]), stats.response_width)
+def minibatch_stats(batch: RolloutBatch, plan: MinibatchPlan, index: Tensor | None, collective) -> MinibatchStats:
+    """N, G (and n_g per group when ``index`` gives group ids) of the minibatch: this rank's shard summed
+    over ranks. Every rank holds the whole batch, so all agree on the minibatch's group ids without asking."""
+    keys = sorted(set(index[plan.rows].tolist())) if index is not None else []
+    shard = MinibatchStats.of(batch.response_mask[plan.shard], batch.response_width,
+                              None if index is None else index[plan.shard])
+    return MinibatchStats.from_tensor(collective.sum(shard.as_tensor(keys)), batch.response_width, keys)
 
 
 def reduce_metrics(sums: dict[str, Tensor], names: list[str], collective) -> dict[str, float]:

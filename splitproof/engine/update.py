@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from ..batch import RolloutBatch
 from ..collective import LOCAL, default_collective
-from ..config import LossConfig
+from ..config import GROUP_AGG, LossConfig
 from ..objective import correction_share, merge_metric_shares, metric_names, minibatch_share, policy_inputs
 from ..selection import quota, select_tokens, shard_cov_sums
 from ..stats import MinibatchStats
@@ -85,6 +85,7 @@ class PolicyObjective:
         self.strategy: str | None = None
         self.selection: Tensor | None = None
         self.kept: Tensor | None = None
+        self.group_index = _group_ids(batch, config.loss)  # group ids when the statistics need them
 
     def begin(self, model, stats: MinibatchStats) -> str | None:
         self.strategy = _cov_strategy(model, self.config, stats) if self.config.loss.is_cov else None
@@ -110,7 +111,8 @@ class PolicyObjective:
             part_selection = _local_selection(part.batch, log_prob, loss_config, self.step)
             if self.on_selection is not None:
                 self.on_selection(part_selection, part.batch.seq_ids)
-        part_stats = stats if config.statistics_scope == "minibatch" else MinibatchStats.of(part.batch.response_mask)
+        part_stats = stats if config.statistics_scope == "minibatch" else MinibatchStats.of(
+            part.batch.response_mask, index=_group_ids(part.batch, loss_config))
         if self.kept is not None and part.live:
             self.kept[part.rows] = log_prob.detach().to(self.kept.dtype)
         return _share(part.batch, log_prob, entropy, loss_config, part_stats, part_selection)
@@ -142,7 +144,11 @@ def _share(part: RolloutBatch, log_prob, entropy, config: LossConfig, stats: Min
         return zero, {}
     return minibatch_share(log_prob, part.old_log_probs, part.advantages, part.response_mask, config, stats,
                            ref_log_prob=part.ref_log_probs, rollout_is_weights=part.rollout_is_weights,
-                           entropy=entropy, selection=selection)
+                           entropy=entropy, selection=selection, index=_group_ids(part, config))
+
+
+def _group_ids(part: RolloutBatch, config: LossConfig) -> Tensor | None:
+    return part.index if config.loss_agg_mode == GROUP_AGG else None
 
 
 def _cov_strategy(model: nn.Module, config: UpdateConfig, stats: MinibatchStats) -> str:
@@ -215,7 +221,8 @@ def _deferred_correction(model, batch, plan, config: UpdateConfig, collective, s
             log_prob, _ = _log_probs(model, sub, config)
             share, shares = correction_share(log_prob, sub.old_log_probs, sub.advantages, sub.response_mask,
                                              config.loss, stats, _slice(selection, rows, sub, part.live),
-                                             rollout_is_weights=sub.rollout_is_weights)
+                                             rollout_is_weights=sub.rollout_is_weights,
+                                             index=_group_ids(sub, config.loss))
             share.backward()
         merge_metric_shares(metric_sums, shares)
 

@@ -16,7 +16,7 @@ from dataclasses import fields
 import torch
 from torch import nn
 
-from ..batch import BatchError, RolloutBatch
+from ..batch import BatchError, RolloutBatch, require_group_index
 from ..collective import LOCAL
 from ..config import ConfigError
 from ..models import max_positions_of, vocab_size_of
@@ -93,6 +93,7 @@ def validate_update(model: nn.Module, batch: RolloutBatch, config: UpdateConfig,
     def policy_checks(batch: RolloutBatch) -> None:
         if config.loss.use_kl_loss and batch.ref_log_probs is None:
             raise BatchError("ref_log_probs", "loss.use_kl_loss is set but the batch has no ref_log_probs")
+        require_group_index(batch.index, config.loss.loss_agg_mode)
         check_positions(model, batch)
         check_cov_strategy(model, config)
 

@@ -62,7 +62,7 @@ LAYOUT_KEYS = (
     "trainer.logger", "trainer.save_freq", "trainer.test_freq", "trainer.total_training_steps", "trainer.total_epochs",
     "trainer.max_actor_ckpt_to_keep", "trainer.resume_mode", "trainer.resume_from_path",
     "trainer.resume_allow_config_change", "trainer.default_local_dir", "trainer.project_name",
-    "trainer.experiment_name", "trainer.val_before_train", "trainer.val_only",
+    "trainer.experiment_name", "trainer.val_before_train", "trainer.val_only", "trainer.cpu_threads",
 )
 # ... except the run length, when the LR schedule is a function of it
 SCHEDULE_LENGTH_KEYS = ("trainer.total_training_steps", "trainer.total_epochs")

@@ -98,7 +98,7 @@ class ActorConfig:
     tau_pos: float = 1.0  # SAPO's temperature for positive advantages
     tau_neg: float = 1.05  # SAPO's temperature for negative advantages
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    loss_agg_mode: str = "token-mean"  # see docs/semantics.md
+    loss_agg_mode: str = "token-mean"  # or token-sum, seq-mean-token-*, group-mean-token-mean (docs/semantics.md)
     loss_scale_factor: Optional[float] = None  # seq-mean-token-sum-norm's divisor (null: the response width)
     entropy_coeff: float = 0.0  # entropy bonus weight
     use_kl_loss: bool = False  # a KL term to the reference model in the loss (GRPO's)
@@ -141,6 +141,7 @@ class RolloutConfig(LogProbConfig):
     do_sample: bool = True  # false: greedy
     seed: int = 42  # keys every sample's randomness with (step, prompt uid, sample index)
     max_num_seqs: int = 256  # generation batch size: memory and speed only, never the tokens
+    calculate_log_probs: bool = True  # keep the rollout's log-probs (rollout_corr/ metrics, bypass_mode, rollout_is)
     prompt_length: int = II("data.max_prompt_length")  # must equal it
     response_length: int = II("data.max_response_length")  # must equal it
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
@@ -165,9 +166,9 @@ class KLControlConfig:
 
 @dataclass
 class RolloutCorrectionConfig:
-    rollout_is: Optional[str] = None  # null | token | sequence
-    rollout_is_threshold: float = 2.0  # truncation of the importance weights
-    bypass_mode: bool = False  # old log-probs := the rollout's (no recompute)
+    rollout_is: Optional[str] = None  # IS weights old/rollout: null (off) | token | sequence
+    rollout_is_threshold: float = 2.0  # weights above it are set to it (truncated IS)
+    bypass_mode: bool = False  # old log-probs := the rollout's (no recompute, no rollout_is)
 
 
 @dataclass
@@ -236,6 +237,7 @@ class TrainerConfig:
     critic_warmup: int = 0  # the actor is updated from step max(1, critic_warmup) on (verl's rule); the critic every step
     device: str = "cpu"  # ours: cpu (verl: cuda)
     seed: int = 0  # ours: the model-initialisation and global RNG seed
+    cpu_threads: Optional[int] = None  # ours: torch's CPU threads per process during the run (null: torch's default); speed only
 
 
 @dataclass

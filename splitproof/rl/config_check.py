@@ -340,10 +340,7 @@ def _check_algorithm(cfg: TrainConfig) -> None:
     _positive_int(ctrl.horizon, "algorithm.kl_ctrl.horizon")
     _require(_finite(ctrl.target_kl) and ctrl.target_kl > 0, "algorithm.kl_ctrl.target_kl",
              f"must be > 0, got {ctrl.target_kl!r}")
-    corr = algo.rollout_correction
-    _one_of(corr.rollout_is, ROLLOUT_IS, "algorithm.rollout_correction.rollout_is")
-    _require(_finite(corr.rollout_is_threshold) and corr.rollout_is_threshold > 0,
-             "algorithm.rollout_correction.rollout_is_threshold", f"must be > 0, got {corr.rollout_is_threshold!r}")
+    _check_rollout_correction(cfg)
 
 
 def _check_critic(cfg: TrainConfig) -> None:
@@ -384,6 +381,21 @@ def _check_critic(cfg: TrainConfig) -> None:
     to_critic_update_config(cfg)  # every critic update field, named (loss_agg_mode, loss_scale_factor, ...)
 
 
+def _check_rollout_correction(cfg: TrainConfig) -> None:
+    corr, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    _one_of(corr.rollout_is, ROLLOUT_IS, f"{key}.rollout_is")
+    _require(_finite(corr.rollout_is_threshold) and corr.rollout_is_threshold > 0, f"{key}.rollout_is_threshold",
+             f"must be a finite number > 0, got {corr.rollout_is_threshold!r}")
+    for name in ("bypass_mode", "rollout_is"):
+        value = getattr(corr, name)
+        _require(cfg.actor_rollout_ref.rollout.calculate_log_probs or value in (False, None),
+                 f"{ROLLOUT}.calculate_log_probs",
+                 f"must be true with {key}.{name}={str(value).lower()}: it needs the rollout's log-probs")
+    _require(not (corr.bypass_mode and corr.rollout_is is not None), f"{key}.rollout_is",
+             f"must be null with {key}.bypass_mode=true: the old log-probs are then the rollout's, so the "
+             f"weights exp(old - rollout) would all be 1 (verl's ppo_clip bypass loss does not apply them either)")
+
+
 def _check_trainer(cfg: TrainConfig) -> None:
     trainer = cfg.trainer
     _positive_int(trainer.total_epochs, "trainer.total_epochs")
@@ -400,6 +412,7 @@ def _check_trainer(cfg: TrainConfig) -> None:
                  f"is read only with trainer.resume_mode=resume_path (it is {trainer.resume_mode!r})")
     _require(bool(trainer.default_local_dir), "trainer.default_local_dir", "must not be empty")
     _optional_positive_int(trainer.max_actor_ckpt_to_keep, "trainer.max_actor_ckpt_to_keep")
+    _optional_positive_int(trainer.cpu_threads, "trainer.cpu_threads")
     device = trainer.device
     _require(device in ("cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit()), "trainer.device",
              f"must be cpu, cuda or cuda:N, got {device!r}")

@@ -77,7 +77,6 @@ NO_EFFECT: dict[str, str] = {
     "actor_rollout_ref.rollout.logprobs_mode": "an inference engine's log-prob mode (the hf rollout keeps "
                                                "log-probs of the temperature-scaled distribution)",
     "actor_rollout_ref.rollout.skip_tokenizer_init": "inference-engine start-up",
-    "actor_rollout_ref.rollout.calculate_log_probs": "the rollout's log-probs are always kept",
     "actor_rollout_ref.rollout.agent.num_workers": "rollout worker count",
     "actor_rollout_ref.rollout.checkpoint_engine.*": "weight synchronisation",
     "actor_rollout_ref.rollout.trace.*": "rollout tracing",

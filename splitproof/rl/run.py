@@ -82,12 +82,12 @@ class Run:
         r = self.config.actor_rollout_ref.ref
         return _split(r.log_prob_micro_batch_size_per_gpu, r.log_prob_use_dynamic_bsz, r.log_prob_max_token_len_per_gpu)
 
-    def token_aggregate(self, values: Tensor, mask: Tensor) -> float:
+    def token_aggregate(self, values: Tensor, mask: Tensor, index: Tensor) -> float:
         """``values`` aggregated over the rollout batch with the actor's ``loss_agg_mode`` (verl's
-        ``actor/entropy``)."""
+        ``actor/entropy``); ``index``: each row's prompt group."""
         loss = self.update_config.loss
-        stats = MinibatchStats.of(mask)
-        weights = token_weights(mask, loss.loss_agg_mode, stats, loss.loss_scale_factor, torch.float64)
+        stats = MinibatchStats.of(mask, index=index)
+        weights = token_weights(mask, loss.loss_agg_mode, stats, loss.loss_scale_factor, torch.float64, index)
         return float(torch.where(mask, weights * values.double(), torch.zeros((), dtype=torch.float64)).sum())
 
 

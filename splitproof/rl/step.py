@@ -27,6 +27,7 @@ from .kl_control import apply_kl_penalty
 from .metrics import StageTimer, actor_metrics, data_metrics, throughput_metrics
 from .parallel import gather_rows, run_on_share
 from .rewards import RewardError, score, token_level_scores as scores_on_last_token
+from .rollout_correction import rollout_correction
 from .run import Run, greedy as greedy_params
 
 BASELINE_STREAM = 2  # remax's greedy baseline (training samples use stream 0, validation 1)
@@ -52,10 +53,10 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
     seqs = pad_samples(samples, response_width=cfg.data.max_response_length, pad_token_id=run.pad_token_id,
                        dtype=run.float_dtype)
 
-    with timer("old_log_prob"):
-        if cfg.algorithm.rollout_correction.bypass_mode:
-            old_log_probs, entropy = seqs.rollout_log_probs, None
-        else:
+    if cfg.algorithm.rollout_correction.bypass_mode:  # verl's bypass mode: no recompute
+        old_log_probs, entropy = seqs.rollout_log_probs, None
+    else:
+        with timer("old_log_prob"):
             old_log_probs, entropy = no_grad_log_probs(run, run.policy_for_inference(), seqs, run.old_log_prob_split,
                                                        with_entropy=True)
     ref_log_probs = None
@@ -68,6 +69,9 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
             values = critic_values(run, seqs)
 
     with timer("adv"):
+        is_weights, corr_metrics = rollout_correction(
+            cfg.algorithm.rollout_correction, old_log_probs,
+            seqs.rollout_log_probs if cfg.actor_rollout_ref.rollout.calculate_log_probs else None, seqs.response_mask)
         token_level_scores = scores_on_last_token(scores.to(run.float_dtype), seqs.response_mask)
         token_level_rewards, kl_metrics = token_level_scores, {}
         if cfg.algorithm.use_kl_in_reward:
@@ -79,9 +83,11 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
             cfg.algorithm.adv_estimator, token_level_rewards, seqs.response_mask, index,
             **advantage_options(run, samples, uids, step, values))
 
+    group_ids = torch.tensor(index, dtype=torch.long)
     batch = RolloutBatch(prompts=seqs.prompts, responses=seqs.responses, attention_mask=seqs.attention_mask,
                          response_mask=seqs.response_mask, old_log_probs=old_log_probs, advantages=advantages,
-                         ref_log_probs=ref_log_probs if cfg.actor_rollout_ref.actor.use_kl_loss else None)
+                         ref_log_probs=ref_log_probs if cfg.actor_rollout_ref.actor.use_kl_loss else None,
+                         rollout_is_weights=is_weights, index=group_ids.to(seqs.prompts.device))
     update_metrics = {}
     if run.critic is not None:
         with timer("update_critic"):
@@ -99,8 +105,9 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
         values=values))
     metrics.update(update_metrics)
     if entropy is not None:
-        metrics["actor/entropy"] = run.token_aggregate(entropy, seqs.response_mask)
+        metrics["actor/entropy"] = run.token_aggregate(entropy, seqs.response_mask, group_ids)
     metrics.update(kl_metrics)
+    metrics.update(corr_metrics)
     metrics.update({f"reward/{name}/mean": sum(xs) / len(xs) for name, xs in reward_extra.items()})
     metrics.update(timer.metrics())
     seconds = time.perf_counter() - start

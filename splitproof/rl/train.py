@@ -15,8 +15,11 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+import torch
 
 from ..collective import default_collective
 from ..config import ConfigError
@@ -120,6 +123,24 @@ def train(cfg: TrainConfig, *, stop_requested: Callable[[], bool] | None = None,
     ``console`` is the console logger's stream. Raises ``SetupError`` (before any model is loaded),
     ``loop.StepFailed``, ``loop.Interrupted``.
     """
+    with cpu_threads(cfg.trainer.cpu_threads):
+        return _train(cfg, stop_requested=stop_requested, on_message=on_message, console=console, on_step=on_step)
+
+
+@contextmanager
+def cpu_threads(count: int | None):
+    """torch's intra-op CPU threads set to ``count`` for the run (None: unchanged), restored after. Results
+    do not depend on it; a busy machine does: threads that spin-wait for a core stall every operation."""
+    before = torch.get_num_threads()
+    if count is not None:
+        torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) -> TrainResult:
     collective = default_collective("cpu")
     say = on_message or (lambda message: None)
     inputs, point = _agreed(collective, lambda: setup(cfg))
