@@ -27,6 +27,7 @@ from .metrics import CRITIC_METRICS, step_means
 from .models import MODEL_DTYPES, frozen_copy, load_value_model, refresh_copy
 from .schedule import make_optimizer, make_scheduler
 
+
 @dataclass
 class Critic:
     """The value model, its optimizer and LR schedule, and how its passes are split."""
