@@ -205,6 +205,9 @@ def test_bad_requests_are_named():
     good = [(0, 0, [1, 2]), (0, 1, [1, 2])]
     cases = [
         (good + [(5, 0, [1, 300])], r"prompt_ids \(requests\[2\], uid 5, sample 0\).*300 outside"),
+        (good + [(5, 0, [1, -1, 2])], r"prompt_ids \(requests\[2\], uid 5, sample 0\).*-1 outside"),
+        (good + [(5, 0, [1, True])], r"prompt_ids \(requests\[2\], uid 5, sample 0\).*True outside"),
+        (good + [(5, 0, [1, 2.0])], r"prompt_ids \(requests\[2\], uid 5, sample 0\).*2.0 outside"),
         (good + [(0, 1, [4])], r"requests \(requests\[2\], uid 0, sample 1\): duplicate"),
         (good + [(3, 0, [])], r"prompt_ids \(requests\[2\], uid 3, sample 0\): empty prompt"),
         (good + [(3, 2, [1])], r"sample index \(requests\[2\], uid 3, sample 2\): must be < n = 2"),
