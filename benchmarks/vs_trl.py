@@ -51,7 +51,7 @@ VAL_QUICK = "builtin://addition/test?size=40"
 FULL = dict(prompts_per_step=128, n=8, mini_batch_prompts=32, steps=20, split_steps=10, generation_repeats=5)
 QUICK = dict(prompts_per_step=8, n=8, mini_batch_prompts=4, steps=2, split_steps=2, generation_repeats=2)
 COMMON = dict(micro_split=1, data_seed=1, max_response_length=4, temperature=1.0, lr=5e-4, betas=[0.9, 0.999],
-              weight_decay=0.01, grad_clip=1.0, ours_loss_agg_mode="token-mean", trl_loss_type="dapo",
+              weight_decay=0.01, grad_clip=1.0, ours_loss_agg_mode="token-mean", ours_shuffle=True, trl_loss_type="dapo",
               scale_rewards="group", splits=[1, SPLIT], trl_split_losses=["dapo", "bnpo", "grpo"])
 
 STAGE_ROWS = (("total", "step (loop iteration)"), ("gen", "generation"), ("reward", "reward"),
@@ -240,13 +240,19 @@ def run(env: bl.Env) -> dict:
 
 
 def main_runs(env: bl.Env, seeds, pythons: dict, work: Path) -> dict[str, list[dict]]:
-    """Both sides once per seed, each run a fresh process, the order alternating (ours first on even repeats)."""
-    runs: dict[str, list[dict]] = {"ours": [], "trl": []}
+    """Both sides once per seed, each run a fresh process, the order alternating (ours first on even repeats);
+    then (not with --quick), for the held-out table only, our side with contiguous minibatches (verl's default
+    ``shuffle: false``)."""
+    runs: dict[str, list[dict]] = {"ours": [], "trl": [], "ours_contiguous": []}
     for r, seed in enumerate(seeds):
         spec = make_spec(env, seed)
         for side in (["ours", "trl"] if r % 2 == 0 else ["trl", "ours"]):
             if pythons[side] is not None:
                 runs[side].append(run_side(pythons[side], side, spec, work, f"{side}-seed{seed}")[side])
+        if not env.quick:
+            contiguous = dict(spec, ours_shuffle=False)
+            result = run_side(pythons["ours"], "ours", contiguous, work, f"ours-contiguous-seed{seed}")
+            runs["ours_contiguous"].append(result["ours"])
     return runs
 
 
@@ -278,7 +284,7 @@ def stage_rows(result: dict) -> list[dict]:
 def score_summary(result: dict) -> dict:
     scores = result["scores"]
     out = {"initial": scores["initial"]}
-    for side in ("ours", "trl"):
+    for side in ("ours", "trl", "ours_contiguous"):
         values = [scores[f"{side}-{i}"] for i in range(len(result["summaries"][side]))]
         if values:
             out[side] = dict(values=values, mean=statistics.mean(values),
@@ -313,6 +319,8 @@ def setup_table(result: dict) -> str:
         ["samples per prompt", f"rollout.n {n}", f"num_generations {n}"],
         ["optimizer steps per step", f"ppo_mini_batch_size {mini} ({updates} per step)",
          f"per_device_train_batch_size {mini * n}, steps_per_generation {updates}"],
+        ["minibatch composition", "actor.shuffle true: the rollout batch is permuted (seeded) before it is cut "
+         "into minibatches", "the generation batch is shuffled before it is split (always)"],
         ["response length, sampling", f"max_response_length {s['max_response_length']}, temperature {s['temperature']}, "
          "no top-k / top-p", f"max_completion_length {s['max_response_length']}, temperature {s['temperature']}, "
          "top_k 0, top_p 1.0 (HF generate, no vLLM)"],
@@ -385,13 +393,18 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
 
     sc = result["score"]
     held = [["initial model", f"{sc['initial']:.3f}", "", "", ""]]
-    for side, label in (("ours", "splitproof"), ("trl", "TRL")):
+    for side, label in (("ours", "splitproof"), ("trl", "TRL"),
+                        ("ours_contiguous", "splitproof, contiguous minibatches (actor.shuffle false)")):
         if side in sc:
             held.append([f"{label} after {s['steps']} steps", f"{sc[side]['mean']:.3f}", f"{sc[side]['sd']:.3f}",
                          ", ".join(f"{v:.3f}" for v in sc[side]["values"]), f"{sc[side]['train']:.3f}"])
+    contiguous = (" The contiguous row is our side with verl's default minibatches — the rollout batch cut in "
+                  "order, so each optimizer step sees whole prompt groups — everything else as in the first row."
+                  if "ours_contiguous" in sc else "")
     blocks += [f"Held-out score — greedy exact match on builtin://addition/test "
                f"({'40 problems, quick' if env.quick else '500 problems'}), both final models scored by splitproof's "
-               "own validation code (the last column: the mean training reward over the run's steps, for context):",
+               "own validation code (the last column: the mean training reward over the run's steps, for context)."
+               + contiguous,
                bl.table(["model", "mean", "sd over seeds", "per seed", "training reward"], held)]
 
     split = result["split_summaries"]

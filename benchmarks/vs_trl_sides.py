@@ -162,6 +162,7 @@ def ours_overrides(spec: dict, out: Path, *, steps: int | None = None, micro_spl
         f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={mini * n // split}",
         f"actor_rollout_ref.actor.loss_agg_mode={spec['ours_loss_agg_mode']}",
+        f"actor_rollout_ref.actor.shuffle={str(spec['ours_shuffle']).lower()}",
         f"actor_rollout_ref.actor.grad_clip={clip}",
         f"actor_rollout_ref.actor.optim.clip_grad={clip}",
         f"actor_rollout_ref.actor.optim.optimizer={optimizer or 'AdamW'}",
