@@ -344,7 +344,7 @@ MAPPING = bl.table(
       "token-mean (÷ tokens of the optimizer minibatch); equal when each generation batch is one optimizer step",
       "yes (global count)"],
      ["dr_grpo", "Σ token losses / (micro-batch rows × max_completion_length) / GA",
-      "seq-mean-token-sum-norm with loss_scale_factor = max_response_length; scale_rewards=\"none\" ≈ "
+      "seq-mean-token-sum-norm (its constant defaults to max_response_length); scale_rewards=\"none\" ≈ "
       "norm_adv_by_std_in_grpo=false", "yes"],
      ["grpo", "mean over micro-batch rows of each row's token mean / GA", "seq-mean-token-mean", "yes, with equal micro-batches"],
      ["bnpo", "Σ token losses / tokens of the micro-batch / GA", "none: the per-micro-batch token mean splitproof replaces",
@@ -358,7 +358,7 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
              f"steps, once per seed, each run a fresh process with one torch thread; the sides alternate "
              f"(ours, TRL, TRL, ours, ...). Figures are medians over steps 2–{s['steps']} (step 1 holds one-time "
              "warm-up) and then over the seeds; a ratio is the median over the seeds of the per-seed ratio "
-             "splitproof / TRL (range beside it). The machine is shared with other jobs (2 cores): "
+             "splitproof / TRL (range beside it). The machine is shared with other jobs (2 cores). "
              + bl.clock_note("cpu") + " TRL's stage times come from wrappers around its methods (`_generate`, "
              "`_calculate_rewards`, the no-grad `_get_per_token_logps_and_entropies`, `training_step` minus its "
              "`_prepare_inputs`, `_clip_grad_norm`, the optimizer step); ours from the same wrappers around "
