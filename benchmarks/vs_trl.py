@@ -141,11 +141,22 @@ def side_summary(result: dict) -> dict:
         summary[clock] = {stage: bl.median(steady(values)) for stage, values in series.items()}
         tokens = sum(steady(result["tokens"]))
         summary[clock]["tokens_per_s"] = tokens / max(sum(steady(series["total"])), 1e-12)
+    if "metrics_timing" in result:  # ours: the wrappers' wall times against timing_s/* of metrics.jsonl
+        summary["timing_gap"] = timing_gap(result)
     summary["tokens_per_step"] = statistics.mean(result["tokens"])
     summary["train_score"] = statistics.mean(result["train_score"])
     summary["peak"] = result["peak"]
     summary["growth"] = result["peak"] - result["rss_loaded"]
     return summary
+
+
+def timing_gap(result: dict) -> float:
+    """Largest relative difference, over the steady steps, between a stage's wall time by our wrapper and
+    the same stage's ``timing_s/*`` in metrics.jsonl (generation, old log-probs, update)."""
+    pairs = (("gen", "timing_s/gen"), ("old_log_prob", "timing_s/old_log_prob"), ("update", "timing_s/update_actor"))
+    gaps = [abs(w - m) / m for stage, metric in pairs
+            for w, m in zip(steady(result["clock"][stage]["wall"]), steady(result["metrics_timing"][metric])) if m > 0]
+    return max(gaps) if gaps else math.nan
 
 
 def paired(ours: list[dict], trl: list[dict], clock: str, key: str) -> dict:
@@ -361,8 +372,10 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
              "splitproof / TRL (range beside it). The machine is shared with other jobs (2 cores). "
              + bl.clock_note("cpu") + " TRL's stage times come from wrappers around its methods (`_generate`, "
              "`_calculate_rewards`, the no-grad `_get_per_token_logps_and_entropies`, `training_step` minus its "
-             "`_prepare_inputs`, `_clip_grad_norm`, the optimizer step); ours from the same wrappers around "
-             "`splitproof.rl.step` (its `timing_s/*` wall times agree).")
+             "`_prepare_inputs`, `_clip_grad_norm`, the optimizer step); ours from the same kind of wrappers around "
+             "`splitproof.rl.step`'s stage functions, whose wall times agree with the `timing_s/*` of metrics.jsonl "
+             f"to {100 * max(x['timing_gap'] for x in result['summaries']['ours']):.1f} % at worst (the update also "
+             "holds the scheduler step).")
     blocks = [intro, setup_table(result), "Loss mapping (the comparison uses the first row):", MAPPING]
     if not have_trl:
         blocks.append("TRL was not available in this run: splitproof's side only.")
