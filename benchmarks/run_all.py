@@ -3,7 +3,8 @@
     python benchmarks/run_all.py [--quick] [--device cuda] [--threads N] [--docs PATH | --no-docs] [--only a,b]
 
 Options other than --only are passed to every script. Each script rewrites its own section; this one
-writes the `run_all` section (per-script and total wall time).
+writes the `run_all` section (per-script and total wall time). `vs_trl` finds TRL's interpreter through
+SPLITPROOF_TRL_PYTHON (see that script).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib as bl  # noqa: E402
 
 NAME = "run_all"
-SCRIPTS = ("engine_overhead", "cov_strategies", "token_budget", "memory", "scaling", "rollout")
+SCRIPTS = ("engine_overhead", "cov_strategies", "token_budget", "memory", "scaling", "rollout", "train_stages",
+           "vs_trl")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-SCRIPTS = ("engine_overhead", "cov_strategies", "token_budget", "memory", "scaling", "rollout")
+SCRIPTS = ("engine_overhead", "cov_strategies", "token_budget", "memory", "scaling", "rollout", "train_stages",
+           "vs_trl")
 
 
 def _load(name: str):
@@ -45,8 +46,12 @@ def docs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def results(docs):
-    """Run every script once (quick, CPU) and keep what main() returned."""
+    """Run every script once (quick, CPU) and keep what main() returned. `vs_trl` looks for TRL only in
+    this interpreter (which the test environment does not need to have)."""
+    import os
+
     threads = torch.get_num_threads()
+    trl_python = os.environ.pop("SPLITPROOF_TRL_PYTHON", None)
     out = {}
     try:
         for name in SCRIPTS:
@@ -54,6 +59,8 @@ def results(docs):
                 out[name] = _load(name).main(["--quick", "--device", "cpu", "--docs", str(docs)])
     finally:
         torch.set_num_threads(threads)
+        if trl_python is not None:
+            os.environ["SPLITPROOF_TRL_PYTHON"] = trl_python
     return out
 
 
@@ -133,6 +140,31 @@ def test_rollout(results):
         assert 0 <= row["differ"] <= row["samples"] and math.isfinite(row["max_logprob_gap"])
         if row["dtype"] == "float64":  # layout-independent generation: identical, and equal to the full forward
             assert row["differ"] == 0 and row["max_logprob_gap"] == 0.0 and row["vs_full"] < 1e-12
+
+
+def test_train_stages(results):
+    r = results["train_stages"]
+    for clock in ("wall", "cpu"):
+        table = r["per_step"][clock]
+        assert len(table["total"]) == r["steps"] == 2
+        for key in ("total", "gen", "old_log_prob", "update"):
+            assert all(_positive(x) for x in table[key]), (clock, key)
+        assert 0 <= r["overhead"][clock]["run"] < 1 and math.isfinite(r["overhead"][clock]["median"])
+    assert sum(r["per_step"]["wall"]["testing"]) > 0  # the quick run evaluates at its last step
+
+
+def test_vs_trl(results):
+    r = results["vs_trl"]
+    rows = {row["key"]: row for row in r["rows"]}
+    for key in ("total", "gen", "old_log_prob", "update", "tokens_per_s"):
+        assert _positive(rows[key]["ours_cpu"]) and _positive(rows[key]["ours_wall"]), key
+    assert len(r["summaries"]["ours"]) == 1 and _positive(r["summaries"]["ours"][0]["peak"])
+    assert all(0 <= v <= 1 for v in r["scores"].values()) and set(r["scores"]) >= {"initial", "ours-0"}
+    ours = [row for row in r["split_rows"] if row["side"] == "splitproof"]
+    assert len(ours) == 1 and ours[0]["same_samples"]
+    assert ours[0]["max_rel"] <= 1e-5 and ours[0]["norm_rel"] <= 1e-5  # the split leaves our update alone
+    if r["trl_python"] is None:  # no TRL here: only our side ran
+        assert r["summaries"]["trl"] == [] and {row["side"] for row in r["split_rows"]} == {"splitproof"}
 
 
 def test_docs_sections(results, docs):

@@ -205,6 +205,9 @@ def test_bad_requests_are_named():
     good = [(0, 0, [1, 2]), (0, 1, [1, 2])]
     cases = [
         (good + [(5, 0, [1, 300])], r"prompt_ids \(requests\[2\], uid 5, sample 0\).*300 outside"),
+        (good + [(5, 0, [1, -1, 2])], r"prompt_ids \(requests\[2\], uid 5, sample 0\).*-1 outside"),
+        (good + [(5, 0, [1, True])], r"prompt_ids \(requests\[2\], uid 5, sample 0\).*True outside"),
+        (good + [(5, 0, [1, 2.0])], r"prompt_ids \(requests\[2\], uid 5, sample 0\).*2.0 outside"),
         (good + [(0, 1, [4])], r"requests \(requests\[2\], uid 0, sample 1\): duplicate"),
         (good + [(3, 0, [])], r"prompt_ids \(requests\[2\], uid 3, sample 0\): empty prompt"),
         (good + [(3, 2, [1])], r"sample index \(requests\[2\], uid 3, sample 2\): must be < n = 2"),
@@ -226,3 +229,31 @@ def test_bad_requests_are_named():
     with pytest.raises(ConfigError, match="^eos_token_ids:.*256"):
         HFRollout(m, eos_token_ids=[1, 256], pad_token_id=0)
     assert generate(m, [], params) == []
+
+
+def test_pad_samples_lays_out_every_row():
+    from splitproof.rl.assemble import pad_samples
+    from splitproof.rl.rollout import Sample
+
+    g = random.Random(4)
+    samples = []
+    for uid in range(40):
+        response = [g.randrange(99) for _ in range(g.randint(0, 4))]
+        samples.append(Sample(uid=uid, index=0, prompt_ids=[g.randrange(99) for _ in range(g.randint(1, 9))],
+                              response_ids=response, log_probs=[g.uniform(-5, 0) for _ in response],
+                              finished=bool(response)))
+    for dtype in (torch.float32, torch.float64):
+        seqs = pad_samples(samples, response_width=4, pad_token_id=7, dtype=dtype)
+        P = max(len(s.prompt_ids) for s in samples)
+        assert seqs.prompts.shape == (40, P) and seqs.responses.shape == (40, 4) and seqs.rollout_log_probs.dtype == dtype
+        for row, s in enumerate(samples):
+            p, t = len(s.prompt_ids), len(s.response_ids)
+            assert seqs.prompts[row].tolist() == [7] * (P - p) + s.prompt_ids
+            assert seqs.responses[row].tolist() == s.response_ids + [7] * (4 - t)
+            assert seqs.attention_mask[row].tolist() == [False] * (P - p) + [True] * (p + t) + [False] * (4 - t)
+            assert seqs.response_mask[row].tolist() == [True] * t + [False] * (4 - t)
+            assert seqs.rollout_log_probs[row].tolist() == torch.tensor(s.log_probs + [0.0] * (4 - t), dtype=dtype).tolist()
+    with pytest.raises(ValueError, match=r"uid 3, index 0\) has 5 response tokens > max_response_length 4"):
+        pad_samples(samples[:3] + [Sample(3, 0, [1], [1] * 5, [0.0] * 5, False)], response_width=4, pad_token_id=0)
+    with pytest.raises(ValueError, match=r"uid 3, index 0\) has 1 log-probs for 2 response tokens"):
+        pad_samples([Sample(3, 0, [1], [1, 2], [0.0], True)], response_width=4, pad_token_id=0)

@@ -43,6 +43,7 @@ def test_a_run_writes_metrics_checkpoints_and_curve(finished):
     assert "val-core/addition/reward/mean@1" in records[0] and "val-core/addition/reward/mean@1" in records[2]
     for name in ("critic/score/mean", "actor/pg_loss", "actor/grad_norm", "timing_s/gen", "timing_s/step"):
         assert name in records[1], name
+    assert "timing_s/testing" in records[2] and "timing_s/testing" not in records[1]  # evaluation steps only
     assert sorted(p.name for p in out.glob("global_step_*")) == ["global_step_2", "global_step_3"]
     assert latest_checkpoint(out) == out / "global_step_3"
     assert (out / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

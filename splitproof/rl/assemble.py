@@ -35,25 +35,28 @@ class SequenceTensors:
 
 def pad_samples(samples: Sequence, *, response_width: int, pad_token_id: int,
                 dtype: torch.dtype = torch.float32) -> SequenceTensors:
-    """Lay the samples out as padded tensors (``samples[i]`` becomes row i)."""
+    """Lay the samples out as padded tensors (``samples[i]`` becomes row i); each tensor is built by one
+    ``torch.tensor`` call from padded rows."""
     count = len(samples)
     prompt_width = max(len(s.prompt_ids) for s in samples)
-    prompts = torch.full((count, prompt_width), pad_token_id, dtype=torch.long)
-    responses = torch.full((count, response_width), pad_token_id, dtype=torch.long)
-    prompt_mask = torch.zeros(count, prompt_width, dtype=torch.bool)
-    response_mask = torch.zeros(count, response_width, dtype=torch.bool)
-    log_probs = torch.zeros(count, response_width, dtype=dtype)
-    for row, sample in enumerate(samples):
-        p, t = len(sample.prompt_ids), len(sample.response_ids)
+    for sample in samples:
+        t = len(sample.response_ids)
         if t > response_width:
             raise ValueError(f"sample (uid {sample.uid}, index {sample.index}) has {t} response tokens > "
                              f"max_response_length {response_width}")
-        if p:
-            prompts[row, prompt_width - p:] = torch.as_tensor(sample.prompt_ids, dtype=torch.long)
-            prompt_mask[row, prompt_width - p:] = True
-        if t:
-            responses[row, :t] = torch.as_tensor(sample.response_ids, dtype=torch.long)
-            response_mask[row, :t] = True
-            log_probs[row, :t] = torch.as_tensor(sample.log_probs, dtype=dtype)
+        if len(sample.log_probs) != t:
+            raise ValueError(f"sample (uid {sample.uid}, index {sample.index}) has {len(sample.log_probs)} "
+                             f"log-probs for {t} response tokens")
+    pad = [pad_token_id]
+    prompts = torch.tensor([pad * (prompt_width - len(s.prompt_ids)) + list(s.prompt_ids) for s in samples],
+                           dtype=torch.long).reshape(count, prompt_width)
+    responses = torch.tensor([list(s.response_ids) + pad * (response_width - len(s.response_ids)) for s in samples],
+                             dtype=torch.long).reshape(count, response_width)
+    log_probs = torch.tensor([list(s.log_probs) + [0.0] * (response_width - len(s.log_probs)) for s in samples],
+                             dtype=dtype).reshape(count, response_width)
+    prompt_lengths = torch.tensor([len(s.prompt_ids) for s in samples], dtype=torch.long).unsqueeze(1)
+    response_lengths = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.long).unsqueeze(1)
+    prompt_mask = torch.arange(prompt_width) >= prompt_width - prompt_lengths
+    response_mask = torch.arange(response_width) < response_lengths
     return SequenceTensors(prompts, responses, torch.cat([prompt_mask, response_mask], dim=1), response_mask,
                            log_probs)

@@ -3,7 +3,8 @@
 Within step k (1-based, as verl counts):
 
 1. ``train_step`` (generate, score, log-probs, advantages, update);
-2. validation when ``trainer.test_freq`` divides k, or k is the last step;
+2. validation when ``trainer.test_freq`` divides k, or k is the last step (its wall time is the record's
+   ``timing_s/testing``, verl's name);
 3. the step's record logged (rank 0), on disk before anything follows;
 4. ``global_step_k`` saved when ``trainer.save_freq`` divides k, or k is the last step (save_freq > 0,
    as verl saves).
@@ -24,6 +25,7 @@ Test pause points (``splitproof.rl.pause``): ``step{k}:trained``, ``step{k}:logg
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -114,7 +116,9 @@ def fit(run: Run, *, log: Callable[[dict, int], None] | None = None, sync: Calla
         check_stop(step - 1)
         metrics = dict(output.metrics)
         if is_due(step, run.total_steps, cfg.test_freq):
+            started = time.perf_counter()
             metrics.update(_failing(step, validate, run, step))
+            metrics["timing_s/testing"] = time.perf_counter() - started
             check_stop(step - 1)
         emit(metrics, step)
         pause.pause_point(f"step{step}:logged")

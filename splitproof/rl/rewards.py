@@ -283,6 +283,8 @@ def response_text(tokenizer, sample: SampleLike) -> str:
 
 def _number(value) -> float | None:
     """A real number as float, or None when ``value`` is not one (str, None, containers, ...)."""
+    if type(value) is float or type(value) is int:  # the common case, without the ABC checks below
+        return float(value)
     if isinstance(value, torch.Tensor):
         return float(value.item()) if value.numel() == 1 and not value.is_complex() else None
     if isinstance(value, numbers.Real):  # bool, int, float, NumPy scalars

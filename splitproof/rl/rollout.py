@@ -118,7 +118,18 @@ def canonical_prompt_width(length: int, pad_multiple: int) -> int:
 
 def _is_int(value) -> bool:
     """An integer (Python or NumPy), not a bool."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    return type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
+
+
+def _first_bad_token(ids: Sequence, vocab_size: int) -> tuple | None:
+    """``(id,)`` for the first entry of ``ids`` that is not an integer in [0, vocab_size), else None.
+    Plain ``int`` lists (every prompt the run builds) take one pass of C-level ``min``/``max``."""
+    if all(type(t) is int for t in ids) and (not ids or (min(ids) >= 0 and max(ids) < vocab_size)):
+        return None
+    for t in ids:
+        if not _is_int(t) or not 0 <= t < vocab_size:
+            return (t,)
+    return None
 
 
 def _eos_tuple(eos_token_ids) -> tuple[int, ...]:
@@ -201,8 +212,8 @@ class HFRollout:
             seen[uid, j] = pos
             if len(ids) == 0:
                 raise RolloutError("prompt_ids", "empty prompt", pos, uid, j)
-            bad = [t for t in ids if not _is_int(t) or not 0 <= t < self.vocab_size]
-            if bad:
+            bad = _first_bad_token(ids, self.vocab_size)
+            if bad is not None:
                 raise RolloutError("prompt_ids", f"token id {bad[0]!r} outside the model's vocabulary "
                                    f"[0, {self.vocab_size})", pos, uid, j)
 
@@ -236,11 +247,10 @@ class HFRollout:
 
     def _prefill_inputs(self, prompts: list[Sequence[int]], device: torch.device) -> tuple[Tensor, Tensor]:
         width = max(canonical_prompt_width(len(p), self.pad_multiple) for p in prompts)
-        ids = torch.full((len(prompts), width), self._pad_input_id, dtype=torch.long)
-        mask = torch.zeros(len(prompts), width, dtype=torch.long)
-        for r, p in enumerate(prompts):
-            ids[r, width - len(p):] = torch.as_tensor(list(p), dtype=torch.long)
-            mask[r, width - len(p):] = 1
+        pad = self._pad_input_id
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
+        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+        mask = (torch.arange(width) >= width - lengths.unsqueeze(1)).long()
         return ids.to(device), mask.to(device)
 
     def _generate_chunk(self, model: nn.Module, chunk: Sequence[Request], params: SamplingParams, step: int,
@@ -294,11 +304,10 @@ class HFRollout:
             out = model(input_ids=tokens.unsqueeze(1), attention_mask=mask, position_ids=positions, use_cache=True,
                         **{cache_kw: cache})
 
-        responses, log_probs = responses.cpu(), log_probs.cpu()
+        responses, log_probs = responses.cpu().tolist(), log_probs.cpu().tolist()  # one conversion each
         lengths, finished = lengths.tolist(), finished.tolist()
-        return [Sample(uid=int(uid), index=int(j), prompt_ids=list(p),
-                       response_ids=responses[r, :lengths[r]].tolist(),
-                       log_probs=log_probs[r, :lengths[r]].tolist(), finished=finished[r])
+        return [Sample(uid=int(uid), index=int(j), prompt_ids=list(p), response_ids=responses[r][:lengths[r]],
+                       log_probs=log_probs[r][:lengths[r]], finished=finished[r])
                 for r, ((uid, j, _), p) in enumerate(zip(chunk, prompts))]
 
 

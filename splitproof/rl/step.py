@@ -166,8 +166,8 @@ def score_samples(run: Run, samples: list, step: int, *, stream: int = 0) -> tup
         part = [samples[r] for r in rows]
         result = score(run.reward_fn, [dataset[s.uid] for s in part], part, run.tokenizer, step=step,
                        max_steps=run.total_steps)
-        return [(float(result.scores[k]), {name: values[k] for name, values in result.extra.items()})
-                for k in range(len(part))]
+        values = result.scores.tolist()  # one conversion, not one tensor index per sample
+        return [(values[k], {name: extra[k] for name, extra in result.extra.items()}) for k in range(len(part))]
 
     scored = run_on_share(run.collective, len(samples), work, errors=(RewardError,))
     scores = torch.tensor([value for value, _ in scored], dtype=torch.float64)
