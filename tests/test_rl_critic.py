@@ -56,3 +56,25 @@ def test_builtin_model_trains_with_a_critic_and_the_actor_waits_for_the_warmup()
     assert records[0]["critic/vf_loss"] > 0 and math.isfinite(records[1]["critic/vf_explained_var"])
     assert not all(torch.equal(final_weights(run.policy)[k], initial[k]) for k in initial)
 
+
+
+def test_a_critic_beside_grpo_is_trained_and_changes_nothing_else():
+    """critic.enable=true with grpo (verl allows it): the critic is trained on grpo's returns and reported,
+    the actor's trajectory is the one without a critic."""
+    from splitproof.rl.config_load import load_train_config
+    from splitproof.rl.loop import fit
+    from splitproof.rl.run import build_run
+
+    from .rl_helpers import final_weights
+
+    base = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=2",
+            "trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.test_freq=-1",
+            "trainer.logger=[]"]
+    runs = [build_run(load_train_config(None, base + extra)) for extra in ([], ["critic.enable=true"])]
+    records = [fit(run) for run in runs]
+    assert runs[0].critic is None and runs[1].critic is not None
+    plain, with_critic = final_weights(runs[0].policy), final_weights(runs[1].policy)
+    assert all(torch.equal(plain[k], with_critic[k]) for k in plain)
+    for a, b in zip(*records):
+        assert "critic/vf_loss" in b and "critic/vf_loss" not in a
+        assert a["actor/pg_loss"] == b["actor/pg_loss"]
