@@ -11,6 +11,8 @@ Metrics (verl's names), each a share pre-normalised by ℬ's statistics so that 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -67,11 +69,17 @@ def value_objective(vpreds: Tensor, values: Tensor, returns: Tensor, response_ma
 
 
 def explained_variance(values: Tensor, returns: Tensor, response_mask: Tensor) -> float:
-    """verl's ``critic/vf_explained_var``: 1 − Var(R − V) / (Var(R) + 1e-5) over the valid tokens
-    (unbiased variances, float64); V the critic's predictions before its update, R the returns."""
-    mask = check_binary_mask("response_mask", response_mask)
-    v = values.detach().double()[mask]
-    r = returns.detach().double()[mask]
-    if r.numel() < 2:
-        raise BatchError("response_mask", f"explained variance needs at least 2 valid tokens, got {r.numel()}")
-    return float(1.0 - torch.var(r - v) / (torch.var(r) + 1e-5))
+    """verl's ``critic/vf_explained_var``: 1 − Var(R − V) / (Var(R) + 1e-5) over the valid tokens (unbiased
+    variances in float64, NaN below two tokens, as ``torch.var``), V the critic's predictions before its
+    update, R the returns. Sums are exactly rounded, so the row order cannot change it."""
+    valid = response_mask.bool()
+    r = returns.detach().double()[valid].tolist()
+    d = (returns.detach().double() - values.detach().double())[valid].tolist()
+    if len(r) < 2:
+        return float("nan")
+    return 1.0 - _variance(d) / (_variance(r) + 1e-5)
+
+
+def _variance(xs: list[float]) -> float:
+    mean = math.fsum(xs) / len(xs)
+    return math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1)

@@ -7,10 +7,10 @@ import math
 
 import torch
 
-from splitproof.rl.metrics import explained_variance
+from splitproof.value_objective import explained_variance
 
 
-def _verl_explained_variance(returns, values, mask):
+def _verl_explained_variance(values, returns, mask):
     """verl's compute_data_metrics: 1 - var(R - V) / (var(R) + 1e-5) over the valid tokens (torch.var)."""
     r, v = returns[mask.bool()], values[mask.bool()]
     return float(1.0 - torch.var(r - v) / (torch.var(r) + 1e-5))
@@ -22,14 +22,14 @@ def test_explained_variance_is_verls_and_ignores_row_order():
     values = returns + 0.3 * torch.randn(6, 5, generator=g, dtype=torch.float64)
     mask = torch.rand(6, 5, generator=g) < 0.7
     mask[:, 0] = True
-    got = explained_variance(returns, values, mask)
-    assert math.isclose(got, _verl_explained_variance(returns, values, mask), rel_tol=1e-12)
+    got = explained_variance(values, returns, mask)
+    assert math.isclose(got, _verl_explained_variance(values, returns, mask), rel_tol=1e-12)
     order = torch.randperm(6, generator=g)
-    assert explained_variance(returns[order], values[order], mask[order]) == got  # exactly rounded sums
+    assert explained_variance(values[order], returns[order], mask[order]) == got  # exactly rounded sums
     assert explained_variance(returns, returns, mask) == 1.0
     one_token = torch.zeros(6, 5, dtype=torch.bool)
     one_token[2, 1] = True
-    assert math.isnan(explained_variance(returns, values, one_token))  # as torch.var of one value
+    assert math.isnan(explained_variance(values, returns, one_token))  # as torch.var of one value
 
 
 def test_builtin_model_trains_with_a_critic_and_the_actor_waits_for_the_warmup():

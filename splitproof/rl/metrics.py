@@ -6,13 +6,14 @@ everything else is a function of the data, the seed and the settings.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import Tensor
+
+from ..value_objective import explained_variance
 
 
 def _stats(prefix: str, values: Tensor) -> dict[str, float]:
@@ -39,7 +40,7 @@ def data_metrics(*, token_level_scores: Tensor, token_level_rewards: Tensor, adv
     metrics.update(_masked_stats("critic/returns", returns, response_mask))
     if values is not None:
         metrics.update(_masked_stats("critic/values", values, response_mask))
-        metrics["critic/vf_explained_var"] = explained_variance(returns, values, response_mask)
+        metrics["critic/vf_explained_var"] = explained_variance(values, returns, response_mask)
     metrics.update(_stats("response_length", response_lengths))
     metrics["response_length/clip_ratio"] = float((response_lengths >= max_response_length).double().mean())
     metrics.update(_stats("prompt_length", prompt_lengths))
@@ -80,23 +81,6 @@ def step_means(step_metrics: Iterable[dict[str, float]], names: dict[str, str]) 
 def actor_metrics(step_metrics: Iterable[dict[str, float]]) -> dict[str, float]:
     """The policy update's metrics (``actor/*``): ``step_means`` over ``ENGINE_METRICS``."""
     return step_means(step_metrics, ENGINE_METRICS)
-
-
-def explained_variance(returns: Tensor, values: Tensor, mask: Tensor) -> float:
-    """verl's ``critic/vf_explained_var``: 1 − Var(R − V) / (Var(R) + 1e-5) over the valid response tokens of
-    the whole batch (unbiased variances; nan below two tokens), with exactly rounded sums: the row order
-    cannot change it."""
-    valid = mask.bool()
-    r = returns.double()[valid].tolist()
-    d = (returns.double() - values.double())[valid].tolist()
-    if len(r) < 2:
-        return float("nan")
-    return 1.0 - _variance(d) / (_variance(r) + 1e-5)
-
-
-def _variance(xs: list[float]) -> float:
-    mean = math.fsum(xs) / len(xs)
-    return math.fsum((x - mean) ** 2 for x in xs) / (len(xs) - 1)
 
 
 class StageTimer:
