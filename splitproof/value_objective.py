@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 from torch import Tensor
 
 from .aggregation import aggregate, token_weights

@@ -121,6 +121,23 @@ def full_state(model) -> dict[str, torch.Tensor]:
     return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v) for k, v in inner.state_dict().items()}
 
 
+def run_wrapped_cases(update, wrapper: str, model, cases: dict) -> dict:
+    """``update(model, optimizer, batch, config)`` on a fresh ``wrap_model(copy, wrapper)`` per case
+    ``name -> (batch, config, optimizer kind)``; returns ``name -> (flat final state, step results)``."""
+    from splitproof.engine import wrap_model
+
+    out = {}
+    for name, (batch, cfg, optimizer) in cases.items():
+        wrapped = wrap_model(copy.deepcopy(model), wrapper)
+        opt = make_optimizer(wrapped, optimizer)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            results = update(wrapped, opt, batch, cfg)
+        out[name] = (flat(full_state(wrapped)), results)
+        del wrapped, opt
+    return out
+
+
 def make_optimizer(model, kind: str = "sgd", lr: float = 0.02):
     if kind == "sgd":
         return torch.optim.SGD(model.parameters(), lr=lr)

@@ -5,7 +5,6 @@ the update, metrics to 1e-10). Bad input fails on every rank with the same named
 from __future__ import annotations
 
 import copy
-import warnings
 from dataclasses import replace
 
 import pytest
@@ -17,7 +16,8 @@ from splitproof.engine import CriticUpdateConfig, update_critic, wrap_model
 from splitproof.engine.launch import run_data_parallel
 
 from .critic_helpers import critic_rollout, make_models, run_critic
-from .engine_helpers import BUDGET, NO_CLIP, REL, assert_metrics_close, flat, full_state, make_optimizer, rel_diff
+from .engine_helpers import (BUDGET, NO_CLIP, REL, assert_metrics_close, flat, full_state, make_optimizer, rel_diff,
+                             run_wrapped_cases)
 
 pytestmark = pytest.mark.dist
 
@@ -45,15 +45,8 @@ def build_cases(policy, critic):
 
 
 def _dp_worker(wrapper, critic, cases, bad):
-    out = {}
-    for name, (batch, cfg, optimizer) in cases.items():
-        wrapped = wrap_model(copy.deepcopy(critic), wrapper)
-        opt = make_optimizer(wrapped, optimizer)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            results = update_critic(wrapped, opt, batch, cfg)
-        out[name] = (flat(full_state(wrapped)), [r.metrics for r in results])
-        del wrapped, opt
+    out = {name: (state, [r.metrics for r in results])
+           for name, (state, results) in run_wrapped_cases(update_critic, wrapper, critic, cases).items()}
     wrapped = wrap_model(copy.deepcopy(critic), wrapper)
     before = flat(full_state(wrapped))
     try:

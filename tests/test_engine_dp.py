@@ -20,7 +20,7 @@ from splitproof.engine.launch import run_data_parallel
 from splitproof.engine.plan import plan_update
 
 from .engine_helpers import (BUDGET, NO_CLIP, REL, assert_metrics_close, flat, full_state, grouped_rollout, loss_config,
-                             make_model, make_optimizer, make_rollout, rel_diff, run_update)
+                             make_model, make_optimizer, make_rollout, rel_diff, run_update, run_wrapped_cases)
 
 pytestmark = pytest.mark.dist
 
@@ -71,15 +71,8 @@ def build_cases(model):
 
 
 def _dp_worker(wrapper, model, cases):
-    out = {}
-    for name, (batch, cfg, optimizer) in cases.items():
-        wrapped = wrap_model(copy.deepcopy(model), wrapper)
-        opt = make_optimizer(wrapped, optimizer)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            results = update_policy(wrapped, opt, batch, cfg)
-        out[name] = (flat(full_state(wrapped)), [r.metrics for r in results], [r.cov_strategy for r in results])
-        del wrapped, opt
+    out = {name: (state, [r.metrics for r in results], [r.cov_strategy for r in results])
+           for name, (state, results) in run_wrapped_cases(update_policy, wrapper, model, cases).items()}
     dist.barrier()
     return out
 

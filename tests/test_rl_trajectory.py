@@ -10,7 +10,7 @@ import torch
 
 from splitproof.engine.launch import run_data_parallel
 
-from .rl_helpers import (LAYOUTS, PPO, assert_same_trajectory, final_weights, relative_update_difference,
+from .rl_helpers import (LAYOUTS, PPO, assert_same_trajectory, relative_update_difference,
                          run_trajectory, trajectory_config)
 
 STEPS = 3

@@ -168,6 +168,7 @@ def test_top_p_never_leaves_the_nucleus_and_matches_renormalised_probabilities()
     tokens, _ = sample_tokens(LOGITS.expand(n, -1), u, top_k=4, top_p=0.6)
     top4 = torch.tensor([1, 7, 3, 4])
     renorm = torch.softmax(LOGITS[top4], -1)  # 0.41, 0.25, 0.17, 0.17 (ordered)
+    assert renorm[:2].sum() >= 0.6 > renorm[0]  # ids 1 and 7 make the nucleus
     assert set(tokens.unique().tolist()) == {1, 7}  # mass before id 3 is 0.66 >= 0.6
 
 

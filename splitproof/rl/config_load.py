@@ -142,7 +142,6 @@ def _merge(layers: list[DictConfig]) -> DictConfig:
         return OmegaConf.merge(_defaults(), *layers)
     except OmegaConfBaseException as e:
         raise _config_error(e, layers) from None
-    return merged
 
 
 def _resolve(merged: DictConfig, layers: list[DictConfig]) -> TrainConfig:

@@ -10,7 +10,6 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
-import torch
 from torch import Tensor
 
 from ..value_objective import explained_variance
