@@ -12,6 +12,7 @@ change how the step is computed, never its result.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, replace
 
@@ -24,7 +25,8 @@ from ..engine import compute_log_probs, compute_values, update_policy
 from .rollout.assemble import SequenceTensors, pad_samples
 from .models.critic import train_critic
 from .rewards.kl_penalty import apply_kl_penalty
-from .tracking.metrics import StageTimer, actor_metrics, data_metrics, throughput_metrics
+from .tracking.metrics import (StageTimer, actor_metrics, data_metrics, reward_extra_metrics,
+                               throughput_metrics)
 from .parallel import gather_rows, run_on_share
 from .rewards.functions import RewardError, score, token_level_scores as scores_on_last_token
 from .rollout.correction import rollout_correction
@@ -108,7 +110,7 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
         metrics["actor/entropy"] = run.token_aggregate(entropy, seqs.response_mask, group_ids)
     metrics.update(kl_metrics)
     metrics.update(corr_metrics)
-    metrics.update({f"reward/{name}/mean": sum(xs) / len(xs) for name, xs in reward_extra.items()})
+    metrics.update(reward_extra_metrics(reward_extra))
     metrics.update(timer.metrics())
     seconds = time.perf_counter() - start
     metrics["timing_s/step"] = seconds
@@ -158,7 +160,9 @@ def generate(run: Run, uids: list[int], step: int, params, *, stream: int = 0) -
 
 
 def score_samples(run: Run, samples: list, step: int, *, stream: int = 0) -> tuple[torch.Tensor, dict]:
-    """Every sample's score (float64 [B]) and the reward function's extra values; each rank scores a share.
+    """Every sample's score (float64 [B]) and the reward function's extra values ``{key: [B values]}``,
+    NaN where a sample has no number for the key; each rank scores a share, and the keys are gathered
+    over the whole batch (so a key that only another rank's share returned is NaN here, not missing).
     A reward function that fails on any rank stops the step on every rank, before anything is updated."""
     dataset = run.dataset_for(stream)
 
@@ -171,10 +175,8 @@ def score_samples(run: Run, samples: list, step: int, *, stream: int = 0) -> tup
 
     scored = run_on_share(run.collective, len(samples), work, errors=(RewardError,))
     scores = torch.tensor([value for value, _ in scored], dtype=torch.float64)
-    extra: dict[str, list[float]] = {}
-    for _, values in scored:
-        for name, value in values.items():
-            extra.setdefault(name, []).append(value)
+    keys = dict.fromkeys(name for _, values in scored for name in values)
+    extra = {name: [values.get(name, math.nan) for _, values in scored] for name in keys}
     return scores, extra
 
 

@@ -6,6 +6,7 @@ everything else is a function of the data, the seed and the settings.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -44,6 +45,18 @@ def data_metrics(*, token_level_scores: Tensor, token_level_rewards: Tensor, adv
     metrics["response_length/clip_ratio"] = float((response_lengths >= max_response_length).double().mean())
     metrics.update(_stats("prompt_length", prompt_lengths))
     metrics["prompt_length/clip_ratio"] = float((prompt_lengths >= max_prompt_length).double().mean())
+    return metrics
+
+
+def reward_extra_metrics(extra: dict[str, list[float]]) -> dict[str, float]:
+    """``reward/<key>/mean`` for each extra value a reward function returned: the mean over the samples
+    of the whole batch that have a number for ``key`` (NaN counts as missing); a key no sample has is
+    left out. ``extra[key]`` holds one value per sample of the batch, NaN where it is missing."""
+    metrics = {}
+    for name, values in extra.items():
+        present = [v for v in values if not math.isnan(v)]
+        if present:
+            metrics[f"reward/{name}/mean"] = math.fsum(present) / len(present)
     return metrics
 
 
