@@ -256,6 +256,22 @@ def test_resume_config_check():
         ckpt.check_resume_config(resumed, load_train_config(None, cosine[1:] + ["trainer.total_training_steps=20"]))
 
 
+def test_resume_notices_keys_added_to_or_removed_from_a_mapping():
+    """An empty mapping flattens to no leaf; a key added to it (or removed) is a change all the same."""
+    base = ["trainer.total_training_steps=10"]
+    thinking = base + ["+data.apply_chat_template_kwargs.enable_thinking=true"]
+    for saved, now in ((base, thinking), (thinking, base)):
+        resumed = ckpt.Resumed(path="x", step=1, trainer_state={}, config_yaml=dump_config(load_train_config(None, saved)))
+        with pytest.raises(ConfigError) as info:
+            ckpt.check_resume_config(resumed, load_train_config(None, now))
+        assert info.value.field.startswith("data.apply_chat_template_kwargs")
+    two = thinking + ["+data.apply_chat_template_kwargs.x=1"]
+    resumed = ckpt.Resumed(path="x", step=1, trainer_state={}, config_yaml=dump_config(load_train_config(None, two)))
+    with pytest.raises(ConfigError, match="data.apply_chat_template_kwargs.x"):
+        ckpt.check_resume_config(resumed, load_train_config(None, thinking))
+    ckpt.check_resume_config(resumed, load_train_config(None, two))
+
+
 # ------------------------------------------------------------------------------------------ data parallel
 
 def _dp_train_and_save(root, strategy):

@@ -435,7 +435,9 @@ def find_resume_checkpoint(trainer: TrainerConfig) -> Path | None:
 
 
 def _flat(tree, prefix: str = "") -> dict:
-    if isinstance(tree, dict):
+    """Leaf (dotted key, value) pairs; an empty mapping is a leaf of its own, so that a key added to it
+    (``+data.apply_chat_template_kwargs.enable_thinking=true``) shows as a change."""
+    if isinstance(tree, dict) and tree:
         out = {}
         for key, value in tree.items():
             out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
@@ -451,7 +453,8 @@ def _schedule_uses_run_length(cfg: TrainConfig) -> bool:
 
 
 def resume_differences(saved_yaml: str, cfg: TrainConfig) -> list[str]:
-    """Result-affecting keys whose value differs between the checkpoint's config and ``cfg``."""
+    """Result-affecting keys whose value differs between the checkpoint's config and ``cfg``, or that one of
+    them has and the other lacks (a key added to or removed from a mapping-valued setting)."""
     from omegaconf import OmegaConf
 
     from ..config.load import config_dict
@@ -459,8 +462,9 @@ def resume_differences(saved_yaml: str, cfg: TrainConfig) -> list[str]:
     saved = _flat(OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=True))
     now = _flat(config_dict(cfg))
     free = [p for p in LAYOUT_KEYS if not (p in SCHEDULE_LENGTH_KEYS and _schedule_uses_run_length(cfg))]
-    return sorted(k for k in saved.keys() & now.keys()
-                  if saved[k] != now[k] and not any(fnmatch.fnmatchcase(k, p) for p in free))
+    missing = object()
+    return sorted(k for k in saved.keys() | now.keys()
+                  if saved.get(k, missing) != now.get(k, missing) and not any(fnmatch.fnmatchcase(k, p) for p in free))
 
 
 def check_resume_config(resumed: Resumed, cfg: TrainConfig) -> None:
