@@ -43,6 +43,13 @@ def test_console_line_per_step_when_not_a_terminal(tmp_path):
     ]
 
 
+@pytest.mark.parametrize("loggers", [("console", "file"), ("console",)])
+def test_resumed_console_keeps_the_last_held_out_score(tmp_path, loggers):
+    run(tmp_path, range(3), loggers=("file",)).finish()
+    out = io.StringIO()
+    run(tmp_path, [3], loggers=loggers, resume_step=2, stream=out).finish()
+    assert out.getvalue().splitlines()[0].startswith("step 3/6 | reward 0.375 | held-out 0.400 (step 2) |")
+
 def test_console_live_line_on_a_terminal(tmp_path):
     out = io.StringIO()
     tracker = run(tmp_path, range(4), loggers=("console",), stream=out, live=True)

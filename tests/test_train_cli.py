@@ -57,6 +57,24 @@ def test_rerunning_a_finished_run_does_nothing(finished, model_dir, capsys):
     assert (out / "metrics.jsonl").read_text() == before
 
 
+def test_val_only_on_a_finished_run_records_nothing(finished, model_dir, tmp_path, capsys):
+    """The evaluation is shown; metrics.jsonl and curve.png stay as the run left them, and extending the run
+    afterwards gives the steps of an uninterrupted run (no second record of a step)."""
+    import shutil
+
+    out = tmp_path / "out"
+    shutil.copytree(finished[1], out)
+    before = {name: (out / name).read_bytes() for name in ("metrics.jsonl", "curve.png")}
+    args = train_overrides(model_dir, out, 3, extra=["trainer.save_freq=2"])
+    assert main(["train", *args, "trainer.val_only=true", "trainer.logger=[console,file]"]) == 0
+    captured = capsys.readouterr()
+    assert "step 3/3" in captured.out and "held-out" in captured.out
+    assert "done: evaluated the weights of step 3 (trainer.val_only; nothing written)" in captured.err
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert main(["train", *train_overrides(model_dir, out, 4, extra=["trainer.save_freq=2"])]) == 0
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2, 3, 4]
+    assert f"wrote {out / 'metrics.jsonl'}, {out / 'curve.png'}" in capsys.readouterr().err
+
 def _no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the usage error")

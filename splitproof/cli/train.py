@@ -207,6 +207,13 @@ def _train(cfg, argv: list[str]) -> int:
     except KeyboardInterrupt:
         _say(_stopped_message(cfg, argv, "stopped"))
         return EXIT_INTERRUPTED
-    _say(f"done: step {result.run.total_steps}; metrics in {os.path.join(cfg.trainer.default_local_dir, 'metrics.jsonl')}"
-         + (f", curve in {result.curve}" if result.curve is not None else ""))
+    _say(done_message(cfg, result))
     return EXIT_PASS
+
+
+def done_message(cfg, result) -> str:
+    """The last line of a finished run: the step reached and the files that were written, only those."""
+    if cfg.trainer.val_only:
+        return f"done: evaluated the weights of step {result.start_step} (trainer.val_only; nothing written)"
+    written = ", ".join(str(path) for path in result.outputs) or "no metrics file (trainer.logger has no file logger)"
+    return f"done: step {result.run.total_steps}; wrote {written}"

@@ -44,6 +44,7 @@ class TrainResult:
     records: list[dict]  # this launch's records (those before ``start_step`` are in metrics.jsonl)
     start_step: int
     curve: Path | None
+    outputs: list[Path]  # what the tracker wrote (metrics.jsonl, tensorboard/, curve.png), rank 0
 
 
 def check_output_dir(path: str) -> None:
@@ -160,12 +161,15 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
     tracker = Tracker.from_config(cfg, total_steps=run.total_steps,
                                   resume_step=start_step if point is not None else None, stream=console)
     curve = None
+    if cfg.trainer.val_only:
+        say(f"trainer.val_only: evaluating the weights of step {start_step}; the result is shown, not recorded "
+            "(the run's metrics.jsonl, TensorBoard, wandb and curve.png stay as the training run left them)")
     try:
         records = fit(run, log=tracker.log, sync=tracker.sync, start_step=start_step, on_step=on_step,
                       save_checkpoints=True, should_stop=should_stop if stop_requested is not None else None)
     finally:
         curve = tracker.finish()
-    return TrainResult(run=run, records=records, start_step=start_step, curve=curve)
+    return TrainResult(run=run, records=records, start_step=start_step, curve=curve, outputs=tracker.outputs)
 
 
 def newest_checkpoint(cfg: TrainConfig) -> Path | None:

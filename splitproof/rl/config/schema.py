@@ -230,7 +230,7 @@ class TrainerConfig:
     resume_from_path: Optional[str] = None  # a global_step_N directory (or a run directory) for resume_mode=resume_path
     resume_allow_config_change: bool = False  # ours: resume although result-affecting keys changed
     val_before_train: bool = True  # evaluate at step 0 (skipped when resuming)
-    val_only: bool = False  # evaluate the current weights, then stop
+    val_only: bool = False  # evaluate the current weights, show the scores, then stop (writes no file)
     test_freq: int = -1  # evaluate every N steps and at the last step; -1: only before training
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"  # outputs
     max_actor_ckpt_to_keep: Optional[int] = None  # null: keep every checkpoint

@@ -120,12 +120,21 @@ class ConsoleProgress:
             parts.append(f"ETA {_format_duration(mean * max(0, self.total - step))}")
         return " | ".join(parts)
 
-    def update(self, step: int, metrics: Mapping[str, float]) -> None:
-        now = time.perf_counter()
+    def _note_held_out(self, step: int, metrics: Mapping[str, float]) -> list[str]:
         evaluated = [k for k in metrics if is_held_out(k)]
         if evaluated:
             self.held_out = {k.split("/")[1]: metrics[k] for k in sorted(evaluated)}
             self.held_out_step = step
+        return evaluated
+
+    def resume_from(self, records: list[dict]) -> None:
+        """Show the last held-out score of the records before a resume until the next evaluation."""
+        for record in records:
+            self._note_held_out(record.get("step", 0), record)
+
+    def update(self, step: int, metrics: Mapping[str, float]) -> None:
+        now = time.perf_counter()
+        evaluated = self._note_held_out(step, metrics)
         if STEP_TIME in metrics:
             self.step_times.append(float(metrics[STEP_TIME]))
         elif self._last_call is not None and step > 0:
@@ -247,7 +256,8 @@ class Tracker:
 
     def __init__(self, loggers, *, local_dir: str | os.PathLike, total_steps: int, project_name: str = "splitproof",
                  experiment_name: str = "default", config: dict | None = None, resume_step: int | None = None,
-                 rank: int | None = None, stream: IO[str] | None = None, live: bool | None = None):
+                 rank: int | None = None, stream: IO[str] | None = None, live: bool | None = None,
+                 curve: bool = True):
         unknown = [name for name in loggers if name not in ("console", "file", "tensorboard", "wandb")]
         if unknown:
             raise ConfigError("trainer.logger", f"unknown logger {unknown[0]!r}")
@@ -258,6 +268,8 @@ class Tracker:
         self.console = None
         self.writers: list[Any] = []
         self.history: list[dict] = []
+        self.curve = curve
+        self.outputs: list[Path] = []  # the files and folders this tracker wrote (rank 0)
         if not self.active:
             return
         self.local_dir.mkdir(parents=True, exist_ok=True)
@@ -267,21 +279,28 @@ class Tracker:
             jsonl = JsonlWriter(self.local_dir / METRICS_FILE, resume_step)
             self.history = list(jsonl.kept)
             self.writers.append(jsonl)
+            self.outputs.append(jsonl.path)
+        if self.console is not None and resume_step is not None:
+            self.console.resume_from(self.history or read_metrics(self.local_dir / METRICS_FILE, up_to_step=resume_step))
         if "tensorboard" in loggers:
             self.writers.append(TensorBoardWriter(self.local_dir / TENSORBOARD_DIR, resume_step))
+            self.outputs.append(self.local_dir / TENSORBOARD_DIR)
         if "wandb" in loggers:
             self.writers.append(WandbWriter(project=project_name, name=experiment_name, config=config,
                                             directory=self.local_dir))
 
     @classmethod
     def from_config(cls, cfg, *, total_steps: int, resume_step: int | None = None, **kwargs) -> "Tracker":
-        """From a resolved ``TrainConfig`` (``trainer.logger``, ``default_local_dir``, project and experiment)."""
+        """From a resolved ``TrainConfig`` (``trainer.logger``, ``default_local_dir``, project and experiment).
+        With ``trainer.val_only`` only the console shows the evaluation: the run's files (metrics.jsonl,
+        TensorBoard, wandb, curve.png) keep the training run's records, as an uninterrupted run left them."""
         from ..config.load import config_dict
 
         trainer = cfg.trainer
-        return cls(trainer.logger, local_dir=trainer.default_local_dir, total_steps=total_steps,
+        loggers = [name for name in trainer.logger if name == "console"] if trainer.val_only else trainer.logger
+        return cls(loggers, local_dir=trainer.default_local_dir, total_steps=total_steps,
                    project_name=trainer.project_name, experiment_name=trainer.experiment_name,
-                   config=config_dict(cfg), resume_step=resume_step, **kwargs)
+                   config=config_dict(cfg), resume_step=resume_step, curve=not trainer.val_only, **kwargs)
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """One call per step with all of that step's metrics (evaluation included)."""
@@ -309,7 +328,10 @@ class Tracker:
         for writer in self.writers:
             writer.close()
         self.writers = []
-        return write_curve(self.history, self.local_dir / CURVE_FILE, self.title)
+        curve = write_curve(self.history, self.local_dir / CURVE_FILE, self.title) if self.curve else None
+        if curve is not None:
+            self.outputs.append(curve)
+        return curve
 
     def __enter__(self) -> "Tracker":
         return self
