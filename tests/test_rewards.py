@@ -127,6 +127,19 @@ def test_file_url_pkg_path_name_and_reward_kwargs(tmp_path, monkeypatch):
         assert run(fn, gsm_records(), [sample(1, 0, "5")]).scores.tolist() == [0.0]
 
 
+def test_reward_kwargs_win_over_the_calls_own_and_must_be_taken(tmp_path):
+    """verl merges reward_kwargs over the call's keyword arguments: a reward_kwargs entry wins."""
+    body = """
+        def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+            return float(ground_truth)
+    """
+    fn = load_reward_function(reward_file(tmp_path, body), reward_kwargs={"ground_truth": "7"})
+    assert run(fn, gsm_records(), [sample(0, 0, "2")]).scores.tolist() == [7.0]
+    strict = "def compute_score(data_source, solution_str, ground_truth):\n    return 0.0\n"
+    with pytest.raises(RewardError, match=r"reward_kwargs passes bonus, which it does not take"):
+        load_reward_function(reward_file(tmp_path, strict, "strict.py"), reward_kwargs={"bonus": 1})
+
+
 def test_dict_results_give_extra_metrics(tmp_path):
     body = """
         def compute_score(data_source, solution_str, ground_truth, extra_info=None):

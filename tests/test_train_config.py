@@ -2,6 +2,7 @@
 
 import dataclasses
 import fnmatch
+from types import SimpleNamespace
 
 import pytest
 
@@ -195,7 +196,8 @@ def test_wrong_types_name_the_key():
     (["trainer.resume_from_path=/ckpt/global_step_3"], "trainer.resume_from_path", "resume_mode=resume_path"),
     (["trainer.logger=[console,mlflow]"], "trainer.logger", "not supported"),
     (["trainer.logger=[console,console]"], "trainer.logger", "twice"),
-    (["data.truncation=middle"], "data.truncation", "not supported"),
+    (["data.truncation=middle_out"], "data.truncation", "unknown"),
+    (["+custom_reward_function.reward_kwargs.scale=2"], "custom_reward_function.reward_kwargs", "needs"),
     (["algorithm.rollout_correction.rollout_is=geometric"], "algorithm.rollout_correction.rollout_is", "unknown"),
     (["algorithm.rollout_correction.rollout_is_threshold=0"], "algorithm.rollout_correction.rollout_is_threshold", "> 0"),
     (["algorithm.rollout_correction.rollout_is_threshold=-2"], "algorithm.rollout_correction.rollout_is_threshold", "> 0"),
@@ -389,11 +391,33 @@ def test_reward_function_from_either_place():
     assert reward_function(load()[0]) == (None, "compute_score")
 
 
+def test_reward_kwargs_and_middle_truncation_are_accepted(tmp_path):
+    """verl reads custom_reward_function.reward_kwargs (absent from its yaml: set with +key) and passes them on
+    every call; data.truncation=middle keeps the prompt's two ends."""
+    from splitproof.rl.run import reward_function as load_reward
+    from splitproof.rl.rewards.functions import score
+
+    path = tmp_path / "r.py"
+    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):\n"
+                    "    return scale * len(solution_str)\n")
+    for place in ("custom_reward_function", "reward.custom_reward_function"):
+        cfg, _ = load(f"{place}.path={path}", f"+{place}.reward_kwargs.scale=2.5", "data.truncation=middle")
+        assert cfg.data.truncation == "middle"
+        fn = load_reward(cfg)
+        record = SimpleNamespace(uid=0, data_source="x", columns={"ground_truth": "1"}, prompt="p")
+        sample = SimpleNamespace(uid=0, index=0, response_ids=[], finished=False)
+        tokenizer = SimpleNamespace(decode=lambda ids, skip_special_tokens: "abcd")
+        assert score(fn, [record], [sample], tokenizer, step=1, max_steps=1).scores.tolist() == [10.0]
+
+
 def test_schema_is_verl_tree_plus_documented_additions():
     ours = set(schema_keys())
     assert ours - verl_keys.verl_keys() == {"actor_rollout_ref.actor.policy_loss.cov_strategy",
                                               "trainer.resume_allow_config_change", "trainer.seed",
-                                              "trainer.cpu_threads"}
+                                              "trainer.cpu_threads",
+                                              # verl reads these (get_custom_reward_fn); its yaml has no entry
+                                              "custom_reward_function.reward_kwargs",
+                                              "reward.custom_reward_function.reward_kwargs"}
     for pattern in verl_keys.NO_EFFECT:  # every pattern matches a verl key, none of ours
         assert any(fnmatch.fnmatchcase(k, pattern) for k in verl_keys.verl_keys()), pattern
         assert not any(fnmatch.fnmatchcase(k, pattern) for k in ours), pattern

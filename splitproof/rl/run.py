@@ -22,7 +22,8 @@ from ..engine import UpdateConfig, wrap_model
 from ..hf_models import unwrap
 from ..stats import MinibatchStats
 from .config.schema import TrainConfig
-from .config.check import critic_enabled, dp_strategy, reward_function as reward_function_setting, to_update_config
+from .config.check import (critic_enabled, dp_strategy, reward_function as reward_function_setting, reward_kwargs,
+                           to_update_config)
 from .models.critic import Critic, build_critic
 from .data.prompts import PromptDataset, PromptSampler, load_prompts
 from .rewards.kl_penalty import make_kl_controller
@@ -197,7 +198,7 @@ def reward_function(cfg: TrainConfig):
     """The named reward function (``custom_reward_function``, else ``reward.custom_reward_function``), or
     None: each row's built-in rule by its data source."""
     path, name = reward_function_setting(cfg)
-    return load_reward_function(path, name) if path else None
+    return load_reward_function(path, name, reward_kwargs=reward_kwargs(cfg)) if path else None
 
 
 def _files(value) -> list[str]:

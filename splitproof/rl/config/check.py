@@ -38,7 +38,7 @@ LATER_ROLLOUTS = ("vllm", "sglang", "trtllm")
 LOGGERS = ("console", "file", "tensorboard", "wandb")
 VERL_LOGGERS = ("mlflow", "swanlab", "vemlp_wandb", "clearml", "trackio")
 RESUME_MODES = ("auto", "disable", "resume_path")
-TRUNCATIONS = ("error", "left", "right")
+TRUNCATIONS = ("error", "left", "right", "middle")
 OPTIMIZERS = ("AdamW", "SGD")
 LR_SCHEDULERS = ("constant", "cosine")
 KL_CONTROLLERS = ("fixed", "adaptive")
@@ -220,6 +220,12 @@ def reward_function(cfg: TrainConfig) -> tuple[str | None, str]:
     return None, "compute_score"
 
 
+def reward_kwargs(cfg: TrainConfig) -> dict:
+    """``reward_kwargs`` of the place that names the reward function (``{}`` when none does)."""
+    top, nested = cfg.custom_reward_function, cfg.reward.custom_reward_function
+    return dict((top if top.path is not None else nested).reward_kwargs or {})
+
+
 # ---------------------------------------------------------------------------------------------- validate
 
 def _check_optim(optim: OptimConfig, key: str) -> None:
@@ -261,7 +267,7 @@ def _check_data(cfg: TrainConfig) -> None:
     _require(data.gen_batch_size is None or data.gen_batch_size == data.train_batch_size, "data.gen_batch_size",
              f"must be null or equal data.train_batch_size ({data.train_batch_size}): over-sampling is not "
              f"supported, got {data.gen_batch_size!r}")
-    _one_of(data.truncation, TRUNCATIONS, "data.truncation", later=("middle",))
+    _one_of(data.truncation, TRUNCATIONS, "data.truncation")
     for name in ("train_max_samples", "val_max_samples"):
         value = getattr(data, name)
         _require(value == -1 or value >= 1, f"data.{name}", f"must be -1 (all) or >= 1, got {value!r}")
@@ -426,6 +432,12 @@ def _check_reward(cfg: TrainConfig) -> None:
               f"names {nested.path!r} while custom_reward_function.path names {top.path!r}; set one place")
     _require(top.name is None or top.path is not None, "custom_reward_function.name",
              "needs custom_reward_function.path (the file or module that defines it)")
+    for key, place in (("custom_reward_function", top), ("reward.custom_reward_function", nested)):
+        _require(not place.reward_kwargs or place.path is not None, f"{key}.reward_kwargs",
+                 f"needs {key}.path: reward_kwargs are passed to the function named there")
+    if top.path is not None and nested.reward_kwargs and nested.reward_kwargs != top.reward_kwargs:
+        _fail("reward.custom_reward_function.reward_kwargs",
+              "is set while custom_reward_function names the function; set reward_kwargs there")
 
 
 def validate(cfg: TrainConfig) -> None:

@@ -34,7 +34,7 @@ class DataConfig:
     shuffle: bool = True  # a new prompt order every epoch, from (data.seed, epoch)
     validation_shuffle: bool = False  # validation always runs every held-out prompt
     seed: Optional[int] = None  # null -> 1, as verl's sampler does
-    truncation: str = "error"  # error | left | right
+    truncation: str = "error"  # error | left | right | middle (keeps both ends)
     filter_overlong_prompts: bool = False  # over-long prompts follow data.truncation
     train_max_samples: int = -1  # -1: every row; else the first N rows
     val_max_samples: int = -1  # -1: every row; else the first N rows
@@ -244,6 +244,7 @@ class TrainerConfig:
 class RewardFunctionConfig:
     path: Optional[str] = None  # a file, file://PATH or pkg://package.module
     name: Optional[str] = None  # null: compute_score
+    reward_kwargs: Dict[str, Any] = field(default_factory=dict)  # keyword arguments added to every call (they win over the call's own, as in verl)
 
 
 @dataclass

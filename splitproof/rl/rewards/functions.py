@@ -179,11 +179,11 @@ def load_reward_function(
         raise RewardError(f"reward function {label}: {name!r} is a {type(fn).__name__}, not a function")
     convention = convention or detect_convention(fn, label)
     if convention == "verl":
-        _check_verl_signature(fn, label)
+        _check_verl_signature(fn, label, reward_kwargs or {})
     return RewardFunction(fn=fn, name=label, convention=convention, kwargs=dict(reward_kwargs or {}))
 
 
-def _check_verl_signature(fn: Callable, label: str) -> None:
+def _check_verl_signature(fn: Callable, label: str, reward_kwargs: dict) -> None:
     params = _parameters(fn, label)
     if _takes_any_keyword(params):
         return
@@ -192,6 +192,12 @@ def _check_verl_signature(fn: Callable, label: str) -> None:
         raise RewardError(
             f"reward function {label}: verl calls compute_score(data_source=, solution_str=, ground_truth=, "
             f"extra_info=); this function does not take {', '.join(sorted(missing))}"
+        )
+    extra = set(reward_kwargs) - _keyword_names(params)
+    if extra:
+        raise RewardError(
+            f"reward function {label}: custom_reward_function.reward_kwargs passes {', '.join(sorted(extra))}, "
+            "which it does not take; add the parameter (or **kwargs)"
         )
 
 
@@ -327,7 +333,7 @@ def _call_verl(reward_fn: RewardFunction, record, sample: SampleLike, text: str)
     if _takes_extra_info(reward_fn.fn):
         kwargs["extra_info"] = dict(record.columns.get("extra_info") or {})
     try:
-        result = reward_fn.fn(**kwargs, **reward_fn.kwargs)
+        result = reward_fn.fn(**{**kwargs, **reward_fn.kwargs})  # verl's merge: reward_kwargs win
     except Exception as err:
         raise RewardError(
             f"reward function {reward_fn.name} raised {type(err).__name__}: {err} on {_where(sample)}"
@@ -357,7 +363,7 @@ def _call_trl(reward_fn, records, samples, texts, step: int, max_steps: int) -> 
     prompts = [r.prompt for r in records]
     batch = f"a batch of {len(samples)} samples (first: {_where(samples[0])})"
     try:
-        result = reward_fn.fn(prompts=prompts, completions=completions, **kwargs, **reward_fn.kwargs)
+        result = reward_fn.fn(**{"prompts": prompts, "completions": completions, **kwargs, **reward_fn.kwargs})
         if inspect.isawaitable(result):
             result = asyncio.run(result)
     except Exception as err:
