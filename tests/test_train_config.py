@@ -230,6 +230,8 @@ def test_wrong_types_name_the_key():
     (["actor_rollout_ref.actor.grad_clip=0.5", "actor_rollout_ref.actor.optim.clip_grad=2.0"],
      "actor_rollout_ref.actor.grad_clip", "disagrees"),
     (["trainer.device=tpu"], "trainer.device", "cpu"),
+    (["trainer.device=cuda"], "trainer.device", "runs on the CPU only"),
+    (["trainer.device=cuda:1"], "trainer.device", "not supported"),
     (["data.train_files=[]"], "data.train_files", "at least one"),
     (["custom_reward_function.name=my_fn"], "custom_reward_function.name", "custom_reward_function.path"),
     (["custom_reward_function.path=a.py", "reward.custom_reward_function.path=b.py"],
@@ -389,6 +391,14 @@ def test_reward_function_from_either_place():
     cfg, _ = load("custom_reward_function.path=pkg://mine.rewards", "custom_reward_function.name=score")
     assert reward_function(cfg) == ("pkg://mine.rewards", "score")
     assert reward_function(load()[0]) == (None, "compute_score")
+
+
+def test_cuda_is_refused_and_a_machine_without_it_is_named():
+    import torch
+
+    with pytest.raises(ConfigError, match="trainer.device") as info:
+        load("trainer.device=cuda")
+    assert ("no CUDA device" in str(info.value)) == (not torch.cuda.is_available())
 
 
 def test_reward_kwargs_and_middle_truncation_are_accepted(tmp_path):

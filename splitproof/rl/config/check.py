@@ -419,9 +419,19 @@ def _check_trainer(cfg: TrainConfig) -> None:
     _require(bool(trainer.default_local_dir), "trainer.default_local_dir", "must not be empty")
     _optional_positive_int(trainer.max_actor_ckpt_to_keep, "trainer.max_actor_ckpt_to_keep")
     _optional_positive_int(trainer.cpu_threads, "trainer.cpu_threads")
-    device = trainer.device
-    _require(device in ("cpu", "cuda") or (device.startswith("cuda:") and device[5:].isdigit()), "trainer.device",
-             f"must be cpu, cuda or cuda:N, got {device!r}")
+    _check_device(trainer.device)
+
+
+def _check_device(device) -> None:
+    """``trainer.device``: cpu. CUDA is refused, not ignored: `splitproof train` has no GPU path yet."""
+    cuda = isinstance(device, str) and (device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()))
+    _require(device == "cpu" or cuda, "trainer.device", f"must be cpu, got {device!r}")
+    if cuda:
+        import torch
+
+        here = "" if torch.cuda.is_available() else "; this machine has no CUDA device either"
+        _fail("trainer.device", f"{device!r} is not supported: splitproof train runs on the CPU only (the model, "
+                                f"its tensors and the process group's gloo backend){here}; set trainer.device=cpu")
 
 
 def _check_reward(cfg: TrainConfig) -> None:

@@ -235,7 +235,7 @@ class TrainerConfig:
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"  # outputs
     max_actor_ckpt_to_keep: Optional[int] = None  # null: keep every checkpoint
     critic_warmup: int = 0  # the actor is updated from step max(1, critic_warmup) on (verl's rule); the critic every step
-    device: str = "cpu"  # ours: cpu (verl: cuda)
+    device: str = "cpu"  # ours: cpu, the only device (verl: cuda); cuda is refused
     seed: int = 0  # ours: the model-initialisation and global RNG seed
     cpu_threads: Optional[int] = None  # ours: torch's CPU threads per process during the run (null: torch's default); speed only
 
