@@ -146,6 +146,27 @@ def test_missing_logger_backend_is_exit_2(model_dir, tmp_path, monkeypatch, caps
     assert "trainer.logger" in capsys.readouterr().err and not out.exists()
 
 
+def test_wandb_without_credentials_is_one_line_exit_2_before_any_work(model_dir, tmp_path, monkeypatch, capsys):
+    from splitproof.rl.tracking.loggers import wandb_can_log
+
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_DISABLED", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine example.com login u password p\n")
+    monkeypatch.setenv("NETRC", str(netrc))
+    _no_model(monkeypatch)
+    out = tmp_path / "out"
+    assert main(["train", *train_overrides(model_dir, out, 2), "trainer.logger=[console,wandb]"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("splitproof: notice:")]
+    assert len(lines) == 1 and "trainer.logger" in lines[0], lines
+    assert "wandb login" in lines[0] and "WANDB_MODE=offline" in lines[0]
+    assert not out.exists()
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password 0123\n")
+    assert wandb_can_log()
+    assert wandb_can_log({"WANDB_MODE": "offline", "NETRC": str(tmp_path / "none")})
+    assert not wandb_can_log({"NETRC": str(tmp_path / "none")})
+
+
 def test_print_config_prints_yaml_and_writes_nothing(model_dir, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["train", "--print-config", *train_overrides(model_dir, out, 2)]) == 0

@@ -43,13 +43,42 @@ _OPTIONAL = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "
 
 
 def check_backends(loggers) -> None:
-    """A ``ConfigError`` naming ``trainer.logger`` when a chosen backend's package is not installed."""
+    """A ``ConfigError`` naming ``trainer.logger`` when a chosen backend's package is not installed, or
+    wandb has no credentials (and is not offline)."""
     for name in loggers:
         if name in _OPTIONAL:
             module, extra = _OPTIONAL[name]
             if importlib.util.find_spec(module) is None:
                 raise ConfigError("trainer.logger", f"{name!r} needs the {module} package: "
                                                     f"pip install 'splitproof[{extra}]'")
+    if "wandb" in loggers and not wandb_can_log():
+        raise ConfigError("trainer.logger", "'wandb' is not logged in: run `wandb login` (or set WANDB_API_KEY), "
+                                            "or log offline with WANDB_MODE=offline")
+
+
+def wandb_can_log(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether ``wandb.init`` will find credentials, as wandb looks for them (``WANDB_API_KEY``,
+    ``WANDB_IDENTITY_TOKEN_FILE``, a netrc entry for its host), or need none (``WANDB_MODE`` offline,
+    disabled or dryrun; ``WANDB_DISABLED``). Read without importing wandb."""
+    from urllib.parse import urlparse
+
+    if environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun"):
+        return True
+    if environ.get("WANDB_DISABLED", "").lower() in ("true", "1"):
+        return True
+    if environ.get("WANDB_API_KEY") or environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    host = urlparse(environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    candidates = [environ["NETRC"]] if environ.get("NETRC") else ["~/.netrc", "~/_netrc"]
+    for candidate in candidates:
+        path = Path(candidate).expanduser()
+        try:
+            words = path.read_text(encoding="utf-8", errors="replace").split()
+        except OSError:
+            continue
+        if any(word == "machine" and following == host for word, following in zip(words, words[1:])):
+            return True
+    return False
 
 
 def is_held_out(key: str) -> bool:
