@@ -167,6 +167,25 @@ def test_wandb_without_credentials_is_one_line_exit_2_before_any_work(model_dir,
     assert not wandb_can_log({"NETRC": str(tmp_path / "none")})
 
 
+def test_errors_about_values_you_did_not_set_name_their_origin(tmp_path, monkeypatch, capsys):
+    """The built-in model on data of your own: verl's batch and lengths, each error saying where its value
+    came from, before any model is loaded."""
+    rows = _data_file(tmp_path, [{"prompt": f"{i}+1=", "data_source": "addition", "ground_truth": str(i + 1)}
+                                 for i in range(6)])
+    _no_model(monkeypatch)
+    out = tmp_path / "out"
+    base = ["train", f"data.train_files={rows}", f"trainer.default_local_dir={out}"]
+    for extra, words in (([], "(data.max_prompt_length=512 is verl's default; data.max_response_length=512 is "
+                              "verl's default; actor_rollout_ref.model.path=builtin://charlm is splitproof's default"),
+                         (["data.max_prompt_length=8", "data.max_response_length=4"],
+                          "fewer than one batch of 1024 (data.train_batch_size) (data.train_batch_size=1024 is "
+                          "verl's default)")):
+        assert main([*base, *extra]) == 2
+        lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("splitproof: notice:")]
+        assert len(lines) == 1 and words in lines[0], lines
+    assert not out.exists()
+
+
 def test_print_config_prints_yaml_and_writes_nothing(model_dir, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["train", "--print-config", *train_overrides(model_dir, out, 2)]) == 0

@@ -37,7 +37,9 @@ def error_of(*overrides, config_file=None) -> ConfigError:
 def test_verl_command_line_resolves():
     cfg, notices = load(*VERL_LINE)
     arr = cfg.actor_rollout_ref
-    assert notices == []
+    # your own data with the built-in model: the recipe's task keys you did not set fall back to verl's, said so
+    assert len(notices) == 2 and "data.max_prompt_length=512, data.max_response_length=512;" in notices[0]
+    assert notices[1].startswith("data.val_files=null: ") and cfg.data.val_files is None
     assert cfg.data.train_files == "x.parquet"
     assert cfg.data.train_batch_size == 16
     assert arr.rollout.n == 8
@@ -391,6 +393,35 @@ def test_reward_function_from_either_place():
     cfg, _ = load("custom_reward_function.path=pkg://mine.rewards", "custom_reward_function.name=score")
     assert reward_function(cfg) == ("pkg://mine.rewards", "score")
     assert reward_function(load()[0]) == (None, "compute_score")
+
+
+def test_a_setting_another_decides_gets_a_notice_naming_key_value_and_origin():
+    _, notices = load("trainer.total_epochs=15")
+    assert notices == ["trainer.total_epochs=15 (yours) has no effect: trainer.total_training_steps=100 (the built-in "
+                       "model's recipe) sets the run's length, as in verl; set trainer.total_training_steps=null to "
+                       "count epochs"]
+    cfg, notices = load(USER_MODEL)  # a model you bring: verl's default estimator, gae, trains a critic
+    assert cfg.algorithm.adv_estimator == "gae" and critic_enabled(cfg)
+    assert len(notices) == 1 and notices[0].startswith("algorithm.adv_estimator=gae is verl's default")
+    assert "critic.model.path=/models/my-model" in notices[0]
+    assert load(USER_MODEL, "algorithm.adv_estimator=gae")[1] == []  # chosen: nothing to say
+
+
+def test_the_recipes_task_keys_apply_to_builtin_tasks_only():
+    cfg, notices = load("data.train_files=builtin://reversal/train")
+    assert (cfg.data.train_batch_size, cfg.data.max_prompt_length, cfg.trainer.total_training_steps) == (128, 16, 100)
+    assert notices == []
+    cfg, notices = load("data.train_files=mine.parquet", "data.train_batch_size=512")
+    assert (cfg.data.train_batch_size, cfg.data.max_prompt_length, cfg.actor_rollout_ref.actor.ppo_mini_batch_size,
+            cfg.trainer.total_training_steps, cfg.data.val_files) == (512, 512, 256, None, None)
+    assert cfg.actor_rollout_ref.actor.optim.lr == 5e-4 and cfg.algorithm.adv_estimator == "grpo"  # the model's keys
+    assert "verl's defaults: data.max_prompt_length=512, data.max_response_length=512, " \
+           "actor_rollout_ref.actor.ppo_mini_batch_size=256, trainer.total_training_steps=null;" in notices[0]
+    error = error_of("data.train_files=mine.parquet", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4")
+    assert error.field == "actor_rollout_ref.actor.ppo_mini_batch_size"
+    assert str(error).endswith("(actor_rollout_ref.actor.ppo_mini_batch_size=256 is verl's default)")
+    error = error_of("actor_rollout_ref.actor.ppo_mini_batch_size=48")
+    assert str(error).endswith("(data.train_batch_size=128 is the built-in model's recipe)")
 
 
 def test_cuda_is_refused_and_a_machine_without_it_is_named():

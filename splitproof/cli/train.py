@@ -176,7 +176,7 @@ def run(args) -> int:
                 print(dump_config(cfg), end="")
             return EXIT_PASS
         _init_distributed(cfg.actor_rollout_ref.nccl_timeout)
-        code = _train(cfg, argv)
+        code = _train(cfg, argv, lambda message: _with_origins(message, args))
     try:
         _leave_together()
         return code
@@ -184,7 +184,15 @@ def run(args) -> int:
         _close_distributed()
 
 
-def _train(cfg, argv: list[str]) -> int:
+def _with_origins(message: str, args) -> str:
+    """``message`` with the origin (the recipe, verl's default) of each config value it names that the user
+    did not set."""
+    from ..rl.config.load import setting_origins
+
+    return setting_origins(args.config, args.overrides).annotate(message)
+
+
+def _train(cfg, argv: list[str], annotate) -> int:
     """The run, and the exit status with its message (rank 0). An unexpected error propagates."""
     from ..rl.loop import Interrupted, StepFailed
     from ..rl.train import SetupError, newest_checkpoint, train
@@ -194,7 +202,7 @@ def _train(cfg, argv: list[str]) -> int:
         with stop.installed(), _quiet_loading():
             result = train(cfg, stop_requested=stop, on_message=_say)
     except SetupError as e:
-        _error(str(e))
+        _error(annotate(str(e)))
         return EXIT_USAGE
     except StepFailed as e:
         newest = newest_checkpoint(cfg)

@@ -79,13 +79,18 @@ def check_model_config(cfg: TrainConfig) -> None:
         models.append(("critic.model.path", cfg.critic.model))
     for key, model in models:
         try:
-            AutoConfig.from_pretrained(model_directory(model.path, key), local_files_only=True,
-                                       trust_remote_code=model.trust_remote_code)
+            config = AutoConfig.from_pretrained(model_directory(model.path, key), local_files_only=True,
+                                                trust_remote_code=model.trust_remote_code)
         except ConfigError:
             raise
         except (OSError, ValueError) as e:
             first = " ".join(str(e).split(". ")[0].split())
             raise ConfigError(key, f"cannot read the model's config: {first}") from None
+        positions = getattr(config, "max_position_embeddings", None)
+        longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+        if isinstance(positions, int) and longest > positions:
+            raise ConfigError("data.max_prompt_length", f"data.max_prompt_length + data.max_response_length = {longest} "
+                                                        f"exceeds the model's max_position_embeddings ({positions}, {key})")
 
 
 def _one_line(e: BaseException) -> str:

@@ -27,6 +27,7 @@ from ...loss_config import ConfigError
 from . import verl_keys
 from .schema import BUILTIN_MODEL, TrainConfig, schema_keys
 from .check import CRITIC_ESTIMATORS, normalize, validate
+from .origins import Origins, own_data_items, recipe_for_data, run_notices
 
 RECIPES = {BUILTIN_MODEL: "charlm.yaml"}
 MODEL_PATH = "actor_rollout_ref.model.path"
@@ -177,29 +178,58 @@ def _print_notice(message: str) -> None:
     print(f"splitproof: notice: {message}", file=sys.stderr)
 
 
-def load_train_config(config_file: str | None, overrides: Iterable[str] = (), *,
-                      on_notice: Callable[[str], None] | None = None) -> TrainConfig:
-    """The resolved, normalized and validated config; ``ConfigError`` names the offending dotted key.
-
-    ``on_notice`` receives one line per accepted key that has no effect here (default: stderr).
-    """
-    notices: list[str] = []
+def _user_items(config_file: str | None, overrides: Iterable[str]) -> tuple[Items, Items]:
+    """The (key, value) pairs of the config file and of the overrides."""
     file_items = flatten(read_config_file(config_file)) if config_file else []
     override_items: Items = []
     for arg in overrides:
         key, value = parse_override(arg)
         override_items.extend(flatten(value, key))
-    settings = _with_critic_switch(dict(file_items + override_items))
-    user_layers = [_layer(_accept(file_items, notices, settings)), _layer(_accept(override_items, notices, settings))]
+    return file_items, override_items
+
+
+def _applied_layers(user_layers: list[DictConfig], user: dict) -> tuple[Items, Items, list[str]]:
+    """The recipe items that apply (by the model and the data), the layer for data of the user's own, and
+    the notices about what they leave out."""
     try:
         model_path = OmegaConf.select(_merge(user_layers), MODEL_PATH)
     except OmegaConfBaseException as e:
         raise _config_error(e, user_layers) from None
-    recipe = recipe_items(model_path)
-    layers = ([_layer(_accept(recipe, [], {}))] if recipe else []) + user_layers
-    cfg = normalize(_resolve(_merge(layers), layers))
-    validate(cfg)
-    for message in notices:
+    recipe, notices = recipe_for_data(recipe_items(model_path), user)
+    own, own_notices = own_data_items(user)
+    return recipe, own, notices + own_notices
+
+
+def setting_origins(config_file: str | None, overrides: Iterable[str] = ()) -> Origins:
+    """Where each key's value comes from (yours, the recipe, verl's default), for messages about values."""
+    file_items, override_items = _user_items(config_file, overrides)
+    user = dict(file_items + override_items)
+    recipe, own, _ = _applied_layers([_layer(file_items), _layer(override_items)], user)
+    return Origins(user=user, recipe=dict(recipe), own_data=dict(own))
+
+
+def load_train_config(config_file: str | None, overrides: Iterable[str] = (), *,
+                      on_notice: Callable[[str], None] | None = None) -> TrainConfig:
+    """The resolved, normalized and validated config; ``ConfigError`` names the offending dotted key (and
+    the origin of any value it names that the user did not set: the recipe, or verl's default).
+
+    ``on_notice`` receives one line per accepted key that has no effect here, and per setting that another
+    decides (``origins.run_notices``) (default: stderr).
+    """
+    notices: list[str] = []
+    file_items, override_items = _user_items(config_file, overrides)
+    user = dict(file_items + override_items)
+    settings = _with_critic_switch(user)
+    user_layers = [_layer(_accept(file_items, notices, settings)), _layer(_accept(override_items, notices, settings))]
+    recipe, own, layer_notices = _applied_layers(user_layers, user)
+    origins = Origins(user=user, recipe=dict(recipe), own_data=dict(own))
+    layers = [_layer(_accept(items, [], {})) for items in (recipe, own) if items] + user_layers
+    try:
+        cfg = normalize(_resolve(_merge(layers), layers))
+        validate(cfg)
+    except ConfigError as e:
+        raise ConfigError(e.field, origins.annotate(str(e)[len(e.field) + 2:], e.field)) from None
+    for message in notices + layer_notices + run_notices(cfg, origins):
         (on_notice or _print_notice)(message)
     return cfg
 

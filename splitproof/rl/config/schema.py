@@ -9,6 +9,8 @@ effect here are accepted with a notice, "off" values are accepted, anything else
 
 from __future__ import annotations
 
+import inspect
+import re
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from functools import lru_cache
@@ -316,3 +318,28 @@ def schema_sections(cls=TrainConfig) -> frozenset[str]:
         parts = key.split(".")
         sections.update(".".join(parts[:i]) for i in range(1, len(parts)))
     return frozenset(sections)
+
+
+_FIELD_LINE = re.compile(r"^\s+(\w+):[^#]*?(?:#\s*(.*))?$")
+
+
+def field_comments(cls) -> dict[str, str]:
+    """The trailing ``# comment`` of each field of a dataclass, from its source."""
+    comments: dict[str, str] = {}
+    for line in inspect.getsource(cls).splitlines():
+        match = _FIELD_LINE.match(line)
+        if match and match.group(2):
+            comments[match.group(1)] = match.group(2).strip()
+    return comments
+
+
+def walk_defaults(obj, prefix: str = ""):
+    """(dotted key, default value, comment) of every leaf, from a default-constructed config."""
+    comments = field_comments(type(obj))
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        key = f"{prefix}{f.name}"
+        if is_dataclass(value):
+            yield from walk_defaults(value, key + ".")
+        else:
+            yield key, value, comments.get(f.name, "")
