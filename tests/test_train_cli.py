@@ -49,12 +49,27 @@ def test_a_run_writes_metrics_checkpoints_and_curve(finished):
     assert (out / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_rerunning_a_finished_run_does_nothing(finished, model_dir, capsys):
+def test_rerunning_a_finished_run_does_nothing(finished, model_dir, monkeypatch, capsys):
+    """It says so and how to go on, loads no model and touches no file."""
     _, out = finished
-    before = (out / "metrics.jsonl").read_text()
+    before = {name: ((out / name).read_bytes(), (out / name).stat().st_mtime_ns) for name in ("metrics.jsonl", "curve.png")}
+    _no_model(monkeypatch)
     assert main(["train", *train_overrides(model_dir, out, 3, extra=["trainer.save_freq=2"])]) == 0
-    assert "the run is complete" in capsys.readouterr().err
-    assert (out / "metrics.jsonl").read_text() == before
+    err = capsys.readouterr().err
+    assert "the run is complete" in err and "To train further: trainer.total_training_steps=N with N > 3" in err
+    assert "done: the run was already complete at step 3; nothing written" in err
+    assert {name: ((out / name).read_bytes(), (out / name).stat().st_mtime_ns) for name in before} == before
+
+
+def test_the_default_run_keeps_a_final_checkpoint():
+    """The README's `splitproof train` is resumable: its recipe saves, at the last step too."""
+    from splitproof.rl.config.load import load_train_config
+    from splitproof.rl.loop import is_due
+
+    for steps in ([], ["trainer.total_training_steps=7"]):
+        trainer = load_train_config(None, steps).trainer
+        total = trainer.total_training_steps
+        assert trainer.save_freq > 0 and is_due(total, total, trainer.save_freq)
 
 
 def test_val_only_on_a_finished_run_records_nothing(finished, model_dir, tmp_path, capsys):
@@ -73,7 +88,11 @@ def test_val_only_on_a_finished_run_records_nothing(finished, model_dir, tmp_pat
     assert {name: (out / name).read_bytes() for name in before} == before
     assert main(["train", *train_overrides(model_dir, out, 4, extra=["trainer.save_freq=2"])]) == 0
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2, 3, 4]
-    assert f"wrote {out / 'metrics.jsonl'}, {out / 'curve.png'}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "starting over" not in err and f"wrote {out / 'metrics.jsonl'}, {out / 'curve.png'}" in err
+    assert main(["train", *train_overrides(model_dir, out, 1), "trainer.resume_mode=disable"]) == 0
+    assert f"starting over (trainer.resume_mode=disable): {out / 'metrics.jsonl'}" in capsys.readouterr().err
+
 
 def _no_model(monkeypatch):
     def refuse(*args, **kwargs):

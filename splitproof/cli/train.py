@@ -223,5 +223,7 @@ def done_message(cfg, result) -> str:
     """The last line of a finished run: the step reached and the files that were written, only those."""
     if cfg.trainer.val_only:
         return f"done: evaluated the weights of step {result.start_step} (trainer.val_only; nothing written)"
+    if result.run is None:
+        return f"done: the run was already complete at step {result.start_step}; nothing written"
     written = ", ".join(str(path) for path in result.outputs) or "no metrics file (trainer.logger has no file logger)"
-    return f"done: step {result.run.total_steps}; wrote {written}"
+    return f"done: step {result.total_steps}; wrote {written}"

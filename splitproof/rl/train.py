@@ -23,13 +23,13 @@ import torch
 
 from ..collective import default_collective
 from ..loss_config import ConfigError
-from .checkpoint.store import latest_checkpoint
+from .checkpoint.store import latest_checkpoint, schedule_uses_run_length
 from .config.schema import TrainConfig
 from .config.check import critic_enabled
 from .loop import fit
 from .run import Run, RunInputs, build_run, prepare_inputs
 from .checkpoint.run_state import ResumePoint, restore_run, resume_point
-from .tracking.loggers import Tracker, check_backends
+from .tracking.loggers import METRICS_FILE, Tracker, check_backends
 
 SETUP_ERRORS = (ValueError, OSError, ImportError)  # ConfigError, DataError, RewardError are ValueErrors
 
@@ -40,9 +40,10 @@ class SetupError(Exception):
 
 @dataclass
 class TrainResult:
-    run: Run
+    run: Run | None  # None: the run was already complete, so nothing was loaded
     records: list[dict]  # this launch's records (those before ``start_step`` are in metrics.jsonl)
     start_step: int
+    total_steps: int
     curve: Path | None
     outputs: list[Path]  # what the tracker wrote (metrics.jsonl, tensorboard/, curve.png), rank 0
 
@@ -150,14 +151,20 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
     collective = default_collective("cpu")
     say = on_message or (lambda message: None)
     inputs, point = _agreed(collective, lambda: setup(cfg))
+    if point is not None and point.step >= inputs.total_steps and not cfg.trainer.val_only:
+        say(finished_message(cfg, point.path, point.step))  # no model loaded, no file touched
+        return TrainResult(run=None, records=[], start_step=point.step, total_steps=inputs.total_steps, curve=None,
+                           outputs=[])
+    previous = Path(cfg.trainer.default_local_dir) / METRICS_FILE
+    if point is None and previous.is_file() and "file" in cfg.trainer.logger and not cfg.trainer.val_only:
+        why = ("trainer.resume_mode=disable" if cfg.trainer.resume_mode == "disable"
+               else "no complete checkpoint there to resume from")
+        say(f"starting over ({why}): {previous} and the curve beside it are replaced")
     run = build_run(cfg, collective=collective, inputs=inputs)
     start_step = 0
     if point is not None:
         start_step = restore_run(run, point)
         say(f"resuming from {point.path} (step {start_step} of {run.total_steps})")
-    if start_step >= run.total_steps and not cfg.trainer.val_only:
-        say(f"the run is complete (checkpoint at step {start_step}); nothing to do. To start over: "
-            "trainer.resume_mode=disable, or another trainer.default_local_dir")
 
     def should_stop() -> bool:
         wish = int(bool(stop_requested and stop_requested()))
@@ -174,7 +181,17 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
                       save_checkpoints=True, should_stop=should_stop if stop_requested is not None else None)
     finally:
         curve = tracker.finish()
-    return TrainResult(run=run, records=records, start_step=start_step, curve=curve, outputs=tracker.outputs)
+    return TrainResult(run=run, records=records, start_step=start_step, total_steps=run.total_steps, curve=curve,
+                       outputs=tracker.outputs)
+
+
+def finished_message(cfg: TrainConfig, checkpoint: Path, step: int) -> str:
+    """What a rerun of a finished run says: nothing to do, and how to train further or start over."""
+    further = ("" if schedule_uses_run_length(cfg) else
+               f"To train further: trainer.total_training_steps=N with N > {step} (it continues from this checkpoint). ")
+    return (f"the run is complete (checkpoint {checkpoint} at step {step}); nothing to do, metrics.jsonl and "
+            f"curve.png are left as they are. {further}To start over: trainer.resume_mode=disable, or another "
+            "trainer.default_local_dir")
 
 
 def newest_checkpoint(cfg: TrainConfig) -> Path | None:

@@ -445,7 +445,7 @@ def _flat(tree, prefix: str = "") -> dict:
     return {prefix: tree}
 
 
-def _schedule_uses_run_length(cfg: TrainConfig) -> bool:
+def schedule_uses_run_length(cfg: TrainConfig) -> bool:
     """Whether an LR schedule (the actor's, or the critic's when it is on) depends on the run's length."""
     optims = [cfg.actor_rollout_ref.actor.optim] + ([cfg.critic.optim] if critic_enabled(cfg) else [])
     return any(o.total_training_steps == -1 and (o.lr_scheduler_type != "constant" or o.lr_warmup_steps_ratio > 0)
@@ -461,7 +461,7 @@ def resume_differences(saved_yaml: str, cfg: TrainConfig) -> list[str]:
 
     saved = _flat(OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=True))
     now = _flat(config_dict(cfg))
-    free = [p for p in LAYOUT_KEYS if not (p in SCHEDULE_LENGTH_KEYS and _schedule_uses_run_length(cfg))]
+    free = [p for p in LAYOUT_KEYS if not (p in SCHEDULE_LENGTH_KEYS and schedule_uses_run_length(cfg))]
     missing = object()
     return sorted(k for k in saved.keys() | now.keys()
                   if saved.get(k, missing) != now.get(k, missing) and not any(fnmatch.fnmatchcase(k, p) for p in free))
