@@ -116,6 +116,14 @@ def test_no_mismatch_gives_weights_one_and_zero_divergence():
     assert off["kl"] == off["k3_kl"] == off["chi2_token"] == off["chi2_seq"] == off["log_ppl_diff"] == 0.0
 
 
+def test_chi2_estimates_are_never_negative():
+    """Old log-probs below the rollout's on every token: mean(e^{2δ}) − 1 < 0 on this sample; χ² is floored at 0."""
+    _, rollout, mask = _random_batch(2, rows=4, width=5, scale=0.0)
+    old = rollout - 1e-8 * mask.double()
+    off = offpolicy_metrics(old, rollout, mask)
+    assert off["kl"] > 0 and off["chi2_token"] == 0.0 and off["chi2_seq"] == 0.0
+
+
 @settings(max_examples=25)
 @given(seed=st.integers(0, 10_000), rows=st.integers(1, 9), width=st.integers(1, 7), extra=st.integers(0, 4),
        level=st.sampled_from(["token", "sequence"]), threshold=st.sampled_from([0.8, 1.3, 2.0, 10.0]))

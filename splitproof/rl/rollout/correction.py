@@ -184,8 +184,13 @@ def offpolicy_metrics(old_log_probs: Tensor, rollout_log_probs: Tensor, response
     ``training_ppl`` = meanᵢ exp(−ℓ̄ᵢ^old), ``training_log_ppl`` = meanᵢ(−ℓ̄ᵢ^old) (``rollout_*`` alike);
     ``kl`` = mean_t(−δ) (KL(rollout ‖ old), direct estimator); ``k3_kl`` = mean_t(e^δ − 1 − δ);
     ``log_ppl_diff`` = meanᵢ dᵢ with dᵢ = ℓ̄ᵢ^rollout − ℓ̄ᵢ^old (also ``_abs_diff``, ``_max``, ``_min``);
-    ``ppl_ratio`` = meanᵢ e^{dᵢ}; ``chi2_token`` = mean_t e^{2 clip₂₀(δ)} − 1;
-    ``chi2_seq`` = meanᵢ e^{2 clip₂₀(Sᵢ)} − 1.
+    ``ppl_ratio`` = meanᵢ e^{dᵢ}; ``chi2_token`` = max(0, mean_t e^{2 clip₂₀(δ)} − 1);
+    ``chi2_seq`` = max(0, meanᵢ e^{2 clip₂₀(Sᵢ)} − 1).
+
+    The χ² estimates are verl's, floored at 0: E_rollout[w²] − 1 = χ²(old ‖ rollout) ≥ 0 because
+    E_rollout[w] = 1, but on a finite sample the mean of w = e^δ is not exactly 1, so mean(w²) − 1 dips
+    below 0 when the sampled tokens have w < 1 on balance (seen: −2.3e-8 with δ of order 1e-8). A
+    negative estimate of a divergence says only "about 0", so it is reported as 0.
     """
     return _offpolicy_metrics(_mismatch(old_log_probs, rollout_log_probs, response_mask))
 
@@ -208,8 +213,8 @@ def _offpolicy_metrics(m: _Mismatch) -> dict[str, float]:
         "log_ppl_diff_max": float(diff.max()),
         "log_ppl_diff_min": float(diff.min()),
         "ppl_ratio": _mean(diff.exp()),
-        "chi2_token": tokens.mean(_clipped_exp(m.delta) ** 2) - 1.0,
-        "chi2_seq": _mean((2 * m.sums.clamp(-SAFETY_BOUND, SAFETY_BOUND)).exp()) - 1.0,
+        "chi2_token": max(0.0, tokens.mean(_clipped_exp(m.delta) ** 2) - 1.0),
+        "chi2_seq": max(0.0, _mean((2 * m.sums.clamp(-SAFETY_BOUND, SAFETY_BOUND)).exp()) - 1.0),
     }
 
 
