@@ -68,8 +68,9 @@ def _prepared(model: nn.Module, model_cfg, vocab_size: int | None, key: str) -> 
     embeddings = model.get_input_embeddings().weight.shape[0]
     if vocab_size is not None and vocab_size > embeddings:
         raise ConfigError(key, f"the tokenizer has {vocab_size} tokens but the model only {embeddings} embeddings")
-    if model_cfg.enable_gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+    if model_cfg.enable_gradient_checkpointing:  # transformers >= 5 names it activation checkpointing
+        enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+        enable()
     return model
 
 
