@@ -153,6 +153,21 @@ def test_missing_optional_backend_is_a_named_error(tmp_path, monkeypatch):
     assert not tmp_path.joinpath("metrics.jsonl").exists()
 
 
+def test_a_short_runs_curve_has_integer_steps_and_a_sensible_score_axis():
+    from splitproof.rl.evaluate import held_out_metrics
+
+    records = [{"step": 0, **held_out_metrics(["", ""], [0.3361, 0.3361], 1)}]
+    records += [{"step": s, "critic/score/mean": 0.3361 + 0.0004 * s} for s in range(1, 5)]
+    assert set(records[0]) == {"step", "val-core/unknown/reward/mean@1"}  # verl's name for a missing data source
+    axes = tracking.curve_figure(records).axes[0]
+    low, high = axes.get_ylim()
+    assert high - low >= 0.1 - 1e-12
+    ticks = [t for t in axes.get_xticks() if 0 <= t <= 4]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    assert [text.get_text() for text in axes.get_legend().get_texts()] == [
+        "training reward (critic/score/mean)", "held-out unknown (mean@1)"]
+
+
 def test_curve_png_from_the_whole_run(tmp_path):
     run(tmp_path, range(6)).finish()
     tracker = run(tmp_path, range(6, 11), resume_step=5)

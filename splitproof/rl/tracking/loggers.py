@@ -39,6 +39,7 @@ TENSORBOARD_DIR = "tensorboard"
 TRAIN_REWARD = "critic/score/mean"
 RESPONSE_LENGTH = "response_length/mean"
 STEP_TIME = "timing_s/step"
+MIN_SCORE_SPAN = 0.1  # the curve's score axis spans at least this, times max(1, |score|)
 _OPTIONAL = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
 
 
@@ -243,8 +244,21 @@ class WandbWriter:
 
 def write_curve(records: list[dict], path: str | os.PathLike, title: str = "") -> Path | None:
     """Training reward and held-out score per step as a PNG; None when no record has either."""
+    figure = curve_figure(records, title)
+    if figure is None:
+        return None
+    path = Path(path)
+    figure.savefig(path)
+    return path
+
+
+def curve_figure(records: list[dict], title: str = ""):
+    """The curve's matplotlib ``Figure`` (None when no record has a score): steps on integer ticks, and a
+    score axis at least ``MIN_SCORE_SPAN`` × max(1, |score|) tall, so that a short run's rounding-level
+    wiggles do not fill the plot."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
     train = [(r["step"], r[TRAIN_REWARD]) for r in records if TRAIN_REWARD in r]
     held_out: dict[str, list[tuple[int, float]]] = {}
@@ -263,15 +277,22 @@ def write_curve(records: list[dict], path: str | os.PathLike, title: str = "") -
     for i, (source, points) in enumerate(held_out.items()):
         axes.plot(*zip(*points), marker="o", label=f"held-out {source} (mean@1)", linewidth=1.5,
                   color=colors[i % len(colors)])
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    scores = [v for _, v in train] + [v for points in held_out.values() for _, v in points]
+    finite = [v for v in scores if math.isfinite(v)]
+    if finite:
+        low, high = min(finite), max(finite)
+        least = MIN_SCORE_SPAN * max(1.0, abs(low), abs(high))
+        if high - low < least:
+            middle = (low + high) / 2
+            axes.set_ylim(middle - least / 2, middle + least / 2)
     axes.set_xlabel("step")
     axes.set_ylabel("score")
     axes.set_title(title)
     axes.grid(alpha=0.3)
     axes.legend(loc="best", fontsize=8)
     figure.tight_layout()
-    path = Path(path)
-    figure.savefig(path)
-    return path
+    return figure
 
 
 def _default_rank() -> int:
