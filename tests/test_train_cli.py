@@ -205,6 +205,19 @@ def test_errors_about_values_you_did_not_set_name_their_origin(tmp_path, monkeyp
     assert not out.exists()
 
 
+def test_print_config_imports_no_torch():
+    """What --print-config needs is the config alone: no torch, transformers or numpy (start-up time)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from splitproof.cli import main; code = main(['train', '--print-config']); "
+            "heavy = sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules); "
+            "print(code, heavy, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.stderr.strip().splitlines()[-1] == "0 []", done.stderr
+
+
 def test_print_config_prints_yaml_and_writes_nothing(model_dir, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["train", "--print-config", *train_overrides(model_dir, out, 2)]) == 0

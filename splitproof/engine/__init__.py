@@ -1,12 +1,28 @@
-"""The update engine: minibatches, microbatches, log-probs and values, accumulation, DP glue."""
+"""The update engine: minibatches, microbatches, log-probs and values, accumulation, DP glue.
 
-from .update_config import CriticUpdateConfig, UpdateConfig
-from .critic_update import train_critic_minibatch, update_critic
-from .distributed import wrap_model
-from .logprobs import compute_log_probs, response_log_probs
-from .optimizer_step import StepResult
-from .update import train_minibatch, update_policy
-from .values import compute_values, response_values
+The public names are imported on first use, so that reading a config (``update_config``) needs no torch.
+"""
+
+
+def __getattr__(name: str):
+    if name in ("CriticUpdateConfig", "UpdateConfig"):
+        from . import update_config as module
+    elif name in ("train_critic_minibatch", "update_critic"):
+        from . import critic_update as module
+    elif name == "wrap_model":
+        from . import distributed as module
+    elif name in ("compute_log_probs", "response_log_probs"):
+        from . import logprobs as module
+    elif name == "StepResult":
+        from . import optimizer_step as module
+    elif name in ("train_minibatch", "update_policy"):
+        from . import update as module
+    elif name in ("compute_values", "response_values"):
+        from . import values as module
+    else:
+        raise AttributeError(f"module 'splitproof.engine' has no attribute {name!r}")
+    return getattr(module, name)
+
 
 __all__ = ["CriticUpdateConfig", "StepResult", "UpdateConfig", "compute_log_probs", "compute_values",
            "response_log_probs", "response_values", "train_critic_minibatch", "train_minibatch", "update_critic",
