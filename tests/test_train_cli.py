@@ -61,6 +61,21 @@ def test_rerunning_a_finished_run_does_nothing(finished, model_dir, monkeypatch,
     assert {name: ((out / name).read_bytes(), (out / name).stat().st_mtime_ns) for name in before} == before
 
 
+def test_a_finished_runs_rerun_imports_no_torch(finished, model_dir):
+    """Answered from the checkpoint's files (start-up time): no torch, transformers or numpy imported."""
+    import subprocess
+    import sys
+
+    args = train_overrides(model_dir, finished[1], 3, extra=["trainer.save_freq=2"])
+    code = (f"import sys; from splitproof.cli import main; code = main(['train', *{args!r}]); "
+            "heavy = sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules); "
+            "print(code, heavy, file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.stderr.strip().splitlines()[-1] == "0 []", done.stderr
+    assert "the run is complete" in done.stderr
+
+
 def test_the_default_run_keeps_a_final_checkpoint():
     """The README's `splitproof train` is resumable: its recipe saves, at the last step too."""
     from splitproof.rl.config.load import load_train_config

@@ -120,18 +120,24 @@ def _quiet_loading():
 
 
 def _init_distributed(timeout_s: int) -> None:
+    if _world() == 1:  # no torch import for one process: a rerun of a finished run needs none
+        return
     import torch.distributed as dist
 
-    if _world() > 1 and not dist.is_initialized():
+    if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+
+
+def _distributed():
+    """``torch.distributed`` when this process has imported it (else None: nothing to wait for or close)."""
+    return sys.modules.get("torch.distributed")
 
 
 def _leave_together() -> None:
     """Under torchrun, every rank waits here for the others (rank 0 has printed by then), so that no
     rank's exit makes torchrun stop rank 0 before it has said why the run ended."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    dist = _distributed()
+    if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         try:
             dist.monitored_barrier(timeout=timedelta(seconds=LEAVE_TIMEOUT_S))
         except RuntimeError:
@@ -139,9 +145,8 @@ def _leave_together() -> None:
 
 
 def _close_distributed() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
+    dist = _distributed()
+    if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
 
@@ -194,6 +199,18 @@ def _with_origins(message: str, args) -> str:
 
 def _train(cfg, argv: list[str], annotate) -> int:
     """The run, and the exit status with its message (rank 0). An unexpected error propagates."""
+    from ..loss_config import ConfigError
+    from ..rl.checkpoint.resume import finished_message, finished_run
+
+    try:
+        finished = finished_run(cfg)  # answered from the checkpoint's files, before torch is imported
+    except ConfigError as e:
+        _error(annotate(str(e)))
+        return EXIT_USAGE
+    if finished is not None:
+        _say(finished_message(cfg, *finished))
+        _say(f"done: the run was already complete at step {finished[1]}; nothing written")
+        return EXIT_PASS
     from ..rl.loop import Interrupted, StepFailed
     from ..rl.train import SetupError, newest_checkpoint, train
 

@@ -23,7 +23,7 @@ import torch
 
 from ..collective import default_collective
 from ..loss_config import ConfigError
-from .checkpoint.store import latest_checkpoint, schedule_uses_run_length
+from .checkpoint.resume import finished_message, latest_checkpoint
 from .config.schema import TrainConfig
 from .config.check import critic_enabled
 from .loop import fit
@@ -183,15 +183,6 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
         curve = tracker.finish()
     return TrainResult(run=run, records=records, start_step=start_step, total_steps=run.total_steps, curve=curve,
                        outputs=tracker.outputs)
-
-
-def finished_message(cfg: TrainConfig, checkpoint: Path, step: int) -> str:
-    """What a rerun of a finished run says: nothing to do, and how to train further or start over."""
-    further = ("" if schedule_uses_run_length(cfg) else
-               f"To train further: trainer.total_training_steps=N with N > {step} (it continues from this checkpoint). ")
-    return (f"the run is complete (checkpoint {checkpoint} at step {step}); nothing to do, metrics.jsonl and "
-            f"curve.png are left as they are. {further}To start over: trainer.resume_mode=disable, or another "
-            "trainer.default_local_dir")
 
 
 def newest_checkpoint(cfg: TrainConfig) -> Path | None:

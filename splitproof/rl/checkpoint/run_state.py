@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...loss_config import ConfigError
-from .store import (STEP_DIR, Resumed, Trainable, check_resume_config, find_resume_checkpoint,
-                         load_checkpoint, save_checkpoint)
+from .resume import check_resume_point, find_resume_checkpoint
+from .store import Trainable, load_checkpoint, save_checkpoint
 from ..config.schema import TrainConfig
-from ..config.check import critic_enabled
 from ..config.load import dump_config
 from ..run import Run
 
@@ -37,11 +36,7 @@ def resume_point(cfg: TrainConfig, total_steps: int) -> ResumePoint | None:
     path = find_resume_checkpoint(cfg.trainer)
     if path is None:
         return None
-    step = int(STEP_DIR.match(path.name).group(1))
-    check_resume_config(Resumed(path=path, step=step, trainer_state={},
-                                config_yaml=(path / "config.yaml").read_text()), cfg)
-    if critic_enabled(cfg) and not (path / "critic_state").is_dir():
-        raise ConfigError("critic.enable", f"the run trains a critic but the checkpoint being resumed ({path}) holds none")
+    step = check_resume_point(cfg, path)
     if step > total_steps:
         raise ConfigError("trainer.total_training_steps",
                           f"the run has {total_steps} steps but the checkpoint being resumed ({path}) is at step {step}")

@@ -22,12 +22,10 @@ removed by the next save. Loading never unpickles code: ``trainer_state.pt`` thr
 from __future__ import annotations
 
 import copy
-import fnmatch
 import io
 import os
 import pickle
 import random
-import re
 import shutil
 import warnings
 from contextlib import contextmanager
@@ -43,29 +41,12 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 
-from ...loss_config import ConfigError
 from ...hf_models import unwrap
-from ..config.schema import TrainConfig, TrainerConfig
-from ..config.check import critic_enabled
+from .resume import (COMPLETE, LAYOUT_KEYS, SCHEDULE_LENGTH_KEYS, STEP_DIR, TRACKER, Resumed,  # noqa: F401
+                     _complete_steps, check_resume_config, checkpoint_dir, find_resume_checkpoint, is_complete,
+                     latest_checkpoint, resume_differences, schedule_uses_run_length)
 
-TRACKER = "latest_checkpointed_iteration.txt"
-STEP_DIR = re.compile(r"^global_step_(\d+)$")
-COMPLETE = "complete"
 FORMAT = 1
-
-# keys that may change between a checkpoint and its resumption: they never change a result
-LAYOUT_KEYS = (
-    "*micro_batch_size_per_gpu", "*max_token_len_per_gpu", "*use_dynamic_bsz", "*.strategy", "*use_remove_padding",
-    "actor_rollout_ref.rollout.max_num_seqs", "*model.enable_gradient_checkpointing",
-    "actor_rollout_ref.nccl_timeout",
-    "actor_rollout_ref.actor.policy_loss.cov_strategy", "data.val_batch_size",
-    "trainer.logger", "trainer.save_freq", "trainer.test_freq", "trainer.total_training_steps", "trainer.total_epochs",
-    "trainer.max_actor_ckpt_to_keep", "trainer.resume_mode", "trainer.resume_from_path",
-    "trainer.resume_allow_config_change", "trainer.default_local_dir", "trainer.project_name",
-    "trainer.experiment_name", "trainer.val_before_train", "trainer.val_only", "trainer.cpu_threads",
-)
-# ... except the run length, when the LR schedule is a function of it
-SCHEDULE_LENGTH_KEYS = ("trainer.total_training_steps", "trainer.total_epochs")
 
 # test hook: called with a stage name after each piece of a save
 _progress_hook: Callable[[str], None] = lambda stage: None
@@ -78,16 +59,6 @@ class Trainable:
     model: Any
     optimizer: Any
     lr_scheduler: Any = None
-
-
-@dataclass
-class Resumed:
-    """What a loaded checkpoint hands back to the loop (model, optimizer, schedule and RNGs are restored)."""
-
-    path: Path
-    step: int
-    trainer_state: dict
-    config_yaml: str
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -155,33 +126,6 @@ def _remove_leftovers(root: Path) -> None:
     for entry in root.iterdir():
         if entry.name.startswith((".tmp-", ".trash-")):
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-
-
-def checkpoint_dir(root: str | os.PathLike, step: int) -> Path:
-    return Path(root) / f"global_step_{step}"
-
-
-def is_complete(path: str | os.PathLike) -> bool:
-    path = Path(path)
-    return STEP_DIR.match(path.name) is not None and (path / COMPLETE).is_file()
-
-
-def _complete_steps(root: Path) -> list[int]:
-    if not root.is_dir():
-        return []
-    return sorted(int(m.group(1)) for e in root.iterdir() if (m := STEP_DIR.match(e.name)) and is_complete(e))
-
-
-def latest_checkpoint(root: str | os.PathLike) -> Path | None:
-    """The checkpoint the tracker file names if it is complete, else the complete one with the highest step."""
-    root = Path(root)
-    tracker = root / TRACKER
-    if tracker.is_file():
-        text = tracker.read_text().strip()
-        if text.isdigit() and is_complete(checkpoint_dir(root, int(text))):
-            return checkpoint_dir(root, int(text))
-    steps = _complete_steps(root)
-    return checkpoint_dir(root, steps[-1]) if steps else None
 
 
 # ----------------------------------------------------------------------------------------------- state
@@ -411,68 +355,3 @@ def _load_part(folder: Path, part: Trainable, saved: dict, world: int) -> None:
     merged = {fqn: {**state["optimizer"].get(fqn, {}), **saved["scalars"].get(fqn, {})} for fqn in saved["scalars"]}
     set_state_dict(part.model, part.optimizer, model_state_dict=state["model"],
                    optim_state_dict={"state": merged, "param_groups": saved["param_groups"]})
-
-
-# ----------------------------------------------------------------------------------------------- resume
-
-def find_resume_checkpoint(trainer: TrainerConfig) -> Path | None:
-    """The checkpoint to resume from under ``trainer.resume_mode``, or None to start fresh."""
-    if trainer.resume_mode == "disable":
-        return None
-    if trainer.resume_mode == "auto":
-        return latest_checkpoint(trainer.default_local_dir)
-    path = Path(trainer.resume_from_path)
-    if not path.exists():
-        raise ConfigError("trainer.resume_from_path", f"{path} does not exist")
-    if is_complete(path):
-        return path
-    if STEP_DIR.match(path.name) is None:
-        found = latest_checkpoint(path)
-        if found is not None:
-            return found
-    raise ConfigError("trainer.resume_from_path",
-                      f"{path} is not a complete checkpoint (a global_step_N directory with its '{COMPLETE}' file)")
-
-
-def _flat(tree, prefix: str = "") -> dict:
-    """Leaf (dotted key, value) pairs; an empty mapping is a leaf of its own, so that a key added to it
-    (``+data.apply_chat_template_kwargs.enable_thinking=true``) shows as a change."""
-    if isinstance(tree, dict) and tree:
-        out = {}
-        for key, value in tree.items():
-            out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
-        return out
-    return {prefix: tree}
-
-
-def schedule_uses_run_length(cfg: TrainConfig) -> bool:
-    """Whether an LR schedule (the actor's, or the critic's when it is on) depends on the run's length."""
-    optims = [cfg.actor_rollout_ref.actor.optim] + ([cfg.critic.optim] if critic_enabled(cfg) else [])
-    return any(o.total_training_steps == -1 and (o.lr_scheduler_type != "constant" or o.lr_warmup_steps_ratio > 0)
-               for o in optims)
-
-
-def resume_differences(saved_yaml: str, cfg: TrainConfig) -> list[str]:
-    """Result-affecting keys whose value differs between the checkpoint's config and ``cfg``, or that one of
-    them has and the other lacks (a key added to or removed from a mapping-valued setting)."""
-    from omegaconf import OmegaConf
-
-    from ..config.load import config_dict
-
-    saved = _flat(OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=True))
-    now = _flat(config_dict(cfg))
-    free = [p for p in LAYOUT_KEYS if not (p in SCHEDULE_LENGTH_KEYS and schedule_uses_run_length(cfg))]
-    missing = object()
-    return sorted(k for k in saved.keys() | now.keys()
-                  if saved.get(k, missing) != now.get(k, missing) and not any(fnmatch.fnmatchcase(k, p) for p in free))
-
-
-def check_resume_config(resumed: Resumed, cfg: TrainConfig) -> None:
-    """A ``ConfigError`` naming every result-affecting key that changed, unless the user allows it."""
-    if cfg.trainer.resume_allow_config_change:
-        return
-    changed = resume_differences(resumed.config_yaml, cfg)
-    if changed:
-        raise ConfigError(", ".join(changed),
-                          f"differs from the checkpoint being resumed ({resumed.path}); resume with the "
-                          "checkpoint's values, or set trainer.resume_allow_config_change=true")
