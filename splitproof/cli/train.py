@@ -20,6 +20,7 @@ from .arguments import EXIT_FAIL, EXIT_PASS, EXIT_USAGE
 
 EXIT_INTERRUPTED = 130
 LEAVE_TIMEOUT_S = 60  # how long a rank waits for the others before it exits
+ALREADY_COMPLETE = "done: the run was already complete at step {step}; nothing written"
 
 TRAIN_DESCRIPTION = """\
 Train a causal LM with RL (GRPO, RLOO, REINFORCE++, ... with verl's losses), configured by verl's key
@@ -209,7 +210,7 @@ def _train(cfg, argv: list[str], annotate) -> int:
         return EXIT_USAGE
     if finished is not None:
         _say(finished_message(cfg, *finished))
-        _say(f"done: the run was already complete at step {finished[1]}; nothing written")
+        _say(ALREADY_COMPLETE.format(step=finished[1]))
         return EXIT_PASS
     from ..rl.loop import Interrupted, StepFailed
     from ..rl.train import SetupError, newest_checkpoint, train
@@ -241,6 +242,6 @@ def done_message(cfg, result) -> str:
     if cfg.trainer.val_only:
         return f"done: evaluated the weights of step {result.start_step} (trainer.val_only; nothing written)"
     if result.run is None:
-        return f"done: the run was already complete at step {result.start_step}; nothing written"
+        return ALREADY_COMPLETE.format(step=result.start_step)
     written = ", ".join(str(path) for path in result.outputs) or "no metrics file (trainer.logger has no file logger)"
     return f"done: step {result.total_steps}; wrote {written}"
