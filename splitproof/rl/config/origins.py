@@ -2,9 +2,9 @@
 
 A value is *yours* (the ``--config`` file or a ``key=value`` override), *the built-in model's recipe*
 (``splitproof/recipes/charlm.yaml``, only with ``actor_rollout_ref.model.path=builtin://charlm``) or
-*verl's default* (the schema's; *splitproof's default* where the schema says ``ours:``). Errors about a value the user did not set
-name its origin (``Origins.annotate``), and nothing the user set or left at a default is overridden or
-switched without a notice (``run_notices``):
+*verl's default* (the schema's; *splitproof's default* where the schema says ``ours:``). Errors about a
+value the user did not set name its origin (``Origins.annotate``), and nothing the user set or left at a
+default is overridden or switched without a notice (``run_notices``):
 
 - the recipe's task keys (``TASK_KEYS``: the data, the batch and the run length it was tuned with) apply
   only to the built-in tasks; with your own ``data.train_files`` verl's defaults apply instead;
