@@ -10,7 +10,8 @@ budget or a DP share changed it.
 ``row_invariant(model)`` makes every ``nn.Linear`` of the model compute its rows in blocks of exactly
 ``ROWS`` rows: y = x Wᵀ + b as one batched product over [n, ROWS, K] (zero rows fill the last block), so
 every GEMM the BLAS runs has M = ROWS whatever the layout, and a row's output is a function of the row,
-the weights and the kernel family alone. Attention, norms and element-wise operations were measured
+the weights and the kernel family alone. A product has at least two blocks: a batch of one block with one
+output column (a value head) took another kernel. Attention, norms and element-wise operations were measured
 row-independent already (``tests/test_row_invariant.py``).
 
 Only for no-grad passes: the backward of a block product with a shared weight would hold a gradient per
@@ -35,7 +36,7 @@ def blocked_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, rows: 
     k, n_out = x.shape[-1], weight.shape[0]
     flat = x.reshape(-1, k)
     m = flat.shape[0]
-    blocks = -(-m // rows)
+    blocks = max(2, -(-m // rows))  # a batch of one block takes another kernel for one output column
     if m == 0:
         return F.linear(x, weight, bias)
     if blocks * rows != m:
