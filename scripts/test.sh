@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The test suite, then the tests marked `invariance` (results identical to the bit across layouts) a second
+# time with ATen's CPU kernels forced to another family than this machine's: what holds on one kernel
+# family must hold on the others. Extra arguments go to the first pass (e.g. -m "not slow").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-.venv/bin/python}
+"$python" -m pytest "$@"
+capability=$("$python" -c "import torch; print(torch.backends.cpu.get_cpu_capability())")
+case "$capability" in
+    AVX512*) other=(ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2) ;;
+    *) other=(ATEN_CPU_CAPABILITY=default) ;;
+esac
+echo "invariance tests again, machine kernels $capability, now with ${other[*]}"
+env "${other[@]}" "$python" -m pytest -m "invariance and not slow"
