@@ -23,8 +23,8 @@ from splitproof.models import tiny_causal_lm  # noqa: E402
 
 MODELS = {"tiny (h 32, 2 layers, V 64)": dict(hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
                                               intermediate_size=64, vocab_size=64),
-          "small (h 512, 8 layers, V 8192)": dict(hidden_size=512, num_layers=8, num_heads=8, num_kv_heads=4,
-                                                  intermediate_size=1408, vocab_size=8192)}
+          "small (h 256, 4 layers, V 4096)": dict(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
+                                                  intermediate_size=704, vocab_size=4096)}
 
 
 def rollout_batch(n: int, vocab: int, seed: int = 0) -> RolloutBatch:
@@ -56,7 +56,7 @@ def main(argv=None) -> None:
     for name, shape in MODELS.items():
         for dtype in (torch.float64, torch.float32):
             model = tiny_causal_lm("llama", dtype=dtype, **shape).eval()
-            batch = rollout_batch(32, shape["vocab_size"])
+            batch = rollout_batch(16, shape["vocab_size"])
             for layout in (dict(micro_batch_size=8), dict(micro_batch_size=1)):
                 run = lambda: logprobs.compute_log_probs(model, batch, **layout)  # noqa: E731
                 times = {"plain": [], "blocks": []}
