@@ -73,3 +73,12 @@ def test_lora_update_under_data_parallel_matches_one_process(setup, wrapper, wor
             diff = rel_diff(theta, theta_dp, theta0)
             assert diff <= REL, f"{name} rank {rank}: adapter differs by {diff:.3e} relative"
     assert torch.equal(ranks[0]["micro1"][0], ranks[-1]["micro1"][0])
+
+
+def test_the_engine_sees_the_hugging_face_model_inside_the_peft_wrapper(setup):
+    from splitproof.engine.distributed import _decoder_layers
+    from splitproof.engine.logprobs import _takes_logits_to_keep
+
+    model = setup[0]
+    assert len(_decoder_layers(model)) == 2  # FSDP2 shards each decoder layer, not only the root
+    assert _takes_logits_to_keep(model)  # logits only at the response positions
