@@ -156,3 +156,28 @@ def test_an_adapter_that_does_not_fit_is_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"^lora_adapter_path: .*the adapter's base model is 'org/other-model', "
                                           r"the model is 'org/base-model'$"):
         apply_lora(model, LoraSettings(lora_rank=4, lora_alpha=8, lora_adapter_path=path))
+
+
+def test_the_diagnosis_model_trains_the_adapter_alone():
+    from splitproof.diagnose.context import ModelSpec, build_model
+
+    model = build_model(ModelSpec(dtype="float64", lora_rank=4))
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
+    assert base_digest(model) == base_digest(build_model(ModelSpec(dtype="float64")))
+    assert ModelSpec(lora_rank=4).describe().endswith(", LoRA rank 4")
+
+
+@pytest.mark.dist
+def test_diagnose_runs_the_split_sweep_on_a_lora_model(tmp_path):
+    from splitproof.cli import main
+
+    path = tmp_path / "lora.json"
+    assert main(["diagnose", "--lora-rank", "4", "--dtype", "float64", "--optimizer", "adamw", "--split", "even:4",
+                 "--split", "packed:40", "--split", "dp:2", "--json", str(path), "--no-progress"]) == 0
+    report = json.loads(path.read_text())
+    assert "LoRA rank 4" in report["settings"]["model"]
+    splits = report["scenarios"][0]["splits"]
+    assert [s["split"] for s in splits] == ["even:4", "packed:40", "dp:2"]
+    for s in splits:
+        assert s["verdict"] == "pass" and s["update_rel_diff"] < 1e-12, s
