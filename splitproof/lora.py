@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import warnings
 import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
@@ -197,12 +198,16 @@ def apply_lora(model: nn.Module, settings: LoraSettings, *, seed: int = 0) -> nn
         path = settings.lora_adapter_path
         check_adapter(path, model, settings)
         try:
-            return peft.PeftModel.from_pretrained(model, path, is_trainable=True, autocast_adapter_dtype=False)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+                return peft.PeftModel.from_pretrained(model, path, is_trainable=True, autocast_adapter_dtype=False)
         except (RuntimeError, ValueError, KeyError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ConfigError(f"{settings.prefix}lora_adapter_path", f"{path}: PEFT cannot load it onto this "
                               f"model: {first}") from None
-    peft_model = peft.get_peft_model(model, _lora_config(settings), autocast_adapter_dtype=False)
+    with warnings.catch_warnings():  # PEFT calls a transformers method deprecated in v5: not the user's concern
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
+        peft_model = peft.get_peft_model(model, _lora_config(settings), autocast_adapter_dtype=False)
     init_adapter(peft_model, seed)
     return peft_model
 
@@ -329,9 +334,10 @@ def save_adapter(model: nn.Module, path: str | os.PathLike) -> Path:
     return path
 
 
-def read_adapter_config(path: str | os.PathLike, settings: LoraSettings) -> dict:
-    """The adapter directory's ``adapter_config.json``, checked against the LoRA keys (no model needed)."""
-    key = f"{settings.prefix}lora_adapter_path"
+def read_adapter_config(path: str | os.PathLike, settings: LoraSettings | None) -> dict:
+    """The adapter directory's ``adapter_config.json``, checked against the LoRA keys when given (no model
+    needed)."""
+    key = f"{settings.prefix if settings else ''}lora_adapter_path"
     path = Path(path)
     for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
         if not (path / name).is_file():
@@ -343,6 +349,8 @@ def read_adapter_config(path: str | os.PathLike, settings: LoraSettings) -> dict
         raise ConfigError(key, f"{path / ADAPTER_CONFIG}: cannot read it: {exc}") from None
     if config.get("peft_type", "LORA") != "LORA":
         raise ConfigError(key, f"{path}: a {config.get('peft_type')} adapter, not LoRA")
+    if settings is None:
+        return config
     p = settings.prefix
     if config.get("r") != settings.lora_rank:
         raise ConfigError(f"{p}lora_rank", f"is {settings.lora_rank} but the adapter at {path} has rank {config.get('r')}")
@@ -381,3 +389,27 @@ def check_adapter(path: str | os.PathLike, model: nn.Module, settings: LoraSetti
     mine = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
     if theirs and mine and not _same_model_name(theirs, mine):
         raise ConfigError(key, f"{path}: the adapter's base model is {theirs!r}, the model is {mine!r}")
+
+
+def merge_adapter(adapter_path: str | os.PathLike, out: str | os.PathLike, *, model_path: str | os.PathLike | None = None,
+                  dtype: torch.dtype | None = None) -> Path:
+    """Write the merged model of a saved adapter (PEFT's format) as a Hugging Face directory at ``out``.
+    The base model is ``model_path``, else the adapter config's ``base_model_name_or_path`` (local only);
+    the adapter must fit it (:func:`check_adapter`). Everything that can be checked without the model is
+    checked first."""
+    from splitproof.models import load_causal_lm
+
+    adapter_path = Path(adapter_path)
+    config = read_adapter_config(adapter_path, None)
+    base = model_path or config.get("base_model_name_or_path")
+    if not base:
+        raise ConfigError("model", f"the adapter at {adapter_path} names no base model: give it explicitly")
+    if not os.path.isdir(base):
+        raise ConfigError("model", f"{base}: not a local model directory")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError("out", f"{out} exists and is not empty")
+    settings = LoraSettings(lora_rank=int(config["r"]), lora_alpha=float(config.get("lora_alpha", 8)),
+                            lora_adapter_path=str(adapter_path))
+    model = apply_lora(load_causal_lm(base, dtype=dtype), settings)
+    return export_merged(model, out)

@@ -5,6 +5,7 @@ without touching the base weights, and adapters saved in PEFT's format, loaded b
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -181,3 +182,26 @@ def test_diagnose_runs_the_split_sweep_on_a_lora_model(tmp_path):
     assert [s["split"] for s in splits] == ["even:4", "packed:40", "dp:2"]
     for s in splits:
         assert s["verdict"] == "pass" and s["update_rel_diff"] < 1e-12, s
+
+
+def test_splitproof_export_merges_a_saved_adapter(tmp_path, capsys):
+    from splitproof.cli import main
+
+    base_dir = tmp_path / "base"
+    make_model().save_pretrained(base_dir)
+    model = trained()
+    model.peft_config["default"].base_model_name_or_path = str(base_dir)
+    save_adapter(model, tmp_path / "adapter")
+    assert main(["export", str(tmp_path / "adapter"), "--out", str(tmp_path / "merged")]) == 0
+    batch = rollout(model)
+    merged = load_causal_lm(tmp_path / "merged")
+    assert float((log_probs(merged, batch) - log_probs(model, batch)).abs().max()) <= MERGED_ABS
+    capsys.readouterr()
+    for argv, message in (
+            ([str(tmp_path / "nope"), "--out", str(tmp_path / "m2")], r"lora_adapter_path: .*nope: no adapter_config\.json"),
+            ([str(tmp_path / "adapter"), "--out", str(tmp_path / "merged")], r"out: .*merged exists and is not empty"),
+            ([str(tmp_path / "adapter"), "--model", str(tmp_path / "x"), "--out", str(tmp_path / "m3")],
+             r"model: .*x: not a local model directory")):
+        assert main(["export", *argv]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and re.search(message, err), err
