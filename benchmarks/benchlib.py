@@ -111,7 +111,7 @@ def bench_model_sizes(env: Env) -> dict:
 
 
 def bench_model(env: Env, *, seed: int = 0):
-    from splitproof.models import tiny_causal_lm
+    from splitproof.hf_models import tiny_causal_lm
 
     sizes = bench_model_sizes(env)
     model = tiny_causal_lm("llama", dtype=env.dtype, seed=seed, **sizes)

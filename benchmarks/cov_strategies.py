@@ -31,7 +31,7 @@ CLIP_COV_LB, CLIP_COV_UB = 0.0, 1e6  # `auto` counts as no slower than the bette
 
 
 def loss_config(loss: str, ratio: float):
-    from splitproof.config import LossConfig
+    from splitproof.loss_config import LossConfig
 
     if loss == "kl_cov":
         return LossConfig(loss_mode="kl_cov", kl_cov_ratio=ratio)
@@ -55,7 +55,7 @@ def selection_size(model, batch, loss_cfg, micro: int) -> tuple[int, int]:
 
 def run(env: bl.Env) -> dict:
     from splitproof.diagnose.synthetic import synthetic_rollout
-    from splitproof.engine.config import UpdateConfig
+    from splitproof.engine.update_config import UpdateConfig
     from splitproof.engine.update import update_policy
 
     B, P, T, micro = (16, 8, 16, 4) if env.quick else (64, 16, 128, 8)

@@ -100,9 +100,9 @@ def head_timings(env: bl.Env, part) -> dict:
 
 
 def run(env: bl.Env) -> dict:
-    from splitproof.config import LossConfig
+    from splitproof.loss_config import LossConfig
     from splitproof.diagnose.synthetic import synthetic_rollout
-    from splitproof.engine.config import UpdateConfig
+    from splitproof.engine.update_config import UpdateConfig
     from splitproof.engine.plan import plan_update
     from splitproof.engine.update import update_policy
 

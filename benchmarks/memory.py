@@ -192,9 +192,9 @@ def diagnosis_memory(env: bl.Env) -> dict:
 
 
 def run(env: bl.Env) -> dict:
-    from splitproof.config import LossConfig
+    from splitproof.loss_config import LossConfig
     from splitproof.diagnose.synthetic import synthetic_rollout
-    from splitproof.engine.config import UpdateConfig
+    from splitproof.engine.update_config import UpdateConfig
     from splitproof.engine.update import update_policy
 
     if env.quick:

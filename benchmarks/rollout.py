@@ -47,7 +47,7 @@ SETTINGS = {"T 1": dict(), "T 0.8, top-k 50, top-p 0.9": dict(temperature=0.8, t
 
 
 def make_model(env: bl.Env, name: str, dtype: torch.dtype | None = None):
-    from splitproof.models import tiny_causal_lm
+    from splitproof.hf_models import tiny_causal_lm
 
     sizes = (MODELS_QUICK if env.quick else MODELS_FULL)[name]
     return tiny_causal_lm("llama", dtype=dtype or env.dtype, seed=0, max_position_embeddings=1024,
@@ -61,7 +61,7 @@ def workload_sizes(env: bl.Env) -> dict:
 
 def workload(env: bl.Env, vocab: int) -> tuple[list, int]:
     """(requests, max_response_length): prompts of random lengths, n samples each."""
-    from splitproof.rl.rollout import requests_for
+    from splitproof.rl.rollout.hf import requests_for
 
     w = workload_sizes(env)
     g = random.Random(0)
@@ -74,7 +74,7 @@ def workload(env: bl.Env, vocab: int) -> tuple[list, int]:
 
 def multinomial_pick(logits, generator, params):
     """Ordinary sampling: the shipped filters, then `torch.multinomial` from a shared generator."""
-    from splitproof.rl.sampling import scaled_log_probs, truncated_weights
+    from splitproof.rl.rollout.sampling import scaled_log_probs, truncated_weights
 
     z, log_probs = scaled_log_probs(logits, params.temperature)
     tokens = torch.multinomial(truncated_weights(z, log_probs, params.top_k, params.top_p), 1,
@@ -84,7 +84,7 @@ def multinomial_pick(logits, generator, params):
 
 def gumbel_pick(logits, keys, t, params):
     """Counter-based Gumbel-max: one uniform per (token, vocabulary entry), argmax of log p + Gumbel noise."""
-    from splitproof.rl.sampling import GAMMA, _int64, mix64, scaled_log_probs, truncated_weights, uniform_from_bits
+    from splitproof.rl.rollout.sampling import GAMMA, _int64, mix64, scaled_log_probs, truncated_weights, uniform_from_bits
 
     z, log_probs = scaled_log_probs(logits, params.temperature)
     weights = truncated_weights(z, log_probs, params.top_k, params.top_p)
@@ -97,7 +97,7 @@ def gumbel_pick(logits, keys, t, params):
 
 def rollouts(model, device):
     """The shipped backend and the same loop with `torch.multinomial`, both without EOS."""
-    from splitproof.rl.rollout import HFRollout
+    from splitproof.rl.rollout.hf import HFRollout
 
     class MultinomialRollout(HFRollout):
         generator = torch.Generator(device=device)
@@ -110,7 +110,7 @@ def rollouts(model, device):
 
 
 def generation_rows(env: bl.Env, model_name: str) -> list[dict]:
-    from splitproof.rl.rollout import SamplingParams
+    from splitproof.rl.rollout.hf import SamplingParams
 
     model = make_model(env, model_name)
     requests, length = workload(env, model.config.vocab_size)
@@ -132,8 +132,8 @@ def generation_rows(env: bl.Env, model_name: str) -> list[dict]:
 
 def pick_rows(env: bl.Env, model_name: str) -> list[dict]:
     """The token pick alone on one decode step's logits [requests, V]."""
-    from splitproof.rl.rollout import SamplingParams
-    from splitproof.rl.sampling import sample_tokens, scaled_log_probs, stream_keys, token_uniforms
+    from splitproof.rl.rollout.hf import SamplingParams
+    from splitproof.rl.rollout.sampling import sample_tokens, scaled_log_probs, stream_keys, token_uniforms
 
     model = make_model(env, model_name)
     requests, _ = workload(env, model.config.vocab_size)
@@ -218,7 +218,7 @@ def old_log_prob_rows(env: bl.Env, model_name: str) -> list[dict]:
 
 def long_workload(env: bl.Env, vocab: int) -> tuple[list, int]:
     """Long prompts and responses: sequences pass the CPU attention kernel's 512-key block."""
-    from splitproof.rl.rollout import requests_for
+    from splitproof.rl.rollout.hf import requests_for
 
     prompts, shortest, longest, length = (2, 20, 40, 8) if env.quick else (8, 300, 480, 200)
     g = random.Random(1)
@@ -234,7 +234,7 @@ def _prefix_gap(a, b) -> float:
 
 def drift_rows(env: bl.Env) -> list[dict]:
     from splitproof.engine import compute_log_probs
-    from splitproof.rl.rollout import HFRollout, SamplingParams, samples_to_batch
+    from splitproof.rl.rollout.hf import HFRollout, SamplingParams, samples_to_batch
 
     rows = []
     for dtype in (torch.float32, torch.float64):

@@ -34,7 +34,7 @@ def long_tailed_rollout(model, num: int, prompt_width: int, response_width: int,
     from splitproof.batch import RolloutBatch
     from splitproof.diagnose.synthetic import group_advantages
     from splitproof.engine.logprobs import compute_log_probs
-    from splitproof.models import vocab_size_of
+    from splitproof.hf_models import vocab_size_of
 
     g = torch.Generator().manual_seed(seed)
     B, P, T = num, prompt_width, response_width
@@ -104,8 +104,8 @@ BUDGET_FRACTIONS = (1.0, 0.5, 0.25)
 
 
 def run(env: bl.Env) -> dict:
-    from splitproof.config import LossConfig
-    from splitproof.engine.config import UpdateConfig
+    from splitproof.loss_config import LossConfig
+    from splitproof.engine.update_config import UpdateConfig
     from splitproof.engine.plan import plan_update
     from splitproof.engine.update import update_policy
 

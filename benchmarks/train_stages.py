@@ -46,8 +46,8 @@ def run(env: bl.Env) -> dict:
     from splitproof.rl import loop as loop_mod
     from splitproof.rl import step as step_mod
     from splitproof.rl import train as train_mod
-    from splitproof.rl import tracking
-    from splitproof.rl.config_load import load_train_config
+    from splitproof.rl.tracking import loggers as tracking
+    from splitproof.rl.config.load import load_train_config
 
     steps = env.args.steps or (2 if env.quick else STEPS)
     work = Path(tempfile.mkdtemp(prefix="splitproof-train-stages-"))

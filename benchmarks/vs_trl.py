@@ -64,8 +64,8 @@ STAGE_ROWS = (("total", "step (loop iteration)"), ("gen", "generation"), ("rewar
 
 def make_spec(env: bl.Env, seed: int) -> dict:
     """The settings both sides run, with the uids our prompt sampler serves at every step."""
-    from splitproof.rl.data import PromptSampler
-    from splitproof.rl.tasks import task_rows
+    from splitproof.rl.data.prompts import PromptSampler
+    from splitproof.rl.data.tasks import task_rows
 
     sizes = QUICK if env.quick else FULL
     steps = env.args.steps or sizes["steps"]
@@ -201,9 +201,9 @@ def split_rows(ours_split: dict | None, trl_split: dict | None) -> list[dict]:
 
 def held_out(spec: dict, weights: dict[str, Path], quick: bool, work: Path) -> dict[str, float]:
     """Greedy held-out score (our validation code, the same split) of the initial model and each final one."""
-    from splitproof.rl.config_load import load_train_config
+    from splitproof.rl.config.load import load_train_config
     from splitproof.rl.run import build_run
-    from splitproof.rl.validate import validate
+    from splitproof.rl.evaluate import validate
 
     overrides = sides.ours_overrides(spec, work / "eval") + [f"data.val_files={VAL_QUICK if quick else VAL_FULL}"]
     run = build_run(load_train_config(None, overrides))

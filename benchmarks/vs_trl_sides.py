@@ -208,7 +208,7 @@ def run_ours(spec: dict, out: Path) -> dict:
     from splitproof.rl import loop as loop_mod
     from splitproof.rl import step as step_mod
     from splitproof.rl import train as train_mod
-    from splitproof.rl.config_load import load_train_config
+    from splitproof.rl.config.load import load_train_config
 
     clock = Clock()
     built = {}
@@ -250,7 +250,7 @@ def trl_dataset(spec: dict):
     """The prompts in the order our sampler serves them: step after step, each step's uids in order."""
     from datasets import Dataset
 
-    from splitproof.rl.tasks import task_rows
+    from splitproof.rl.data.tasks import task_rows
 
     rows = task_rows(TASK_TRAIN)
     return Dataset.from_list([{"prompt": rows[u]["prompt"], "ground_truth": rows[u]["reward_model"]["ground_truth"]}
@@ -259,7 +259,7 @@ def trl_dataset(spec: dict):
 
 def addition_reward(prompts, completions, ground_truth, **kwargs):
     """The built-in task's rule (exact match), TRL's reward-function signature."""
-    from splitproof.rl.tasks import score
+    from splitproof.rl.data.tasks import score
 
     return [score(c, g) for c, g in zip(completions, ground_truth)]
 
@@ -345,7 +345,7 @@ def same_optimizer(model, spec: dict, args):
     decay, which ours does not."""
     from types import SimpleNamespace
 
-    from splitproof.rl.schedule import make_optimizer
+    from splitproof.rl.models.optim import make_optimizer
 
     name = "SGD" if args.optim == "sgd" else "AdamW"
     return make_optimizer(model, SimpleNamespace(optimizer=name, lr=spec["lr"], betas=spec["betas"],
@@ -391,7 +391,7 @@ def run_ours_split(spec: dict, out: Path) -> dict:
     ``SPLIT_OPTIMIZER``, at each micro-batch split; the samples' digest shows they are the same."""
     import torch
 
-    from splitproof.rl.config_load import load_train_config
+    from splitproof.rl.config.load import load_train_config
     from splitproof.rl.run import build_run
     from splitproof.rl.step import train_step
 
@@ -461,8 +461,8 @@ def run_ours_generation(spec: dict, out: Path) -> dict:
     import torch
     from transformers import GenerationConfig
 
-    from splitproof.rl.config_load import load_train_config
-    from splitproof.rl.rollout import canonical_prompt_width
+    from splitproof.rl.config.load import load_train_config
+    from splitproof.rl.rollout.hf import canonical_prompt_width
     from splitproof.rl.run import build_run
     from splitproof.rl.step import generate
 

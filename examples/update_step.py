@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from splitproof import LossConfig, RolloutBatch
 from splitproof.engine import UpdateConfig, compute_log_probs, update_policy, wrap_model
-from splitproof.models import tiny_causal_lm
+from splitproof.hf_models import tiny_causal_lm
 
 
 def rollout(model, dtype: torch.dtype, *, prompts: int = 2, group: int = 4, seed: int = 1) -> RolloutBatch:

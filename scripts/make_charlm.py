@@ -33,7 +33,7 @@ from transformers import DynamicCache, GenerationConfig, LlamaConfig, LlamaForCa
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from splitproof.builtin.tokenizer import char_tokenizer  # noqa: E402
-from splitproof.rl.tasks import score, task_rows  # noqa: E402
+from splitproof.rl.data.tasks import score, task_rows  # noqa: E402
 
 TRAIN_TASK = "builtin://addition/train?digits=2"
 TEST_TASK = "builtin://addition/test?digits=2"

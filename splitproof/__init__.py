@@ -5,7 +5,7 @@ never what it is.
 """
 
 from .batch import BatchError, RolloutBatch
-from .config import ConfigError, LossConfig, ValueLossConfig
+from .loss_config import ConfigError, LossConfig, ValueLossConfig
 from .objective import correction_share, minibatch_share, objective
 from .stats import MinibatchStats
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .config import GROUP_AGG
+from .loss_config import GROUP_AGG
 from .stats import MinibatchStats
 
 

@@ -17,17 +17,9 @@ from dataclasses import dataclass, fields, replace
 import torch
 from torch import Tensor
 
-from .config import GROUP_AGG
-
-
-class BatchError(ValueError):
-    """Bad input. ``field`` names the offending tensor; ``sequence`` the canonical id, when one applies."""
-
-    def __init__(self, field: str, message: str, sequence: int | None = None):
-        where = f" (sequence {sequence})" if sequence is not None else ""
-        super().__init__(f"{field}{where}: {message}")
-        self.field = field
-        self.sequence = sequence
+from .batch_error import BatchError
+from .loss_config import GROUP_AGG
+from .sequences import fields_from_sequences
 
 
 def _seq_label(seq_ids: Tensor | None, row: int) -> int:
@@ -195,13 +187,16 @@ class RolloutBatch:
         values are stored in ``dtype`` (padding holds 0); masks as 0/1 integers. See docs/semantics.md
         (the batch).
         """
-        from .sequences import batch_from_sequences
-
-        return batch_from_sequences(cls, prompt_ids, response_ids, old_log_probs, advantages,
+        fields = fields_from_sequences(prompt_ids, response_ids, old_log_probs, advantages,
                                     response_mask=response_mask, ref_log_probs=ref_log_probs,
                                     rollout_is_weights=rollout_is_weights, values=values, returns=returns,
                                     seq_ids=seq_ids, index=index,
-                                    pad_token_id=pad_token_id, dtype=dtype, device=device)
+                                    pad_token_id=pad_token_id, dtype=dtype)
+        batch = cls(**fields)
+        if device is not None:
+            batch = batch.to(device)
+        batch.validate()  # the whole contract: finite values on valid tokens, unique ids, a non-empty minibatch
+        return batch
 
     @property
     def prompt_width(self) -> int:

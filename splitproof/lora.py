@@ -27,8 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from splitproof.config import ConfigError
-from splitproof.models import base_model_of
+from splitproof.loss_config import ConfigError
+from splitproof.hf_models import base_model_of
 
 ADAPTER = "default"  # PEFT's adapter name; a run trains one adapter
 DIGEST_KEY = "splitproof_base_digest"  # safetensors metadata of an adapter saved here
@@ -397,7 +397,7 @@ def merge_adapter(adapter_path: str | os.PathLike, out: str | os.PathLike, *, mo
     The base model is ``model_path``, else the adapter config's ``base_model_name_or_path`` (local only);
     the adapter must fit it (:func:`check_adapter`). Everything that can be checked without the model is
     checked first."""
-    from splitproof.models import load_causal_lm
+    from splitproof.hf_models import load_causal_lm
 
     adapter_path = Path(adapter_path)
     config = read_adapter_config(adapter_path, None)

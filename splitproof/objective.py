@@ -15,7 +15,7 @@ from torch import Tensor
 from .aggregation import aggregate, sequence_weights, token_weights
 from .batch import BatchError, check_group_index, check_policy_tensors, require_group_index
 from .collective import LOCAL
-from .config import LossConfig
+from .loss_config import LossConfig
 from .losses import COV_CORRECTIONS, POLICY_LOSSES, PolicyInputs, kl_estimate
 from .selection import select_tokens
 from .stats import MinibatchStats

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor
 
-from splitproof.config import LossConfig
+from splitproof.loss_config import LossConfig
 
 __all__ = ["reference_objective", "reference_selection", "reference_value_objective", "priority_hash"]
 

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .collective import LOCAL
-from .config import LossConfig
+from .loss_config import LossConfig
 from .losses.common import PolicyInputs
 from .losses.cov import clip_cov_base
 

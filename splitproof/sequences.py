@@ -1,9 +1,10 @@
-"""A :class:`~splitproof.batch.RolloutBatch` from plain per-sequence lists (``RolloutBatch.from_sequences``).
+"""The fields of a :class:`~splitproof.batch.RolloutBatch` from plain per-sequence lists (``RolloutBatch.from_sequences``).
 
 Row i of the batch is sequence i of the lists. Prompts are left-padded and responses right-padded with
 ``pad_token_id``; the attention mask marks the real tokens of both; per-token values are padded with 0
 (padding is never read). Every list is checked row by row first, so that an error names the field and the
-row (``old_log_probs[3]: 5 values for 6 response tokens``); then the whole batch contract is validated.
+row (``old_log_probs[3]: 5 values for 6 response tokens``); ``RolloutBatch.from_sequences`` then builds
+the batch and validates the whole contract.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from .batch import BatchError, RolloutBatch
+from .batch_error import BatchError
 
 
 def _rows(name: str, values, count: int | None) -> list:
@@ -105,8 +106,7 @@ def _pad(rows: Sequence[Tensor], width: int, fill, dtype: torch.dtype, *, left: 
     return out
 
 
-def batch_from_sequences(
-    cls: type[RolloutBatch],
+def fields_from_sequences(
     prompt_ids,
     response_ids,
     old_log_probs,
@@ -121,9 +121,8 @@ def batch_from_sequences(
     index=None,
     pad_token_id: int = 0,
     dtype: torch.dtype = torch.float32,
-    device: torch.device | str | None = None,
-) -> RolloutBatch:
-    """See :meth:`RolloutBatch.from_sequences`."""
+) -> dict[str, Tensor | None]:
+    """The keyword arguments of ``RolloutBatch(...)``; see :meth:`RolloutBatch.from_sequences`."""
     if not isinstance(pad_token_id, Integral) or isinstance(pad_token_id, bool) or pad_token_id < 0:
         raise BatchError("pad_token_id", f"must be an integer >= 0, got {pad_token_id!r}")
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
@@ -168,7 +167,7 @@ def batch_from_sequences(
         adv_tensor = _pad(adv_rows, width, 0.0, dtype, left=False)
     else:
         adv_tensor = torch.tensor(adv, dtype=dtype)
-    batch = cls(
+    fields = dict(
         prompts=_pad(prompts, prompt_width, pad_token_id, torch.long, left=True),
         responses=_pad(responses, width, pad_token_id, torch.long, left=False),
         attention_mask=torch.cat([_pad(real_prompt, prompt_width, 0, torch.long, left=True),
@@ -180,7 +179,4 @@ def batch_from_sequences(
         index=index,
         **{name: _pad(rows, width, 0.0, dtype, left=False) for name, rows in optional.items()},
     )
-    if device is not None:
-        batch = batch.to(device)
-    batch.validate()  # the whole contract: finite values on valid tokens, unique ids, a non-empty minibatch
-    return batch
+    return fields

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from .models import local_checkpoint
+from .hf_models import local_checkpoint
 
 HEAD = "score"
 DEFAULT_INIT_STD = 0.02

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .aggregation import aggregate, token_weights
 from .batch import BatchError, require_group_index, check_binary_mask, check_finite_on, check_per_token_shape
-from .config import ValueLossConfig
+from .loss_config import ValueLossConfig
 from .losses.value import value_loss
 from .objective import _clean, finalize_metrics
 from .stats import MinibatchStats

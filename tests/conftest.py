@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import settings
 
-from splitproof.config import AGG_MODES, LOSS_MODES
+from splitproof.loss_config import AGG_MODES, LOSS_MODES
 
 settings.register_profile("ci", deadline=None, derandomize=True, print_blob=True)
 settings.register_profile("dev", deadline=None)

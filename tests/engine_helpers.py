@@ -9,11 +9,11 @@ from dataclasses import fields, replace
 import torch
 
 from splitproof.batch import RolloutBatch
-from splitproof.config import LossConfig
+from splitproof.loss_config import LossConfig
 from splitproof.diagnose.synthetic import synthetic_rollout
 from splitproof.engine import UpdateConfig, update_policy
 from splitproof.engine.plan import plan_update
-from splitproof.models import tiny_causal_lm
+from splitproof.hf_models import tiny_causal_lm
 
 REL = 1e-10  # float64 acceptance: relative to the update size
 METRIC_ABS = 1e-15  # a signed sum (ppo_kl) may cancel to ~0; absolute differences below this are noise

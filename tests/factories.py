@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from splitproof import LossConfig
-from splitproof.config import AGG_MODES, LOSS_MODES
+from splitproof.loss_config import AGG_MODES, LOSS_MODES
 
 
 @dataclass

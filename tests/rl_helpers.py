@@ -34,7 +34,7 @@ PPO = ["algorithm.adv_estimator=gae", "algorithm.gamma=0.9", "algorithm.lam=0.8"
 def save_tiny_char_model(folder, *, dtype=torch.float32, arch: str = "llama", seed: int = 0) -> str:
     """A random tiny causal LM over the built-in character tokenizer, saved as a Hugging Face directory."""
     from splitproof.builtin.tokenizer import char_tokenizer
-    from splitproof.models import tiny_causal_lm
+    from splitproof.hf_models import tiny_causal_lm
 
     tokenizer = char_tokenizer()
     model = tiny_causal_lm(arch, vocab_size=len(tokenizer), hidden_size=32, num_layers=2, num_heads=4,
@@ -65,7 +65,7 @@ def small_grpo(model_dir: str, dtype: str) -> list[str]:
 
 def trajectory_config(model_dir: str, steps: int, overrides: list[str], *, dtype: str = "fp64"):
     """GRPO on the built-in addition task with a reward that spreads (so advantages are non-zero)."""
-    from splitproof.rl.config_load import load_train_config
+    from splitproof.rl.config.load import load_train_config
 
     base = small_grpo(model_dir, dtype) + [
         "data.train_files=builtin://addition/train",
@@ -88,7 +88,7 @@ def final_weights(model) -> dict[str, torch.Tensor]:
     if is_fsdp2(model):
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     else:
-        from splitproof.models import unwrap
+        from splitproof.hf_models import unwrap
 
         state = unwrap(model).state_dict()
     return {k: v.detach().double().clone() for k, v in state.items()}
@@ -123,7 +123,7 @@ def assert_same_trajectory(got, want):
     within 1e-9 relative."""
     import math
 
-    from splitproof.rl.metrics import is_machine_dependent
+    from splitproof.rl.tracking.metrics import is_machine_dependent
 
     for step, (a, b) in enumerate(zip(got["samples"], want["samples"]), start=1):
         assert [(s.uid, s.index, s.response_ids) for s in a] == [(s.uid, s.index, s.response_ids) for s in b], step

@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from splitproof.config import ConfigError
+from splitproof.loss_config import ConfigError
 from splitproof.engine import UpdateConfig, compute_log_probs, update_policy
 from splitproof.engine.logprobs import response_log_probs
-from splitproof.models import tiny_causal_lm
+from splitproof.hf_models import tiny_causal_lm
 
 from .engine_helpers import flat, loss_config, make_optimizer, make_rollout, rel_diff, run_update
 from .test_packing import LAYOUTS, layout_batch

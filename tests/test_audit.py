@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from splitproof.config import LossConfig
+from splitproof.loss_config import LossConfig
 from splitproof.diagnose.audit import (
     SPLIT_KINDS,
     AuditError,

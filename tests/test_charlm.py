@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaForCausalLM
 
 from splitproof.builtin import char_tokenizer, charlm_directory
-from splitproof.rl.tasks import task_rows
+from splitproof.rl.data.tasks import task_rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = "Hello, world! 37+45=82\n"

@@ -15,10 +15,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from splitproof import ConfigError
 from splitproof.engine import wrap_model
 from splitproof.engine.launch import run_data_parallel
-from splitproof.models import tiny_causal_lm
-from splitproof.rl import checkpoint as ckpt
-from splitproof.rl.config import TrainerConfig
-from splitproof.rl.config_load import dump_config, load_train_config
+from splitproof.hf_models import tiny_causal_lm
+from splitproof.rl.checkpoint import store as ckpt
+from splitproof.rl.config.schema import TrainerConfig
+from splitproof.rl.config.load import dump_config, load_train_config
 
 TRAINER_STATE = {"sampler": {"epoch": 1, "cursor": 24}, "kl_coef": 0.0125, "history": [0.5, 0.25]}
 

@@ -417,7 +417,7 @@ def test_local_checkpoint_with_model_flag(tmp_path, capfd):
     import torch
     from transformers.utils import logging as hf_logging
 
-    from splitproof.models import tiny_causal_lm
+    from splitproof.hf_models import tiny_causal_lm
 
     path = tmp_path / "ckpt"
     tiny_causal_lm("qwen2", dtype=torch.float32, seed=2).save_pretrained(path, safe_serialization=True)

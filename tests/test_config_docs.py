@@ -1,9 +1,9 @@
-"""docs/train.md's key tables are generated from the code (`python -m splitproof.rl.config_docs`): up to date."""
+"""docs/train.md's key tables are generated from the code (`python -m splitproof.rl.config.docs`): up to date."""
 
 from pathlib import Path
 
-from splitproof.rl import config_docs
-from splitproof.rl.config import DataConfig, TrainConfig, schema_keys
+from splitproof.rl.config import docs as config_docs
+from splitproof.rl.config.schema import DataConfig, TrainConfig, schema_keys
 
 TRAIN_DOC = Path(__file__).resolve().parents[1] / "docs" / "train.md"
 
@@ -11,7 +11,7 @@ TRAIN_DOC = Path(__file__).resolve().parents[1] / "docs" / "train.md"
 def test_train_doc_tables_are_up_to_date():
     text = TRAIN_DOC.read_text()
     assert config_docs.replace_section(text, config_docs.generated_section()) == text, \
-        "run: python -m splitproof.rl.config_docs --write docs/train.md"
+        "run: python -m splitproof.rl.config.docs --write docs/train.md"
 
 
 def test_table_rows_come_from_the_schema_and_its_comments():

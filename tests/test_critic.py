@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from splitproof.config import AGG_MODES, ValueLossConfig
+from splitproof.loss_config import AGG_MODES, ValueLossConfig
 from splitproof.engine import CriticUpdateConfig, compute_values, response_values
 from splitproof.losses.value import value_loss
 from splitproof.reference import reference_value_objective

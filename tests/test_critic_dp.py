@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from splitproof.config import AGG_MODES
+from splitproof.loss_config import AGG_MODES
 from splitproof.engine import CriticUpdateConfig, update_critic, wrap_model
 from splitproof.engine.launch import run_data_parallel
 

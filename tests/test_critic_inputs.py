@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from splitproof.batch import BatchError
-from splitproof.config import ConfigError, ValueLossConfig
+from splitproof.loss_config import ConfigError, ValueLossConfig
 from splitproof.engine import CriticUpdateConfig, compute_values, update_critic
-from splitproof.models import tiny_causal_lm
+from splitproof.hf_models import tiny_causal_lm
 from splitproof.value_model import value_model_from_config, value_model_from_pretrained
 
 from .critic_helpers import critic_rollout, make_models

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitproof.config import AGG_MODES
+from splitproof.loss_config import AGG_MODES
 from splitproof.engine import CriticUpdateConfig
 
 from .critic_helpers import critic_rollout, make_models, run_critic

@@ -5,7 +5,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from splitproof.builtin import char_tokenizer
-from splitproof.rl.data import DataError, load_prompts, truncate
+from splitproof.rl.data.prompts import DataError, load_prompts, truncate
 
 TOK = char_tokenizer()
 

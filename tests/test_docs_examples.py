@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import splitproof.config
+import splitproof.loss_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -34,7 +34,7 @@ def test_the_examples_are_found():
 @pytest.mark.parametrize("path, index, block", EXAMPLES, ids=[f"{p.name}:{i}" for p, i, _ in EXAMPLES])
 def test_example_runs_clean(path, index, block, monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)  # examples may write files (a reward file, outputs)
-    monkeypatch.setattr(splitproof.config, "_warned_forced", set())  # warnings said once per process: reset
+    monkeypatch.setattr(splitproof.loss_config, "_warned_forced", set())  # warnings said once per process: reset
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         exec(compile(block, f"{path.name} example {index}", "exec"), {"__name__": f"example_{index}"})
@@ -49,7 +49,7 @@ def test_readme_test_command_is_what_ci_runs():
 
 def test_geo_mean_warns_only_where_the_mode_is_not_its_own(monkeypatch):
     """GMPO is a sequence mean: seq-mean-token-mean says just that; a token-level mode gets a warning."""
-    monkeypatch.setattr(splitproof.config, "_warned_forced", set())
+    monkeypatch.setattr(splitproof.loss_config, "_warned_forced", set())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         splitproof.LossConfig(loss_mode="geo_mean", loss_agg_mode="seq-mean-token-mean")

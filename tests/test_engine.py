@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from splitproof.batch import BatchError
-from splitproof.config import AGG_MODES, LOSS_MODES
+from splitproof.loss_config import AGG_MODES, LOSS_MODES
 from splitproof.engine import UpdateConfig, update_policy
 from splitproof.engine.microbatch import minibatch_schedule
 

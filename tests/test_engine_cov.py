@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import splitproof.engine.update as engine_update
-from splitproof.config import AGG_MODES
+from splitproof.loss_config import AGG_MODES
 from splitproof.engine import UpdateConfig, update_policy
 from splitproof.engine.update import active_dropout
 

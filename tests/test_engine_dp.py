@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from splitproof.config import AGG_MODES, LOSS_MODES
+from splitproof.loss_config import AGG_MODES, LOSS_MODES
 from splitproof.engine import UpdateConfig, update_policy, wrap_model
 from splitproof.engine.launch import run_data_parallel
 from splitproof.engine.plan import plan_update

@@ -12,7 +12,7 @@ from splitproof import LossConfig
 from splitproof.diagnose.synthetic import synthetic_rollout
 from splitproof.engine import UpdateConfig, update_policy, wrap_model
 from splitproof.engine.launch import run_data_parallel
-from splitproof.models import tiny_causal_lm
+from splitproof.hf_models import tiny_causal_lm
 
 
 def batch_with_empty_responses(model, empty_rows=(2, 3)):

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitproof.config import AGG_MODES, LOSS_MODES
+from splitproof.loss_config import AGG_MODES, LOSS_MODES
 from splitproof.engine import UpdateConfig
 
 from .engine_helpers import assert_metrics_close, flat, full_state, loss_config, make_model, make_rollout, rel_diff, run_update

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from splitproof import BatchError, LossConfig, RolloutBatch
 from splitproof.diagnose.synthetic import synthetic_rollout
 from splitproof.engine import UpdateConfig, compute_log_probs, update_policy
-from splitproof.models import tiny_causal_lm
+from splitproof.hf_models import tiny_causal_lm
 
 
 def _unpadded(batch: RolloutBatch, field: str, row: int) -> list:

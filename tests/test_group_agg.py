@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splitproof import BatchError, MinibatchStats, RolloutBatch, objective
-from splitproof.config import AGG_MODES, LossConfig
+from splitproof.loss_config import AGG_MODES, LossConfig
 from splitproof.engine import UpdateConfig, response_log_probs, update_policy
 from splitproof.engine.microbatch import minibatch_schedule
 from splitproof.engine.plan import plan_update
@@ -331,7 +331,7 @@ def test_missing_group_ids_fail_before_anything_moves(setup):
 def test_the_lean_diagonal_still_covers_every_loss_and_every_aggregation():
     """The lean run keeps one aggregation mode per loss mode of each sweep: with the sixth mode added, every
     loss mode and every aggregation mode (group-mean-token-mean included) must still be on the diagonal."""
-    from splitproof.config import LOSS_MODES
+    from splitproof.loss_config import LOSS_MODES
 
     from .conftest import on_the_diagonal
 

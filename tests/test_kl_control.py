@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 
 import tests.advantage_reference as ref
 from splitproof.batch import BatchError
-from splitproof.config import KL_TYPES, ConfigError
-from splitproof.rl.kl_control import (
+from splitproof.loss_config import KL_TYPES, ConfigError
+from splitproof.rl.rewards.kl_penalty import (
     AdaptiveKLController,
     FixedKLController,
     KLControlConfig,

@@ -6,7 +6,7 @@ from torch import nn
 
 from splitproof.batch import BatchError, RolloutBatch
 from splitproof.engine.logprobs import compute_log_probs, response_log_probs
-from splitproof.models import tiny_causal_lm
+from splitproof.hf_models import tiny_causal_lm
 
 ARCHS = ["llama", "qwen2"]
 
@@ -151,7 +151,7 @@ def test_low_precision_model_gives_float32():
 # ---- models (the inputs of everything above) ----
 
 def test_tiny_models_deterministic_and_rng_untouched():
-    from splitproof.models import vocab_size_of
+    from splitproof.hf_models import vocab_size_of
     state = torch.get_rng_state()
     a, b = tiny_causal_lm("qwen3", seed=1), tiny_causal_lm("qwen3", seed=1)
     assert torch.equal(state, torch.get_rng_state())
@@ -164,7 +164,7 @@ def test_tiny_models_deterministic_and_rng_untouched():
 
 
 def test_load_causal_lm_roundtrip(tmp_path):
-    from splitproof.models import load_causal_lm
+    from splitproof.hf_models import load_causal_lm
     model = tiny_causal_lm("llama", dtype=torch.float64)
     model.save_pretrained(tmp_path / "ckpt")
     loaded = load_causal_lm(tmp_path / "ckpt", dtype=torch.float64)

@@ -11,11 +11,11 @@ import sys
 import pytest
 import torch
 
-from splitproof.config import ConfigError
+from splitproof.loss_config import ConfigError
 from splitproof.engine import compute_log_probs
 from splitproof.lora import (LoraSettings, adapter_disabled, adapter_state, apply_lora, base_digest, export_merged,
                              lora_layers, save_adapter)
-from splitproof.models import load_causal_lm
+from splitproof.hf_models import load_causal_lm
 
 from .engine_helpers import flat, make_model
 from .lora_helpers import SETTINGS, lora_model, rollout

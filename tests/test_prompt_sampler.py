@@ -2,7 +2,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from splitproof.rl.data import PromptSampler, epoch_seed, prompt_order
+from splitproof.rl.data.prompts import PromptSampler, epoch_seed, prompt_order
 
 
 def batches(sampler, k):

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 
-from splitproof.config import AGG_MODES, LOSS_MODES, LossConfig
+from splitproof.loss_config import AGG_MODES, LOSS_MODES, LossConfig
 from splitproof.reference import priority_hash, reference_objective, reference_selection
 
 D = torch.float64

@@ -1,6 +1,6 @@
 import pytest
 
-from splitproof.rl.reward_rules import (
+from splitproof.rl.rewards.rules import (
     exact_match,
     format_check,
     gsm8k_answer,

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from splitproof.builtin import char_tokenizer
-from splitproof.rl.data import PromptRecord, load_prompts
-from splitproof.rl.rewards import (
+from splitproof.rl.data.prompts import PromptRecord, load_prompts
+from splitproof.rl.rewards.functions import (
     RewardError,
     check_reward_sources,
     default_reward_for,

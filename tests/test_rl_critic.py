@@ -35,7 +35,7 @@ def test_explained_variance_is_verls_and_ignores_row_order():
 def test_builtin_model_trains_with_a_critic_and_the_actor_waits_for_the_warmup():
     """The embedded default with algorithm.adv_estimator=gae (small batches): the critic is the built-in
     model with a scalar head; with critic_warmup=2 the actor stays as it was at step 1."""
-    from splitproof.rl.config_load import load_train_config
+    from splitproof.rl.config.load import load_train_config
     from splitproof.rl.loop import fit
     from splitproof.rl.run import build_run
 
@@ -61,7 +61,7 @@ def test_builtin_model_trains_with_a_critic_and_the_actor_waits_for_the_warmup()
 def test_a_critic_beside_grpo_is_trained_and_changes_nothing_else():
     """critic.enable=true with grpo (verl allows it): the critic is trained on grpo's returns and reported,
     the actor's trajectory is the one without a critic."""
-    from splitproof.rl.config_load import load_train_config
+    from splitproof.rl.config.load import load_train_config
     from splitproof.rl.loop import fit
     from splitproof.rl.run import build_run
 

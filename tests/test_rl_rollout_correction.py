@@ -19,7 +19,7 @@ import torch
 
 import splitproof.rl.step as step_module
 from splitproof.engine.launch import run_data_parallel
-from splitproof.rl.rollout import HFRollout
+from splitproof.rl.rollout.hf import HFRollout
 
 from .rl_helpers import (LAYOUTS, assert_same_trajectory, relative_update_difference, run_trajectory,
                          save_tiny_char_model, trajectory_config)

@@ -8,10 +8,10 @@ import random
 import pytest
 import torch
 
-from splitproof.config import ConfigError
+from splitproof.loss_config import ConfigError
 from splitproof.engine import compute_log_probs
-from splitproof.models import load_causal_lm, tiny_causal_lm
-from splitproof.rl.rollout import HFRollout, RolloutError, SamplingParams, requests_for, samples_to_batch
+from splitproof.hf_models import load_causal_lm, tiny_causal_lm
+from splitproof.rl.rollout.hf import HFRollout, RolloutError, SamplingParams, requests_for, samples_to_batch
 
 PROMPT_LENGTHS = (1, 5, 9, 15, 16, 23)  # 15/16/17 straddle the padding multiple
 EOS = tuple(range(3, 256, 13))  # 20 ids: about 8 % of tokens, so some samples stop and some run to the end
@@ -232,8 +232,8 @@ def test_bad_requests_are_named():
 
 
 def test_pad_samples_lays_out_every_row():
-    from splitproof.rl.assemble import pad_samples
-    from splitproof.rl.rollout import Sample
+    from splitproof.rl.rollout.assemble import pad_samples
+    from splitproof.rl.rollout.hf import Sample
 
     g = random.Random(4)
     samples = []

@@ -10,9 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitproof.rl.rollout_correction import (SAFETY_BOUND, is_metrics, offpolicy_metrics, rollout_correction,
+from splitproof.rl.rollout.correction import (SAFETY_BOUND, is_metrics, offpolicy_metrics, rollout_correction,
                                               rollout_is_weights)
-from splitproof.rl.config import RolloutCorrectionConfig
+from splitproof.rl.config.schema import RolloutCorrectionConfig
 
 
 def _random_batch(seed: int, rows: int, width: int, scale: float):

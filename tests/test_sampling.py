@@ -1,4 +1,4 @@
-"""Counter-based randomness and the sampling rule (splitproof.rl.sampling) as pure functions."""
+"""Counter-based randomness and the sampling rule (splitproof.rl.rollout.sampling) as pure functions."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from splitproof.rl.sampling import (inverse_cdf, mix64, sample_tokens, stream_keys, stream_uniforms, token_uniforms,
+from splitproof.rl.rollout.sampling import (inverse_cdf, mix64, sample_tokens, stream_keys, stream_uniforms, token_uniforms,
                                     top_k_mask, top_p_mask)
 
 M64 = (1 << 64) - 1
@@ -107,7 +107,7 @@ def test_stream_uniforms_are_the_token_uniforms():
 
 def test_uniform_bounds_are_open():
     assert token_uniforms(torch.tensor([0]), 0).item() > 0
-    from splitproof.rl.sampling import uniform_from_bits
+    from splitproof.rl.rollout.sampling import uniform_from_bits
 
     top = uniform_from_bits(torch.tensor([-1], dtype=torch.int64)).item()  # all 64 bits set
     low = uniform_from_bits(torch.tensor([0], dtype=torch.int64)).item()
@@ -173,7 +173,7 @@ def test_top_p_never_leaves_the_nucleus_and_matches_renormalised_probabilities()
 
 
 def test_top_p_after_top_k_equals_top_p_over_the_whole_filtered_vocabulary():
-    from splitproof.rl.sampling import scaled_log_probs, truncated_weights
+    from splitproof.rl.rollout.sampling import scaled_log_probs, truncated_weights
 
     g = torch.Generator().manual_seed(5)
     z = (torch.randn(40, 500, generator=g) * 2).round()  # many ties

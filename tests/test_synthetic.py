@@ -4,7 +4,7 @@ import torch
 
 from splitproof.diagnose.synthetic import group_advantages, synthetic_rollout
 from splitproof.engine.logprobs import compute_log_probs
-from splitproof.models import tiny_causal_lm
+from splitproof.hf_models import tiny_causal_lm
 
 
 def test_synthetic_rollout_is_valid_and_deterministic():

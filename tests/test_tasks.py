@@ -1,6 +1,6 @@
 import pytest
 
-from splitproof.rl import tasks
+from splitproof.rl.data import tasks
 
 
 def prompts(name):

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from splitproof import ConfigError
-from splitproof.rl import tracking
-from splitproof.rl.config_load import load_train_config
-from splitproof.rl.tracking import Tracker, read_metrics
+from splitproof.rl.tracking import loggers as tracking
+from splitproof.rl.config.load import load_train_config
+from splitproof.rl.tracking.loggers import Tracker, read_metrics
 
 VAL = "val-core/addition/reward/mean@1"
 

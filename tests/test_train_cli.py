@@ -16,8 +16,8 @@ from splitproof.cli import main
 from splitproof.cli.train import resume_command
 from splitproof.engine.launch import run_data_parallel
 from splitproof.rl import run as run_module
-from splitproof.rl.checkpoint import is_complete, latest_checkpoint
-from splitproof.rl.tracking import read_metrics
+from splitproof.rl.checkpoint.store import is_complete, latest_checkpoint
+from splitproof.rl.tracking.loggers import read_metrics
 
 from .rl_helpers import save_tiny_char_model, train_overrides
 
@@ -187,7 +187,7 @@ def test_readme_first_command_trains():
 
 
 def _fail_on_rank_1(model_dir, out):
-    from splitproof.rl.config_load import load_train_config
+    from splitproof.rl.config.load import load_train_config
     from splitproof.rl.loop import StepFailed
     from splitproof.rl.train import train
 

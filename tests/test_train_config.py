@@ -6,11 +6,11 @@ import fnmatch
 import pytest
 
 from splitproof import ConfigError, LossConfig
-from splitproof.rl import config_verl
-from splitproof.rl.config import BUILTIN_MODEL, TrainConfig, schema_keys
-from splitproof.rl.config_check import (GROUP_ESTIMATORS, KNOWN_ESTIMATORS, critic_enabled, critic_strategy,
+from splitproof.rl.config import verl_keys
+from splitproof.rl.config.schema import BUILTIN_MODEL, TrainConfig, schema_keys
+from splitproof.rl.config.check import (GROUP_ESTIMATORS, KNOWN_ESTIMATORS, critic_enabled, critic_strategy,
                                         dp_strategy, reward_function, to_update_config)
-from splitproof.rl.config_load import (config_dict, dump_config, load_train_config, parse_override,
+from splitproof.rl.config.load import (config_dict, dump_config, load_train_config, parse_override,
                                        recipe_items)
 
 USER_MODEL = "actor_rollout_ref.model.path=/models/my-model"
@@ -391,11 +391,11 @@ def test_reward_function_from_either_place():
 
 def test_schema_is_verl_tree_plus_documented_additions():
     ours = set(schema_keys())
-    assert ours - config_verl.verl_keys() == {"actor_rollout_ref.actor.policy_loss.cov_strategy",
+    assert ours - verl_keys.verl_keys() == {"actor_rollout_ref.actor.policy_loss.cov_strategy",
                                               "trainer.resume_allow_config_change", "trainer.seed",
                                               "trainer.cpu_threads"}
-    for pattern in config_verl.NO_EFFECT:  # every pattern matches a verl key, none of ours
-        assert any(fnmatch.fnmatchcase(k, pattern) for k in config_verl.verl_keys()), pattern
+    for pattern in verl_keys.NO_EFFECT:  # every pattern matches a verl key, none of ours
+        assert any(fnmatch.fnmatchcase(k, pattern) for k in verl_keys.verl_keys()), pattern
         assert not any(fnmatch.fnmatchcase(k, pattern) for k in ours), pattern
     assert set(GROUP_ESTIMATORS) <= set(KNOWN_ESTIMATORS)
 

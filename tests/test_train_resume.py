@@ -21,11 +21,11 @@ from safetensors.torch import load_file
 
 from splitproof.cli import main
 from splitproof.engine.launch import run_data_parallel
-from splitproof.rl.checkpoint import TRACKER, is_complete, latest_checkpoint
-from splitproof.rl.config_load import load_train_config
-from splitproof.rl.metrics import is_machine_dependent
+from splitproof.rl.checkpoint.store import TRACKER, is_complete, latest_checkpoint
+from splitproof.rl.config.load import load_train_config
+from splitproof.rl.tracking.metrics import is_machine_dependent
 from splitproof.rl.pause import PAUSE_AT, PAUSE_FILE
-from splitproof.rl.tracking import read_metrics
+from splitproof.rl.tracking.loggers import read_metrics
 from splitproof.rl.train import SetupError, train
 
 from .rl_helpers import (LAYOUTS, PPO, final_weights, relative_update_difference, save_tiny_char_model,

@@ -18,10 +18,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from splitproof.rl.config_load import load_train_config
-from splitproof.rl.metrics import is_machine_dependent
+from splitproof.rl.config.load import load_train_config
+from splitproof.rl.tracking.metrics import is_machine_dependent
 from splitproof.rl.pause import PAUSE_AT, PAUSE_FILE, PAUSE_RANK
-from splitproof.rl.tracking import read_metrics
+from splitproof.rl.tracking.loggers import read_metrics
 from splitproof.rl.train import train
 
 from .rl_helpers import PPO, final_weights, relative_update_difference, save_tiny_char_model, train_overrides

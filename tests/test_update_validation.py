@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 
 from splitproof.batch import BatchError
-from splitproof.config import ConfigError
+from splitproof.loss_config import ConfigError
 from splitproof.engine import UpdateConfig, update_policy, wrap_model
 from splitproof.engine.launch import run_data_parallel
-from splitproof.models import tiny_causal_lm
+from splitproof.hf_models import tiny_causal_lm
 
 from .engine_helpers import flat, full_state, loss_config, make_model, make_optimizer, make_rollout, rel_diff, run_update
 

@@ -15,7 +15,7 @@ import os
 import sys
 
 from . import diagnose, export, train
-from .common import EXIT_BROKEN_PIPE, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, OneLineParser, UsageError
+from .arguments import EXIT_BROKEN_PIPE, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, OneLineParser, UsageError
 
 __all__ = ["EXIT_BROKEN_PIPE", "EXIT_FAIL", "EXIT_PASS", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 

@@ -14,7 +14,7 @@ import warnings
 from contextlib import contextmanager
 
 from . import diagnose_options as opts
-from .common import EXIT_FAIL, EXIT_PASS, STDOUT, UsageError, check_output_path, output_stream
+from .arguments import EXIT_FAIL, EXIT_PASS, STDOUT, UsageError, check_output_path, output_stream
 
 DIAGNOSE_DESCRIPTION = """\
 Rerun one policy (or critic) update of the same optimizer minibatch under different splits (microbatches, token
@@ -143,7 +143,7 @@ def _scenarios(args) -> list:
     """The scenarios the flags ask for, with their overrides; refuses what a scenario cannot honour."""
     from dataclasses import replace
 
-    from splitproof.config import AGG_MODES, COV_MODES, LOSS_MODES
+    from splitproof.loss_config import AGG_MODES, COV_MODES, LOSS_MODES
     from splitproof.diagnose import scenarios as sc
     from splitproof.diagnose.splits import parse_split
 
@@ -188,7 +188,7 @@ def _diagnose(args) -> int:
     import torch
 
     from splitproof.batch import BatchError
-    from splitproof.config import ConfigError
+    from splitproof.loss_config import ConfigError
     from splitproof.diagnose import report as rep
     from splitproof.diagnose.context import ModelError, ModelSpec, check_device
     from splitproof.diagnose.diagnosis import Diagnosis

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from .common import (OneLineParser, UsageError, finite_float, flag, nonnegative_float, nonnegative_int,
+from .arguments import (OneLineParser, UsageError, finite_float, flag, nonnegative_float, nonnegative_int,
                      positive_float, positive_int)
 
 SCENARIOS = ("gmpo", "klcov", "sweep", "value", "audit")
@@ -189,7 +189,7 @@ def _describe(scenario: str) -> str:
     if scenario == "sweep":
         runs = sc.sweep(0)
         first = runs[0]
-        from splitproof.config import AGG_MODES, LOSS_MODES
+        from splitproof.loss_config import AGG_MODES, LOSS_MODES
         lines = [f"Every loss mode x every aggregation mode ({len(LOSS_MODES)} x {len(AGG_MODES)} = {len(runs)} "
                  "scenarios), one update each,", "rerun under each split and compared with one microbatch on one rank:",
                  f"  loss modes:  {', '.join(LOSS_MODES)}",

@@ -4,7 +4,7 @@ any model is loaded where it can be."""
 
 from __future__ import annotations
 
-from .common import EXIT_PASS, UsageError
+from .arguments import EXIT_PASS, UsageError
 
 DTYPES = ("float32", "float64", "bfloat16")
 
@@ -23,7 +23,7 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     import torch
 
-    from splitproof.config import ConfigError
+    from splitproof.loss_config import ConfigError
     from splitproof.lora import merge_adapter
 
     dtype = getattr(torch, args.dtype) if args.dtype else None

@@ -16,7 +16,7 @@ import sys
 from contextlib import contextmanager
 from datetime import timedelta
 
-from .common import EXIT_FAIL, EXIT_PASS, EXIT_USAGE
+from .arguments import EXIT_FAIL, EXIT_PASS, EXIT_USAGE
 
 EXIT_INTERRUPTED = 130
 LEAVE_TIMEOUT_S = 60  # how long a rank waits for the others before it exits
@@ -159,9 +159,9 @@ def _stopped_message(cfg, argv: list[str], stopped: str) -> str:
 
 def run(args) -> int:
     """Run the parsed ``splitproof train`` command; returns the exit status."""
-    from ..config import ConfigError
-    from ..rl.config import ActorRolloutRefConfig
-    from ..rl.config_load import dump_config, load_train_config
+    from ..loss_config import ConfigError
+    from ..rl.config.schema import ActorRolloutRefConfig
+    from ..rl.config.load import dump_config, load_train_config
 
     argv = list(getattr(args, "argv", None) or [])
     try:

@@ -35,7 +35,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from splitproof.config import AGG_MODES, GROUP_AGG, LossConfig
+from splitproof.loss_config import AGG_MODES, GROUP_AGG, LossConfig
 from splitproof.diagnose.verl_convention import VerlActorConfig, native_verl_config, one_line, set_global_batch_info
 
 CONVENTIONS = ("verl",)

@@ -19,9 +19,9 @@ import torch
 from torch import Tensor, nn
 
 from splitproof.batch import RolloutBatch
-from splitproof.config import LossConfig, ValueLossConfig
+from splitproof.loss_config import LossConfig, ValueLossConfig
 from splitproof.engine import compute_log_probs, compute_values
-from splitproof.models import load_causal_lm, tiny_causal_lm
+from splitproof.hf_models import load_causal_lm, tiny_causal_lm
 from splitproof.reference import reference_objective, reference_value_objective
 
 from .synthetic import synthetic_rollout, with_critic_targets

@@ -18,7 +18,7 @@ from splitproof.engine.launch import run_data_parallel
 
 from .compare import DIFF_FIELDS, eps_of, mask_agreement, objective_tolerance, tolerance, verdict
 from .context import BatchSpec, Context, ModelSpec, build_critic, build_model
-from .run import Baseline, Loss, RunResult, RunSettings, describe_loss, is_cov, is_value, run_baseline, run_compared
+from .split_run import Baseline, Loss, RunResult, RunSettings, describe_loss, is_cov, is_value, run_baseline, run_compared
 from .scenarios import Scenario
 from .splits import SplitError, SplitPlan, baseline_plan, parse_split, plan_split
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from splitproof.config import AGG_MODES, LOSS_MODES, LossConfig, ValueLossConfig
+from splitproof.loss_config import AGG_MODES, LOSS_MODES, LossConfig, ValueLossConfig
 
 from .context import BatchSpec
-from .run import RunSettings
+from .split_run import RunSettings
 
 NAMED = ("gmpo", "klcov", "sweep", "value")
 DEFAULT = ("gmpo", "klcov")

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from splitproof.batch import RolloutBatch
 from splitproof.engine.logprobs import compute_log_probs
-from splitproof.models import vocab_size_of
+from splitproof.hf_models import vocab_size_of
 
 
 def _param_dtype_device(model: nn.Module) -> tuple[torch.dtype, torch.device]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterator
 
-from splitproof.config import LossConfig
+from splitproof.loss_config import LossConfig
 
 
 def one_line(exc: BaseException) -> str:

@@ -1,10 +1,10 @@
 """The update engine: minibatches, microbatches, log-probs and values, accumulation, DP glue."""
 
-from .config import CriticUpdateConfig, UpdateConfig
-from .critic import train_critic_minibatch, update_critic
+from .update_config import CriticUpdateConfig, UpdateConfig
+from .critic_update import train_critic_minibatch, update_critic
 from .distributed import wrap_model
 from .logprobs import compute_log_probs, response_log_probs
-from .step import StepResult
+from .optimizer_step import StepResult
 from .update import train_minibatch, update_policy
 from .values import compute_values, response_values
 

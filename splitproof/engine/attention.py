@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from splitproof.config import ConfigError
+from splitproof.loss_config import ConfigError
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from splitproof.models import base_model_of
+from splitproof.hf_models import base_model_of
 
 DP_STRATEGIES = ("none", "ddp", "fsdp2")
 

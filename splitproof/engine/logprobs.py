@@ -16,11 +16,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from splitproof.batch import BatchError, RolloutBatch
-from splitproof.config import ConfigError
+from splitproof.loss_config import ConfigError
 from splitproof.engine.attention import attention_mask, check_attention
 from splitproof.engine.microbatch import budget_microbatches, fixed_microbatches
 from splitproof.engine.packing import packed_response_log_probs
-from splitproof.models import base_model_of
+from splitproof.hf_models import base_model_of
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 _accepts_logits_to_keep: dict[type, bool] = {}

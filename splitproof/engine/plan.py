@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..batch import RolloutBatch
-from .config import SplitSettings
+from .update_config import SplitSettings
 from .microbatch import budget_microbatches, fixed_microbatches, minibatch_schedule, pad_microbatches, shard_rows
 
 

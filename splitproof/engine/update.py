@@ -1,6 +1,6 @@
 """The update engine: one RL policy update of a causal LM from a rollout batch (docs/architecture.md).
 
-Per optimizer minibatch, through the shared step (:mod:`splitproof.engine.step`): statistics over the
+Per optimizer minibatch, through the shared step (:mod:`splitproof.engine.optimizer_step`): statistics over the
 whole minibatch (all ranks) → for KL-Cov/Clip-Cov the minibatch-wide selection → forward/backward of each
 microbatch's share of J(ℬ) → one gradient reduction over ranks → clip by total norm → step (or skip on a
 non-finite norm). Splitting and DP only change how the sum J(ℬ) is computed, never its value.
@@ -16,15 +16,15 @@ from torch import Tensor, nn
 
 from ..batch import RolloutBatch
 from ..collective import LOCAL, default_collective
-from ..config import GROUP_AGG, LossConfig
+from ..loss_config import GROUP_AGG, LossConfig
 from ..objective import correction_share, merge_metric_shares, metric_names, minibatch_share, policy_inputs
 from ..selection import quota, select_tokens, shard_cov_sums
 from ..stats import MinibatchStats
-from .config import UpdateConfig
+from .update_config import UpdateConfig
 from .distributed import gradient_sync, needs_lockstep
 from .logprobs import response_log_probs
 from .plan import MinibatchPlan, split_rows
-from .step import Part, StepResult, device_of, optimizer_step, part_of
+from .optimizer_step import Part, StepResult, device_of, optimizer_step, part_of
 from .validation import active_dropout, check_cov_strategy, validate_update
 
 # A correction over fewer than this share of the sequences costs less than a no-grad forward over all
@@ -70,7 +70,7 @@ def train_minibatch(model, optimizer, batch: RolloutBatch, plan: MinibatchPlan, 
 
 
 class PolicyObjective:
-    """The policy's J(ℬ) for :func:`~splitproof.engine.step.optimizer_step`: log-probs (and entropy) per
+    """The policy's J(ℬ) for :func:`~splitproof.engine.optimizer_step.optimizer_step`: log-probs (and entropy) per
     microbatch, ``minibatch_share``, and for KL-Cov/Clip-Cov the minibatch-wide selection (a `prepass`
     before the loop, or a `deferred` correction after it)."""
 

@@ -18,10 +18,10 @@ from torch import nn
 
 from ..batch import BatchError, RolloutBatch, require_group_index
 from ..collective import LOCAL
-from ..config import ConfigError
-from ..models import max_positions_of, vocab_size_of
+from ..loss_config import ConfigError
+from ..hf_models import max_positions_of, vocab_size_of
 from .attention import check_attention
-from .config import UpdateConfig
+from .update_config import UpdateConfig
 from .plan import MinibatchPlan, plan_update
 
 

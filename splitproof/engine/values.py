@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from splitproof.batch import RolloutBatch
-from splitproof.config import ConfigError
+from splitproof.loss_config import ConfigError
 from splitproof.engine.attention import check_attention
 from splitproof.engine.logprobs import (_logits_of, inference_microbatches, output_dtypes, padded_outputs,
                                         response_window)

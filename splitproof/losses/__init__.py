@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..config import LossConfig
+from ..loss_config import LossConfig
 from .common import LossTerms, PolicyInputs
 from .cov import clip_cov, clip_cov_correction, kl_cov, kl_cov_correction
 from .gmpo import geo_mean

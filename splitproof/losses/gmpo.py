@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import LossConfig
+from ..loss_config import LossConfig
 from .common import LossTerms, PolicyInputs, log_ratio, sequence_mean
 
 

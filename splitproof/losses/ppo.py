@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import LossConfig
+from ..loss_config import LossConfig
 from .common import LossTerms, PolicyInputs, dual_clip, log_ratio, ppo_clip, sequence_mean, zeros_like_mask
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..config import LossConfig
+from ..loss_config import LossConfig
 from .common import LossTerms, PolicyInputs, log_ratio, zeros_like_mask
 
 

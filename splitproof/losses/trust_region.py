@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..config import LossConfig
+from ..loss_config import LossConfig
 from .common import LossTerms, PolicyInputs, log_ratio
 
 

@@ -20,7 +20,7 @@ step (a reward function that raises, a rank that fails) is a ``StepFailed``: not
 logged or saved.
 
 Test pause points (``splitproof.rl.pause``): ``step{k}:trained``, ``step{k}:logged``,
-``step{k}:checkpoint:{stage}`` (the stages of ``checkpoint.save_checkpoint``), ``step{k}:done``.
+``step{k}:checkpoint:{stage}`` (the stages of ``checkpoint.store.save_checkpoint``), ``step{k}:done``.
 """
 
 from __future__ import annotations
@@ -29,13 +29,14 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
-from . import checkpoint, pause
+from . import pause
+from .checkpoint import store
 from .parallel import RankFailure
-from .rewards import RewardError
+from .rewards.functions import RewardError
 from .run import Run
-from .run_checkpoint import save_run
+from .checkpoint.run_state import save_run
 from .step import StepOutput, train_step
-from .validate import validate
+from .evaluate import validate
 
 
 class Interrupted(Exception):
@@ -66,12 +67,12 @@ def _checkpoint_pauses(step: int):
     if not pause.enabled():
         yield
         return
-    previous = checkpoint._progress_hook
-    checkpoint._progress_hook = lambda stage: pause.pause_point(f"step{step}:checkpoint:{stage}")
+    previous = store._progress_hook
+    store._progress_hook = lambda stage: pause.pause_point(f"step{step}:checkpoint:{stage}")
     try:
         yield
     finally:
-        checkpoint._progress_hook = previous
+        store._progress_hook = previous
 
 
 def _failing(step: int, fn: Callable, *args):

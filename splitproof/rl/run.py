@@ -19,17 +19,17 @@ from torch import Tensor, nn
 from ..aggregation import token_weights
 from ..collective import default_collective
 from ..engine import UpdateConfig, wrap_model
-from ..models import unwrap
+from ..hf_models import unwrap
 from ..stats import MinibatchStats
-from .config import TrainConfig
-from .config_check import critic_enabled, dp_strategy, reward_function as reward_function_setting, to_update_config
-from .critic import Critic, build_critic
-from .data import PromptDataset, PromptSampler, load_prompts
-from .kl_control import make_kl_controller
-from .models import MODEL_DTYPES, frozen_copy, generation_eos_ids, load_policy, load_tokenizer, refresh_copy
-from .rewards import check_reward_sources, load_reward_function
-from .rollout import HFRollout, SamplingParams
-from .schedule import make_optimizer, make_scheduler
+from .config.schema import TrainConfig
+from .config.check import critic_enabled, dp_strategy, reward_function as reward_function_setting, to_update_config
+from .models.critic import Critic, build_critic
+from .data.prompts import PromptDataset, PromptSampler, load_prompts
+from .rewards.kl_penalty import make_kl_controller
+from .models.policy import MODEL_DTYPES, frozen_copy, generation_eos_ids, load_policy, load_tokenizer, refresh_copy
+from .rewards.functions import check_reward_sources, load_reward_function
+from .rollout.hf import HFRollout, SamplingParams
+from .models.optim import make_optimizer, make_scheduler
 
 
 @dataclass

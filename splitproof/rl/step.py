@@ -21,13 +21,13 @@ from torch import Tensor
 from ..advantages import compute_advantage
 from ..batch import RolloutBatch
 from ..engine import compute_log_probs, compute_values, update_policy
-from .assemble import SequenceTensors, pad_samples
-from .critic import train_critic
-from .kl_control import apply_kl_penalty
-from .metrics import StageTimer, actor_metrics, data_metrics, throughput_metrics
+from .rollout.assemble import SequenceTensors, pad_samples
+from .models.critic import train_critic
+from .rewards.kl_penalty import apply_kl_penalty
+from .tracking.metrics import StageTimer, actor_metrics, data_metrics, throughput_metrics
 from .parallel import gather_rows, run_on_share
-from .rewards import RewardError, score, token_level_scores as scores_on_last_token
-from .rollout_correction import rollout_correction
+from .rewards.functions import RewardError, score, token_level_scores as scores_on_last_token
+from .rollout.correction import rollout_correction
 from .run import Run, greedy as greedy_params
 
 BASELINE_STREAM = 2  # remax's greedy baseline (training samples use stream 0, validation 1)

@@ -22,14 +22,14 @@ from pathlib import Path
 import torch
 
 from ..collective import default_collective
-from ..config import ConfigError
-from .checkpoint import latest_checkpoint
-from .config import TrainConfig
-from .config_check import critic_enabled
+from ..loss_config import ConfigError
+from .checkpoint.store import latest_checkpoint
+from .config.schema import TrainConfig
+from .config.check import critic_enabled
 from .loop import fit
 from .run import Run, RunInputs, build_run, prepare_inputs
-from .run_checkpoint import ResumePoint, restore_run, resume_point
-from .tracking import Tracker, check_backends
+from .checkpoint.run_state import ResumePoint, restore_run, resume_point
+from .tracking.loggers import Tracker, check_backends
 
 SETUP_ERRORS = (ValueError, OSError, ImportError)  # ConfigError, DataError, RewardError are ValueErrors
 
@@ -71,7 +71,7 @@ def check_model_config(cfg: TrainConfig) -> None:
     read (the weights are loaded later)."""
     from transformers import AutoConfig
 
-    from .models import model_directory
+    from .models.policy import model_directory
 
     models = [("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model)]
     if critic_enabled(cfg):

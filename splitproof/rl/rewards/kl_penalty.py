@@ -19,10 +19,10 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from ..advantages.exact import count_dtype, counts_plus_eps
-from ..batch import BatchError, check_binary_mask, check_finite_on
-from ..config import KL_TYPES, ConfigError, _check, _finite
-from ..losses.kl import kl_estimate
+from ...advantages.exact import count_dtype, counts_plus_eps
+from ...batch import BatchError, check_binary_mask, check_finite_on
+from ...loss_config import KL_TYPES, ConfigError, _check, _finite
+from ...losses.kl import kl_estimate
 
 KL_CTRL_TYPES = ("fixed", "adaptive")
 _PREFIX = "algorithm.kl_ctrl."

@@ -3,7 +3,7 @@
 Everything but the objective is the policy update's machinery: the plan (minibatches by (seed, epoch),
 shards, microbatches, token budgets, packing), validation before anything runs, the minibatch statistics
 summed over ranks, gradients summed over ranks once per step, clipping, and skipping a non-finite step
-(:mod:`splitproof.engine.step`). Only the forward (values instead of log-probs) and the share
+(:mod:`splitproof.engine.optimizer_step`). Only the forward (values instead of log-probs) and the share
 (``value_objective.value_share``) differ, so the critic's update is split-, order- and DP-invariant
 exactly as the policy's is.
 """
@@ -17,14 +17,14 @@ from torch import Tensor, nn
 
 from ..batch import BatchError, RolloutBatch, require_group_index
 from ..collective import LOCAL, default_collective
-from ..config import GROUP_AGG, ConfigError
-from ..models import unwrap
+from ..loss_config import GROUP_AGG, ConfigError
+from ..hf_models import unwrap
 from ..stats import MinibatchStats
 from ..value_objective import VALUE_METRICS, value_share
-from .config import CriticUpdateConfig
+from .update_config import CriticUpdateConfig
 from .distributed import needs_lockstep
 from .plan import MinibatchPlan
-from .step import Part, StepResult, device_of, optimizer_step
+from .optimizer_step import Part, StepResult, device_of, optimizer_step
 from .validation import check_positions, validate_plans
 from .values import response_values
 
@@ -85,7 +85,7 @@ def train_critic_minibatch(model, optimizer, batch: RolloutBatch, plan: Minibatc
 
 
 class ValueObjective:
-    """The critic's J_V(ℬ) for :func:`~splitproof.engine.step.optimizer_step`: values per microbatch and
+    """The critic's J_V(ℬ) for :func:`~splitproof.engine.optimizer_step.optimizer_step`: values per microbatch and
     ``value_share``; no pass before or after the loop.
 
     ``statistics_scope="microbatch"`` (the diagnosis's emulation of verl before its PR #6957): each

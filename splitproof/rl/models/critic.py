@@ -19,13 +19,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..engine import CriticUpdateConfig, update_critic, wrap_model
-from ..models import unwrap
-from .config import TrainConfig
-from .config_check import critic_strategy, to_critic_update_config
-from .metrics import CRITIC_METRICS, step_means
-from .models import MODEL_DTYPES, frozen_copy, load_value_model, refresh_copy
-from .schedule import make_optimizer, make_scheduler
+from ...engine import CriticUpdateConfig, update_critic, wrap_model
+from ...hf_models import unwrap
+from ..config.schema import TrainConfig
+from ..config.check import critic_strategy, to_critic_update_config
+from ..tracking.metrics import CRITIC_METRICS, step_means
+from .policy import MODEL_DTYPES, frozen_copy, load_value_model, refresh_copy
+from .optim import make_optimizer, make_scheduler
 
 
 @dataclass

@@ -10,7 +10,7 @@ Overrides are Hydra's: dotted keys, YAML-typed values (``trainer.logger=[console
 ``optim.lr=1e-6``, ``x=null``; ``x=`` is the empty string; text that is not YAML is taken as it is);
 ``+key=value`` and ``++key=value`` set a key like ``key=value``. ``${...}`` interpolations
 (``oc.select``, ``oc.env`` included) are resolved.
-Every key the user sets is classified by ``config_verl.classify`` before anything is merged.
+Every key the user sets is classified by ``verl_keys.classify`` before anything is merged.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import Any, Callable, Iterable
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
-from ..config import ConfigError
-from . import config_verl
-from .config import BUILTIN_MODEL, TrainConfig, schema_keys
-from .config_check import CRITIC_ESTIMATORS, normalize, validate
+from ...loss_config import ConfigError
+from . import verl_keys
+from .schema import BUILTIN_MODEL, TrainConfig, schema_keys
+from .check import CRITIC_ESTIMATORS, normalize, validate
 
 RECIPES = {BUILTIN_MODEL: "charlm.yaml"}
 MODEL_PATH = "actor_rollout_ref.model.path"
@@ -89,19 +89,19 @@ def _accept(items: Items, notices: list[str], settings: dict) -> Items:
     """The items for our schema; notices for no-effect keys; a ConfigError for anything else."""
     kept: Items = []
     for key, value in items:
-        kind = config_verl.classify(key, value, settings)
+        kind = verl_keys.classify(key, value, settings)
         if kind == "ours":
             kept.append((key, value))
         elif kind == "no_effect":
-            notices.append(f"{key}: no effect in splitproof ({config_verl.no_effect_reason(key)}); ignored")
+            notices.append(f"{key}: no effect in splitproof ({verl_keys.no_effect_reason(key)}); ignored")
         elif kind == "unsupported":
-            raise ConfigError(key, config_verl.unsupported_message(key))
+            raise ConfigError(key, verl_keys.unsupported_message(key))
         elif kind == "unknown":
-            if config_verl.is_section(key):
-                if config_verl.is_off(value):
+            if verl_keys.is_section(key):
+                if verl_keys.is_off(value):
                     continue
                 raise ConfigError(key, "is a section, not a key; set the keys inside it")
-            raise ConfigError(key, config_verl.unknown_message(key))
+            raise ConfigError(key, verl_keys.unknown_message(key))
     return kept
 
 

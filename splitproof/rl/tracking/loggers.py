@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import IO, Any, Mapping
 
-from ..config import ConfigError
+from ...loss_config import ConfigError
 
 METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "curve.png"
@@ -276,7 +276,7 @@ class Tracker:
     @classmethod
     def from_config(cls, cfg, *, total_steps: int, resume_step: int | None = None, **kwargs) -> "Tracker":
         """From a resolved ``TrainConfig`` (``trainer.logger``, ``default_local_dir``, project and experiment)."""
-        from .config_load import config_dict
+        from ..config.load import config_dict
 
         trainer = cfg.trainer
         return cls(trainer.logger, local_dir=trainer.default_local_dir, total_steps=total_steps,

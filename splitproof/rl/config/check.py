@@ -16,9 +16,9 @@ import math
 import os
 from dataclasses import fields
 
-from ..config import KL_TYPES, ConfigError, LossConfig
-from ..engine import CriticUpdateConfig, UpdateConfig
-from .config import ActorConfig, OptimConfig, PolicyLossConfig, TrainConfig
+from ...loss_config import KL_TYPES, ConfigError, LossConfig
+from ...engine import CriticUpdateConfig, UpdateConfig
+from .schema import ActorConfig, OptimConfig, PolicyLossConfig, TrainConfig
 
 ARR = "actor_rollout_ref"
 ACTOR = f"{ARR}.actor"

@@ -1,7 +1,7 @@
 """Built-in reward rules: pure functions of (response text, ground truth) → score.
 
 They are the rules ``data_source`` selects when no reward function is named, and helpers a user's own
-reward file may import (``from splitproof.rl.reward_rules import exact_match``).
+reward file may import (``from splitproof.rl.rewards.rules import exact_match``).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-from . import tasks
+from ..data import tasks
 
 GSM8K_TAIL_CHARS = 300  # verl looks for the answer only in the last 300 characters
 _GSM8K_ANSWER = re.compile(r"#### (-?[0-9.,]+)")

@@ -11,9 +11,9 @@ import os
 import torch
 from torch import nn
 
-from ..config import ConfigError
-from ..models import load_causal_lm, unwrap
-from .config import BUILTIN_MODEL
+from ...loss_config import ConfigError
+from ...hf_models import load_causal_lm, unwrap
+from ..config.schema import BUILTIN_MODEL
 
 MODEL_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
 
@@ -22,7 +22,7 @@ def model_directory(path: str, key: str = "actor_rollout_ref.model.path") -> str
     """The local directory of a model path (the built-in model's ships in the package); ``key`` names the
     config key in the error."""
     if path == BUILTIN_MODEL:
-        from ..builtin import charlm_directory
+        from ...builtin import charlm_directory
 
         return charlm_directory()
     expanded = os.path.expanduser(path)
@@ -56,7 +56,7 @@ def load_policy(model_cfg, *, dtype: torch.dtype, vocab_size: int | None = None)
 def load_value_model(model_cfg, *, dtype: torch.dtype, seed: int, vocab_size: int | None = None) -> nn.Module:
     """The critic: ``critic.model.path``'s architecture with a scalar head (``num_labels=1``, seeded by
     ``seed``) in ``dtype``, gradient checkpointing if asked."""
-    from ..value_model import value_model_from_pretrained
+    from ...value_model import value_model_from_pretrained
 
     key = "critic.model.path"
     model = value_model_from_pretrained(model_directory(model_cfg.path, key), dtype=dtype, seed=seed,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .datafiles import DataError, read_rows
+from .files import DataError, read_rows
 
 TRUNCATION_MODES = ("error", "left", "right", "middle")
 

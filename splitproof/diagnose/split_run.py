@@ -25,9 +25,9 @@ from torch import Tensor, nn
 
 from splitproof.batch import RolloutBatch
 from splitproof.collective import default_collective
-from splitproof.config import LossConfig, ValueLossConfig
+from splitproof.loss_config import LossConfig, ValueLossConfig
 from splitproof.engine import CriticUpdateConfig, UpdateConfig, train_critic_minibatch, train_minibatch, wrap_model
-from splitproof.models import unwrap, vocab_size_of
+from splitproof.hf_models import unwrap, vocab_size_of
 
 from .compare import Difference
 from .splits import SplitPlan

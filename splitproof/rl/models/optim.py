@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from ..config import ConfigError
+from ...loss_config import ConfigError
 
 
 def make_optimizer(model: nn.Module, optim) -> torch.optim.Optimizer:

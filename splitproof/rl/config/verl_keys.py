@@ -23,7 +23,7 @@ from functools import lru_cache
 from typing import Mapping
 from importlib import resources
 
-from .config import schema_keys, schema_sections
+from .schema import schema_keys, schema_sections
 
 # pattern (fnmatch over the dotted key) -> why it has no effect here
 NO_EFFECT: dict[str, str] = {
@@ -171,7 +171,7 @@ HYDRA_KEYS = {
 @lru_cache(maxsize=1)
 def verl_keys() -> frozenset[str]:
     """Key names of verl 0.9.1's PPO trainer config (package data ``verl_keys.txt``)."""
-    text = resources.files("splitproof.rl").joinpath("verl_keys.txt").read_text(encoding="utf-8")
+    text = resources.files("splitproof.rl.config").joinpath("verl_keys.txt").read_text(encoding="utf-8")
     return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
 
 

@@ -43,10 +43,10 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
                                                      set_state_dict)
 
-from ..config import ConfigError
-from ..models import unwrap
-from .config import TrainConfig, TrainerConfig
-from .config_check import critic_enabled
+from ...loss_config import ConfigError
+from ...hf_models import unwrap
+from ..config.schema import TrainConfig, TrainerConfig
+from ..config.check import critic_enabled
 
 TRACKER = "latest_checkpointed_iteration.txt"
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
@@ -454,7 +454,7 @@ def resume_differences(saved_yaml: str, cfg: TrainConfig) -> list[str]:
     """Result-affecting keys whose value differs between the checkpoint's config and ``cfg``."""
     from omegaconf import OmegaConf
 
-    from .config_load import config_dict
+    from ..config.load import config_dict
 
     saved = _flat(OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=True))
     now = _flat(config_dict(cfg))

@@ -1,5 +1,5 @@
 """The ``hf`` rollout backend: a KV-cached decode loop for any Hugging Face causal LM, with
-layout-independent sampling (``splitproof.rl.sampling``).
+layout-independent sampling (``splitproof.rl.rollout.sampling``).
 
 A request is ``(uid, j, prompt_ids)``: sample j of prompt uid. Token t of that sample draws its uniform
 from the stream (seed, stream, step, uid, j, t) and is chosen from its own logits row alone, so the
@@ -33,10 +33,10 @@ import torch
 from torch import Tensor, nn
 
 from splitproof.batch import RolloutBatch
-from splitproof.config import ConfigError
+from splitproof.loss_config import ConfigError
 from splitproof.engine.logprobs import _logits_of, _param_dtype, _takes_logits_to_keep
-from splitproof.models import unwrap, vocab_size_of
-from splitproof.rl.sampling import sample_tokens, stream_keys, stream_uniforms
+from splitproof.hf_models import unwrap, vocab_size_of
+from splitproof.rl.rollout.sampling import sample_tokens, stream_keys, stream_uniforms
 
 _INT64_MAX = (1 << 63) - 1
 _COMPACT_SHARE = 8  # compact the decode batch when that removes at least 1/8 of its rows
@@ -241,7 +241,7 @@ class HFRollout:
         return samples
 
     def _sample(self, logits: Tensor, uniforms: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor]:
-        """The next token of each row (one uniform each) and its log-prob: ``splitproof.rl.sampling``'s rule."""
+        """The next token of each row (one uniform each) and its log-prob: ``splitproof.rl.rollout.sampling``'s rule."""
         return sample_tokens(logits, uniforms, temperature=params.temperature, top_k=params.top_k,
                              top_p=params.top_p, greedy=params.greedy)
 

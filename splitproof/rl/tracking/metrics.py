@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 from torch import Tensor
 
-from ..value_objective import explained_variance
+from ...value_objective import explained_variance
 
 
 def _stats(prefix: str, values: Tensor) -> dict[str, float]:

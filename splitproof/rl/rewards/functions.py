@@ -35,7 +35,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 import torch
 
-from . import reward_rules
+from . import rules
 
 CONVENTIONS = ("verl", "trl")
 PKG_PREFIX, FILE_PREFIX = "pkg://", "file://"
@@ -204,12 +204,12 @@ def _rule_function(rule: Callable[[str, Any], float]) -> Callable:
 
 def default_reward_for(data_source: str) -> RewardFunction:
     """The built-in rule for a ``data_source`` (verl convention); an unknown one is a ``RewardError``."""
-    rule = reward_rules.RULES.get(data_source)
+    rule = rules.RULES.get(data_source)
     if rule is None:
         what = f"data_source {data_source!r} has" if data_source else "rows without a data_source have"
         raise RewardError(
             f"{what} no built-in reward rule; name a reward function (custom_reward_function.path and .name) "
-            f"or use a data_source with a rule: {', '.join(reward_rules.RULES)}"
+            f"or use a data_source with a rule: {', '.join(rules.RULES)}"
         )
     return RewardFunction(fn=_rule_function(rule), name=f"built-in rule for {data_source!r}", convention="verl")
 
@@ -243,11 +243,11 @@ def check_reward_sources(dataset, reward_fn: RewardFunction | None) -> None:
                 default_reward_for(source)
             except RewardError as err:
                 raise RewardError(f"{dataset.origin(uid)}: {err}") from None
-            needs_math_verify = reward_rules.RULES[source] is reward_rules.math_verify_score
-            if needs_math_verify and not reward_rules.math_verify_available():
+            needs_math_verify = rules.RULES[source] is rules.math_verify_score
+            if needs_math_verify and not rules.math_verify_available():
                 raise RewardError(
                     f"{dataset.origin(uid)}: data_source {source!r} is scored with math-verify, which is not "
-                    f"installed: {reward_rules.MATH_VERIFY_HINT}"
+                    f"installed: {rules.MATH_VERIFY_HINT}"
                 )
         for record in dataset:
             if ground_truth_of(record.columns) is None:

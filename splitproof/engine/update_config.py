@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..config import ConfigError, LossConfig, ValueLossConfig, _check, _finite
+from ..loss_config import ConfigError, LossConfig, ValueLossConfig, _check, _finite
 
 COV_STRATEGIES = ("auto", "prepass", "deferred", "microbatch")
 STATISTICS_SCOPES = ("minibatch", "microbatch")

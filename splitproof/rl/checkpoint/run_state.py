@@ -13,13 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config import ConfigError
-from .checkpoint import (STEP_DIR, Resumed, Trainable, check_resume_config, find_resume_checkpoint,
+from ...loss_config import ConfigError
+from .store import (STEP_DIR, Resumed, Trainable, check_resume_config, find_resume_checkpoint,
                          load_checkpoint, save_checkpoint)
-from .config import TrainConfig
-from .config_check import critic_enabled
-from .config_load import dump_config
-from .run import Run
+from ..config.schema import TrainConfig
+from ..config.check import critic_enabled
+from ..config.load import dump_config
+from ..run import Run
 
 
 @dataclass(frozen=True)
