@@ -138,6 +138,23 @@ def check_targets(model: nn.Module, settings: LoraSettings) -> None:
                               f"modules found: {', '.join(short)}")
 
 
+def check_before_loading(settings: LoraSettings, model_dir: str, *, trust_remote_code: bool = False) -> None:
+    """Everything about the LoRA keys that needs no weights: PEFT installed, the targets against the
+    model's modules (built from its config on the meta device, nothing allocated), a saved adapter's
+    files, rank and alpha."""
+    if not settings.enabled:
+        return
+    _peft()
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir, local_files_only=True, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    check_targets(skeleton, settings)
+    if settings.lora_adapter_path:
+        read_adapter_config(settings.lora_adapter_path, settings)
+
+
 # --- applying an adapter -------------------------------------------------------------------------------------
 
 
@@ -323,15 +340,28 @@ def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
 def save_adapter(model: nn.Module, path: str | os.PathLike) -> Path:
     """The adapter in PEFT's format (``adapter_model.safetensors`` + ``adapter_config.json``, loadable by
     ``PeftModel.from_pretrained``), with the base weights' digest in the safetensors metadata."""
+    return write_adapter(path, model, adapter_state(model), base_digest(model))
+
+
+def write_adapter(path: str | os.PathLike, model: nn.Module, tensors: dict[str, torch.Tensor], digest: str) -> Path:
+    """Write ``tensors`` (:func:`adapter_state`) and the model's adapter config at ``path``: one process
+    (the tensors and digest are gathered on every rank first under FSDP2)."""
     from safetensors.torch import save_file
 
     inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    save_file(adapter_state(inner), str(path / ADAPTER_WEIGHTS),
-              metadata={"format": "pt", DIGEST_KEY: base_digest(inner)})
+    save_file(tensors, str(path / ADAPTER_WEIGHTS), metadata={"format": "pt", DIGEST_KEY: digest})
     inner.peft_config[ADAPTER].save_pretrained(str(path))
     return path
+
+
+def saved_digest(path: str | os.PathLike) -> str | None:
+    """The base weights' digest a saved adapter carries (None: saved elsewhere)."""
+    from safetensors import safe_open
+
+    with safe_open(str(Path(path) / ADAPTER_WEIGHTS), framework="pt") as f:
+        return (f.metadata() or {}).get(DIGEST_KEY)
 
 
 def read_adapter_config(path: str | os.PathLike, settings: LoraSettings | None) -> dict:
@@ -360,13 +390,6 @@ def read_adapter_config(path: str | os.PathLike, settings: LoraSettings | None) 
     return config
 
 
-def _saved_digest(path: Path) -> str | None:
-    from safetensors import safe_open
-
-    with safe_open(str(path / ADAPTER_WEIGHTS), framework="pt") as f:
-        return (f.metadata() or {}).get(DIGEST_KEY)
-
-
 def _same_model_name(a: str, b: str) -> bool:
     if os.path.exists(a) and os.path.exists(b):
         return os.path.realpath(a) == os.path.realpath(b)
@@ -378,7 +401,7 @@ def check_adapter(path: str | os.PathLike, model: nn.Module, settings: LoraSetti
     weights' digest when the adapter was saved here, else the base model's name in its config."""
     config = read_adapter_config(path, settings)
     key = f"{settings.prefix}lora_adapter_path"
-    saved = _saved_digest(Path(path))
+    saved = saved_digest(path)
     if saved is not None:
         ours = base_digest(model)
         if saved != ours:
