@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -114,3 +118,56 @@ def test_bad_lora_input_is_one_line_before_training(model_dir, tmp_path, capsys)
     err = _exit_2(capsys, [*base, *LORA[:2], f"actor_rollout_ref.model.lora_adapter_path={tmp_path / 'adapter'}"])
     assert "actor_rollout_ref.model.lora_adapter_path:" in err and "trained on other base weights" in err
     assert not (tmp_path / "out" / "global_step_1").exists()
+
+
+def test_resuming_onto_other_base_weights_is_refused(model_dir, finished, tmp_path, capsys):
+    import shutil
+
+    _, out = finished
+    moved = tmp_path / "model"
+    shutil.copytree(model_dir, moved)
+    changed = load_causal_lm(moved)
+    with torch.no_grad():
+        changed.model.embed_tokens.weight[0, 0] += 1.0
+    changed.save_pretrained(moved)
+    run_dir = tmp_path / "run"
+    shutil.copytree(out, run_dir)
+    args = train_overrides(str(moved), run_dir, 4, dtype="fp64", extra=[
+        *LORA, "trainer.save_freq=1", "trainer.test_freq=-1", "trainer.resume_allow_config_change=true"])
+    err = _exit_2(capsys, args)
+    assert "actor_rollout_ref.model.path: the checkpoint" in err and "trained on other base weights" in err
+
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "-m", "splitproof", "train"]
+
+
+@pytest.mark.dist
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_torchrun_lora_matches_one_process(model_dir, finished, tmp_path, strategy):
+    """Two ranks (DDP or FSDP2) end with the one-process run's adapter (float64, 1e-10 of the update) and
+    write the same PEFT adapter directory."""
+    from safetensors.torch import load_file
+
+    result, one = finished
+    args = train_overrides(model_dir, tmp_path, 3, dtype="fp64", extra=[
+        *LORA, "trainer.save_freq=1", "trainer.test_freq=-1", f"actor_rollout_ref.actor.strategy={strategy}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"])
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    done = subprocess.run([*TORCHRUN, *args], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    weights = "adapter_model.safetensors"
+    got = load_file(tmp_path / "global_step_3" / "actor" / weights)
+    want = load_file(one / "global_step_3" / "actor" / weights)
+    initial = {k: v for k, v in adapter_state(_fresh(model_dir)).items()}
+    assert set(got) == set(want)
+    update = max(float((want[k] - initial[k]).abs().max()) for k in want)
+    difference = max(float((got[k] - want[k]).abs().max()) for k in want)
+    assert difference <= 1e-10 * update, difference / update
+    assert (tmp_path / "merged" / "model.safetensors").exists()
+
+
+def _fresh(model_dir):
+    from splitproof.lora import LoraSettings, apply_lora
+
+    return apply_lora(load_causal_lm(model_dir), LoraSettings(lora_rank=4, lora_alpha=8), seed=0)

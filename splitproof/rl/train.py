@@ -155,14 +155,14 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
     collective = default_collective("cpu")
     say = on_message or (lambda message: None)
     inputs, point = _agreed(collective, lambda: setup(cfg))
+    start_step = 0
     try:
         run = build_run(cfg, collective=collective, inputs=inputs)
-    except ConfigError as e:  # found with the weights (a LoRA adapter trained on other ones), on every rank
+        if point is not None:
+            start_step = restore_run(run, point)
+            say(f"resuming from {point.path} (step {start_step} of {run.total_steps})")
+    except ConfigError as e:  # found with the weights (LoRA: an adapter or checkpoint of other ones), on every rank
         raise SetupError(_one_line(e)) from None
-    start_step = 0
-    if point is not None:
-        start_step = restore_run(run, point)
-        say(f"resuming from {point.path} (step {start_step} of {run.total_steps})")
     if start_step >= run.total_steps and not cfg.trainer.val_only:
         say(f"the run is complete (checkpoint at step {start_step}); nothing to do. To start over: "
             "trainer.resume_mode=disable, or another trainer.default_local_dir")
