@@ -79,6 +79,10 @@ def test_checkpoints_hold_peft_adapters_and_the_merged_model_is_written(model_di
     policy = result.run.policy_for_inference()
     diff = (compute_log_probs(merged, batch, micro_batch_size=6)[0] - compute_log_probs(policy, batch, micro_batch_size=6)[0])
     assert float(diff.abs().max()) <= 1e-12
+    # any checkpoint's adapter merges with `splitproof export` (its config names the base model)
+    assert main(["export", str(actor), "--out", str(out / "exported")]) == 0
+    exported = load_causal_lm(out / "exported")
+    assert all(torch.equal(a, b) for a, b in zip(exported.state_dict().values(), merged.state_dict().values()))
 
 
 def test_a_lora_run_stopped_and_resumed_equals_the_uninterrupted_one(model_dir, finished, tmp_path):
