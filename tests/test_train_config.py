@@ -123,9 +123,9 @@ def test_unknown_key_suggests_nearest():
 
 
 def test_unsupported_verl_key_and_off_values():
-    error = error_of("actor_rollout_ref.model.lora_rank=8")
-    assert error.field == "actor_rollout_ref.model.lora_rank"
-    assert "verl key is not supported by splitproof" in str(error) and "LoRA" in str(error)
+    error = error_of("actor_rollout_ref.model.lora.rank=8")
+    assert error.field == "actor_rollout_ref.model.lora.rank"
+    assert "verl key is not supported by splitproof" in str(error) and "lora_rank" in str(error)
     assert "ppo_micro_batch_size_per_gpu" in str(error_of("actor_rollout_ref.actor.ppo_micro_batch_size=4"))
     assert "not supported" in str(error_of("algorithm.filter_groups.enable=true"))
     # "off" values, and settings inside a feature that stays off, are accepted silently

@@ -59,6 +59,9 @@ OPTIONS = (
     _opt("--threads", group=MODEL, by=EVERY, type=positive_int,
          help="torch CPU threads (default: 1 for the embedded model, torch's default otherwise)",
          audit_help="torch CPU threads (default: torch's default)"),
+    _opt("--lora-rank", group=MODEL, by=("default", "gmpo", "klcov", "sweep"), type=positive_int, metavar="R",
+         help="train a LoRA adapter of rank R on the model (all linear layers, lora_alpha 16, drawn from --seed; "
+              "needs the extra 'lora') instead of every weight (default: full fine-tuning)"),
     _opt("--dp-wrapper", group=MODEL, by=DIAGNOSIS, choices=("ddp", "fsdp2"),
          help="wrapper for dp:D splits (default ddp; only where a dp:D split runs)"),
 

@@ -21,15 +21,15 @@ from splitproof.engine.attention import attention_mask, check_attention
 from splitproof.engine.microbatch import budget_microbatches, fixed_microbatches
 from splitproof.engine.packing import packed_response_log_probs
 from splitproof.engine.row_invariant import row_invariant
-from splitproof.hf_models import unwrap
+from splitproof.hf_models import base_model_of
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 _accepts_logits_to_keep: dict[type, bool] = {}
 
 
 def _takes_logits_to_keep(model: nn.Module) -> bool:
-    """Whether the unwrapped module's forward names a ``logits_to_keep`` parameter (cached per class)."""
-    cls = type(unwrap(model))
+    """Whether the Hugging Face module (inside DDP/PEFT wrappers)'s forward names a ``logits_to_keep`` parameter (cached per class)."""
+    cls = type(base_model_of(model))
     if cls not in _accepts_logits_to_keep:
         try:
             params = inspect.signature(cls.forward).parameters

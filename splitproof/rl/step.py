@@ -60,9 +60,9 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
             old_log_probs, entropy = no_grad_log_probs(run, run.policy_for_inference(), seqs, run.old_log_prob_split,
                                                        with_entropy=True)
     ref_log_probs = None
-    if run.ref is not None:
-        with timer("ref"):
-            ref_log_probs, _ = no_grad_log_probs(run, run.ref, seqs, run.ref_log_prob_split)
+    if run.needs_reference:
+        with timer("ref"), run.reference() as ref:
+            ref_log_probs, _ = no_grad_log_probs(run, ref, seqs, run.ref_log_prob_split)
     values = None
     if run.critic is not None:
         with timer("values"):

@@ -73,6 +73,8 @@ def save_run(run: Run, step: int) -> Path:
 def restore_run(run: Run, point: ResumePoint) -> int:
     """Load ``point`` into ``run`` (models, optimizers, schedules, RNGs, sampler, KL controller, optimizer
     step counts); returns the step to continue after. Every rank calls it."""
+    if run.lora:
+        check_base_unchanged(run, point.path)
     resumed = load_checkpoint(point.path, model=run.policy, optimizer=run.optimizer, lr_scheduler=run.scheduler,
                               critic=_critic(run))
     state = resumed.trainer_state
@@ -85,3 +87,14 @@ def restore_run(run: Run, point: ResumePoint) -> int:
         run.critic.optimizer_steps = int(state["critic_optimizer_steps"])
         run.critic.after_update()
     return resumed.step
+
+
+def check_base_unchanged(run: Run, path: Path) -> None:
+    """A LoRA checkpoint holds the adapter only: the base weights loaded now must be the ones it was
+    trained on (the digest its ``actor/`` adapter carries). Every rank calls it (a collective under FSDP2)."""
+    from ...lora import base_digest, saved_digest
+
+    saved, ours = saved_digest(Path(path) / "actor"), base_digest(run.policy)
+    if saved is not None and saved != ours:
+        raise ConfigError("actor_rollout_ref.model.path", f"the checkpoint {path} was trained on other base weights "
+                          f"(digest {saved[:12]}, this model's {ours[:12]})")

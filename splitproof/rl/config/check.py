@@ -18,6 +18,7 @@ from dataclasses import fields
 
 from ...loss_config import KL_TYPES, ConfigError, LossConfig
 from ...engine import CriticUpdateConfig, UpdateConfig
+from ...lora import LoraSettings
 from .schema import ActorConfig, OptimConfig, PolicyLossConfig, TrainConfig
 
 ARR = "actor_rollout_ref"
@@ -295,6 +296,7 @@ def _check_actor(cfg: TrainConfig) -> None:
     _positive_int(actor.ppo_epochs, f"{ACTOR}.ppo_epochs")
     _positive_int(arr.nccl_timeout, f"{ARR}.nccl_timeout")
     _check_optim(actor.optim, f"{ACTOR}.optim")
+    lora_settings(cfg)
     to_update_config(cfg)  # every loss and update field, named
 
 
@@ -426,6 +428,16 @@ def _check_reward(cfg: TrainConfig) -> None:
               f"names {nested.path!r} while custom_reward_function.path names {top.path!r}; set one place")
     _require(top.name is None or top.path is not None, "custom_reward_function.name",
              "needs custom_reward_function.path (the file or module that defines it)")
+
+
+def lora_settings(cfg: TrainConfig) -> LoraSettings:
+    """The actor's LoRA keys (``actor_rollout_ref.model.lora_*``, ``target_modules``, ``exclude_modules``),
+    checked; ``lora_rank`` 0 is full fine-tuning."""
+    m = cfg.actor_rollout_ref.model
+    targets = m.target_modules if isinstance(m.target_modules, str) else list(m.target_modules or ())
+    return LoraSettings(lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, target_modules=targets,
+                        exclude_modules=list(m.exclude_modules) if m.exclude_modules is not None else None,
+                        lora_adapter_path=m.lora_adapter_path, prefix=f"{ARR}.model.")
 
 
 def validate(cfg: TrainConfig) -> None:

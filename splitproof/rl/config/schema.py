@@ -49,6 +49,11 @@ class ModelConfig:
     custom_chat_template: Optional[str] = None  # a Jinja chat template that replaces the tokenizer's
     use_remove_padding: bool = False  # ours: off (verl: on); on CPU packing is opt-in
     enable_gradient_checkpointing: bool = False  # ours: off (verl: on); exact either way
+    lora_rank: int = 0  # LoRA adapter rank; 0: off (every weight trains)
+    lora_alpha: float = 16.0  # LoRA scale s = lora_alpha / lora_rank
+    target_modules: Any = "all-linear"  # LoRA's layers: all-linear, or a list of module names
+    exclude_modules: Optional[List[str]] = None  # module names LoRA leaves out
+    lora_adapter_path: Optional[str] = None  # start from a saved adapter (PEFT's format)
 
 
 @dataclass
