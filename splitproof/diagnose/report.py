@@ -124,8 +124,8 @@ def _floor_table(record: dict, cov: bool) -> list[str]:
     rows = [[s["split"], _e(s["control"]["grad_rel_diff"]), _e(s["control"]["update_rel_diff"]),
              f"{s['objective']:.10g}"] + ([_sel(s)] if cov else []) for s in record["splits"]]
     what = "objective J and selected tokens (baseline/split, mask agreement)" if cov else "objective J"
-    return (_wrap(f"the floor: control = {record['control']}, on the same split (its differences make the bounds); "
-                  f"{what}: what the split reported") + _table(header, rows))
+    return (_wrap(f"the floor, from the control — {record['control']} — on the same split: its differences "
+                  f"make the bounds above; {what}: what the split reported") + _table(header, rows))
 
 
 def _legacy_table(record: dict, cov: bool) -> list[str]:
