@@ -165,7 +165,7 @@ def diagnosis_memory(env: bl.Env) -> dict:
     from splitproof.diagnose import scenarios as sc
     from splitproof.diagnose.context import ModelSpec, build_model
     from splitproof.diagnose.diagnosis import Diagnosis
-    from splitproof.diagnose.store import spills_to_disk
+    from splitproof.diagnose.baseline_store import spills_to_disk
 
     spec = ModelSpec(path=env.args.diagnose_model, dtype="float64")
     gc.collect()

@@ -14,19 +14,19 @@ import torch
 import torch.distributed as dist
 
 import splitproof.diagnose.diagnosis as diagnosis_module
-import splitproof.diagnose.run as run_module
-import splitproof.diagnose.store as store_module
+import splitproof.diagnose.split_run as run_module
+import splitproof.diagnose.baseline_store as store_module
 from splitproof.cli import main
 from splitproof.collective import default_collective
 from splitproof.diagnose import scenarios as sc
 from splitproof.diagnose.context import ModelSpec
 from splitproof.diagnose.diagnosis import Diagnosis
-from splitproof.diagnose.store import FlatStore, spills_to_disk
+from splitproof.diagnose.baseline_store import FlatStore, spills_to_disk
 from splitproof.diagnose.synthetic import synthetic_rollout
 from splitproof.engine import UpdateConfig, train_minibatch, wrap_model
 from splitproof.engine.launch import run_data_parallel
 from splitproof.engine.plan import MinibatchPlan
-from splitproof.models import tiny_causal_lm, vocab_size_of
+from splitproof.hf_models import tiny_causal_lm, vocab_size_of
 
 pytestmark = pytest.mark.dist
 

@@ -32,7 +32,7 @@ from splitproof.hf_models import unwrap, vocab_size_of
 
 from .compare import CHUNK, Difference
 from .splits import SplitPlan
-from .store import FlatStore
+from .baseline_store import FlatStore
 
 OPTIMIZERS = ("sgd", "adamw")
 BASELINE_VECTORS = ("grad", "after")
