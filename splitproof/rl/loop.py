@@ -33,6 +33,7 @@ from . import pause
 from .checkpoint import store
 from .parallel import RankFailure
 from .rewards.functions import RewardError
+from .rollout.pipeline import PIPELINE_ERRORS, pipelined
 from .run import Run
 from .checkpoint.run_state import save_run
 from .step import StepOutput, train_step
@@ -78,7 +79,7 @@ def _checkpoint_pauses(step: int):
 def _failing(step: int, fn: Callable, *args):
     try:
         return fn(*args)
-    except (RewardError, RankFailure) as e:
+    except (RewardError, RankFailure, *PIPELINE_ERRORS) as e:
         raise StepFailed(step, e) from e
 
 
@@ -107,26 +108,33 @@ def fit(run: Run, *, log: Callable[[dict, int], None] | None = None, sync: Calla
         emit(_failing(start_step, validate, run, start_step), start_step)
         if cfg.val_only:
             return records
-    for step in range(start_step + 1, run.total_steps + 1):
-        check_stop(step - 1)
-        uids = run.sampler.next_batch()
-        output = _failing(step, train_step, run, step, uids)
-        pause.pause_point(f"step{step}:trained")
-        if on_step is not None:
-            on_step(step, output)
-        check_stop(step - 1)
-        metrics = dict(output.metrics)
-        if is_due(step, run.total_steps, cfg.test_freq):
-            started = time.perf_counter()
-            metrics.update(_failing(step, validate, run, step))
-            metrics["timing_s/testing"] = time.perf_counter() - started
-            check_stop(step - 1)
-        emit(metrics, step)
-        pause.pause_point(f"step{step}:logged")
-        if save_checkpoints and is_due(step, run.total_steps, cfg.save_freq):
-            if sync is not None:
-                sync()
-            with _checkpoint_pauses(step):
-                save_run(run, step)
-        pause.pause_point(f"step{step}:done")
+    with pipelined(run, start_step, run.extra.get("pipeline_state")):
+        for step in range(start_step + 1, run.total_steps + 1):
+            _one_step(run, step, emit, check_stop, on_step, sync, save_checkpoints)
     return records
+
+
+def _one_step(run: Run, step: int, emit, check_stop, on_step, sync, save_checkpoints: bool) -> None:
+    """Step ``step``: train, validate when due, log, checkpoint when due (the order of the module docstring)."""
+    cfg = run.config.trainer
+    check_stop(step - 1)
+    uids = run.sampler.next_batch() if run.pipeline is None else run.pipeline.uids(step)
+    output = _failing(step, train_step, run, step, uids)
+    pause.pause_point(f"step{step}:trained")
+    if on_step is not None:
+        on_step(step, output)
+    check_stop(step - 1)
+    metrics = dict(output.metrics)
+    if is_due(step, run.total_steps, cfg.test_freq):
+        started = time.perf_counter()
+        metrics.update(_failing(step, validate, run, step))
+        metrics["timing_s/testing"] = time.perf_counter() - started
+        check_stop(step - 1)
+    emit(metrics, step)
+    pause.pause_point(f"step{step}:logged")
+    if save_checkpoints and is_due(step, run.total_steps, cfg.save_freq):
+        if sync is not None:
+            sync()
+        with _checkpoint_pauses(step):
+            save_run(run, step)
+    pause.pause_point(f"step{step}:done")

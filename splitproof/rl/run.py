@@ -55,6 +55,7 @@ class Run:
     inference_copy: nn.Module | None = None  # FSDP2 only
     critic: Critic | None = None  # PPO with a value model (critic.enable, or gae)
     optimizer_steps: int = 0
+    pipeline: Any = None  # rollout.pipeline.RolloutPipeline while a pipelined run (staleness_steps > 0) trains
     extra: dict = field(default_factory=dict)
 
     @property

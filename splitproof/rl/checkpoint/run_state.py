@@ -3,7 +3,8 @@
 ``checkpoint.save_checkpoint`` keeps the model, the optimizer, the LR schedule and every RNG (and the
 same of the critic, when the run has one); the run adds its own state: the prompt sampler's position
 (epoch, cursor), the KL controller's coefficient and the number of optimizer steps taken by the actor
-and the critic (the engine's minibatch-shuffle streams are keyed by them). That is
+and the critic (the engine's minibatch-shuffle streams are keyed by them), and a pipelined run's in-flight
+rollouts (``rollout.pipeline``). That is
 everything the next step depends on, so a resumed run continues the same trajectory. The reference
 model is not saved: it is the initial model, loaded again from ``actor_rollout_ref.model.path``.
 """
@@ -53,7 +54,8 @@ def run_state(run: Run) -> dict:
     return {"sampler": run.sampler.state_dict(),
             "kl_ctrl": None if run.kl_ctrl is None else run.kl_ctrl.state_dict(),
             "optimizer_steps": run.optimizer_steps,
-            "critic_optimizer_steps": None if run.critic is None else run.critic.optimizer_steps}
+            "critic_optimizer_steps": None if run.critic is None else run.critic.optimizer_steps,
+            "pipeline": None if run.pipeline is None else run.pipeline.state_dict()}
 
 
 def _critic(run: Run) -> Trainable | None:
@@ -80,6 +82,7 @@ def restore_run(run: Run, point: ResumePoint) -> int:
     if run.kl_ctrl is not None:
         run.kl_ctrl.load_state_dict(state["kl_ctrl"])
     run.optimizer_steps = int(state["optimizer_steps"])
+    run.extra["pipeline_state"] = state.get("pipeline")  # the in-flight rollouts of a pipelined run
     run.after_update()
     if run.critic is not None:
         run.critic.optimizer_steps = int(state["critic_optimizer_steps"])

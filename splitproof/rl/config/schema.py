@@ -241,6 +241,11 @@ class TrainerConfig:
 
 
 @dataclass
+class AsyncTrainingConfig:
+    staleness_steps: int = 0  # ours: k; step s trains on rollouts of the policy of step s - k, generated while step s - 1 updates (0: synchronous). verl: one_step_off_policy is k = 1; async_training.staleness_threshold and trainer.v1.sampler.max_off_policy_threshold bound a timing-dependent lag
+
+
+@dataclass
 class RewardFunctionConfig:
     path: Optional[str] = None  # a file, file://PATH or pkg://package.module
     name: Optional[str] = None  # null: compute_score
@@ -261,6 +266,7 @@ class TrainConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     custom_reward_function: RewardFunctionConfig = field(default_factory=RewardFunctionConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
 
