@@ -104,3 +104,96 @@ def test_a_dead_rollout_process_stops_the_run_named(model_dir):
                                          r"with exit code -9"):
         fit(run, on_step=kill_rollout_process)
     assert killed and run.pipeline is None  # the loop let go of it
+
+
+# ------------------------------------------------------------------------------- kill -9 and resume_mode=auto
+
+def _train_paused_at(args: list[str], point: str, marker: str) -> None:
+    from splitproof.cli import main
+    from splitproof.rl.pause import PAUSE_AT, PAUSE_FILE
+
+    os.environ.update({PAUSE_AT: point, PAUSE_FILE: marker})
+    os._exit(main(["train", *args]))
+
+
+@pytest.mark.slow
+def test_killed_and_resumed_continues_the_pipelined_trajectory(model_dir, tmp_path):
+    """SIGKILL in step 3 (its batch taken, the next one in flight); the newest checkpoint (step 2) holds the
+    batches in flight then (3 and 4); the relaunch ends with the uninterrupted run's weights and metrics."""
+    from safetensors.torch import load_file
+
+    from splitproof.cli import main
+    from splitproof.rl.checkpoint.store import latest_checkpoint
+    from splitproof.rl.tracking.loggers import read_metrics
+
+    from .rl_helpers import train_overrides
+
+    def args(out):
+        return train_overrides(model_dir, out, 4, dtype="fp64", extra=[*K1, "trainer.save_freq=2"])
+
+    whole, killed, marker = tmp_path / "whole", tmp_path / "killed", tmp_path / "paused"
+    assert main(["train", *args(whole)]) == 0
+    proc = multiprocessing.get_context("fork").Process(target=_train_paused_at,
+                                                       args=(args(killed), "step3:trained", str(marker)))
+    proc.start()
+    deadline = time.monotonic() + 600
+    while not marker.exists():
+        assert proc.exitcode is None and time.monotonic() < deadline, "never reached step 3"
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(timeout=30)
+    assert latest_checkpoint(killed) == killed / "global_step_2"
+    assert main(["train", *args(killed)]) == 0  # resume_mode=auto
+
+    a = load_file(killed / "global_step_4" / "actor" / "model.safetensors")
+    b = load_file(whole / "global_step_4" / "actor" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in b)
+    got, want = read_metrics(killed / "metrics.jsonl"), read_metrics(whole / "metrics.jsonl")
+    assert [{k: v for k, v in r.items() if not is_machine_dependent(k)} for r in got] == \
+           [{k: v for k, v in r.items() if not is_machine_dependent(k)} for r in want]
+    assert [r["rollout/param_version"] for r in want if r["step"] > 0] == [0, 0, 1, 2]
+
+
+# ------------------------------------------------------------------------------- torchrun: one rollout process per rank
+
+@pytest.mark.dist
+def test_two_ranks_continue_the_one_process_pipelined_trajectory(model_dir, tmp_path):
+    """torchrun with 2 ranks (DDP), each with its own rollout process generating its share of every batch,
+    against one process: the same float64 trajectory (weights within 1e-10 of the update, metrics 1e-9)."""
+    import math
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from splitproof.rl.tracking.loggers import read_metrics
+    from splitproof.rl.train import train
+
+    from .rl_helpers import relative_update_difference, train_overrides
+
+    def args(out, extra=()):
+        return train_overrides(model_dir, out, STEPS, dtype="fp64", extra=[*K1, "trainer.save_freq=3", *extra])
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    train(load_train_config(None, args(one), on_notice=lambda m: None))
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "splitproof", "train", *args(two, ["actor_rollout_ref.actor.strategy=ddp"])],
+                          env=dict(os.environ, PYTHONPATH=str(root)), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def weights(out):
+        return {k: v.double() for k, v in load_file(out / f"global_step_{STEPS}" / "actor" / "model.safetensors").items()}
+
+    from transformers import AutoModelForCausalLM
+
+    initial = {k: v.double() for k, v in AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).state_dict().items()}
+    difference = relative_update_difference(weights(two), weights(one), initial)
+    print(f"pipelined, 2 ranks vs one process: {difference:.2e} of the update")
+    assert difference <= 1e-10
+    got, want = read_metrics(two / "metrics.jsonl"), read_metrics(one / "metrics.jsonl")
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    for a, b in zip(got, want):
+        for key in (k for k in b if not is_machine_dependent(k)):
+            assert math.isclose(a[key], b[key], rel_tol=1e-9, abs_tol=1e-12), (a["step"], key)

@@ -104,11 +104,12 @@ def fit(run: Run, *, log: Callable[[dict, int], None] | None = None, sync: Calla
         if should_stop is not None and should_stop():
             raise Interrupted(last_logged)
 
-    if cfg.val_only or (cfg.val_before_train and start_step == 0):
+    if cfg.val_only:
         emit(_failing(start_step, validate, run, start_step), start_step)
-        if cfg.val_only:
-            return records
-    with pipelined(run, start_step, run.extra.get("pipeline_state")):
+        return records
+    with pipelined(run, start_step, run.extra.get("pipeline_state")):  # the rollout process starts during step 0
+        if cfg.val_before_train and start_step == 0:
+            emit(_failing(start_step, validate, run, start_step), start_step)
         for step in range(start_step + 1, run.total_steps + 1):
             _one_step(run, step, emit, check_stop, on_step, sync, save_checkpoints)
     return records

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ...loss_config import ConfigError
 from ..parallel import RankFailure, run_on_share, share
 from .hf import Sample
 from .worker import WorkerSpec, random_delay, rollout_process
@@ -122,6 +123,13 @@ class RolloutPipeline:
             for saved in state["batches"]:
                 batch = PendingBatch(**{**saved, "samples": [Sample(**s) for s in saved["samples"]]})
                 self.batches[batch.step] = batch
+            missing = [s for s in range(start_step + 1, min(start_step + 1 + self.k, self.run.total_steps) + 1)
+                       if s not in self.batches]
+            if missing:  # their weights (versions before start_step) are not in the checkpoint
+                raise ConfigError("trainer.total_training_steps",
+                                  f"the checkpoint at step {start_step} holds the pipelined batches up to step "
+                                  f"{start_step + len(self.batches)} only (its run ended there); batch {missing[0]} "
+                                  "would need weights it does not hold: a pipelined run cannot be extended")
             return
         if start_step != 0:
             raise RuntimeError(f"the checkpoint at step {start_step} holds no in-flight rollouts (written with "
