@@ -155,7 +155,7 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
              f"{estimate:.2f}×", bl.verdict(estimate, GOAL)],
             ["pipelined step ≤ 0.7× the synchronous one", "wall (shared machine)", f"{wall1 / wall0:.2f}×",
              bl.verdict(wall1 / wall0, GOAL)]]),
-        "Weight transfer per step (median over 10 hand-overs, this process):",
+        f"Weight transfer per step (median over {3 if env.quick else 10} hand-overs, this process):",
         bl.table(["model", "weights (float32)", "into shared memory ms", "out into the rollout model ms"], transfer),
     ]
     return bl.section(NAME, "Pipelined rollouts: step time at k = 1 against k = 0", command, env, load_before, body)
