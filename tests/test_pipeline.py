@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 import time
 
@@ -72,9 +73,10 @@ def test_random_delays_and_generation_batch_size_change_nothing(model_dir, k1, m
 
 @pytest.mark.slow
 def test_a_policy_that_does_not_move_generates_the_synchronous_tokens(model_dir):
-    """lr = 0: every version is the initial policy, so the rollout process must sample exactly the tokens
-    (and log-probs) the synchronous step samples: the weights arrive whole, the streams are the step's."""
-    frozen = ["actor_rollout_ref.actor.optim.lr=0", "actor_rollout_ref.actor.optim.weight_decay=0"]
+    """No actor update (trainer.critic_warmup past the last step): every version is the initial policy, so
+    the rollout process must sample exactly the tokens (and log-probs) the synchronous step samples — the
+    weights arrive whole, the streams are the step's — and every metric but the lag's is the same."""
+    frozen = [f"trainer.critic_warmup={STEPS + 1}"]
     sync = run_trajectory(trajectory_config(model_dir, STEPS, frozen))
     pipelined = run_trajectory(trajectory_config(model_dir, STEPS, [*frozen, *K1]))
     _assert_identical(pipelined, sync, drop=("rollout/",))
@@ -197,3 +199,35 @@ def test_two_ranks_continue_the_one_process_pipelined_trajectory(model_dir, tmp_
     for a, b in zip(got, want):
         for key in (k for k in b if not is_machine_dependent(k)):
             assert math.isclose(a[key], b[key], rel_tol=1e-9, abs_tol=1e-12), (a["step"], key)
+
+
+@pytest.mark.dist
+def test_a_dead_rollout_process_under_torchrun_stops_every_rank(model_dir, tmp_path):
+    """Rank 1's rollout process dies (SIGKILL) when asked for batch 4; the checkpoint after step 2, which
+    waits for batches 3 and 4, fails on both ranks with the process named; global_step_1 stays the newest;
+    every rank exits non-zero."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from splitproof.rl.checkpoint.store import latest_checkpoint
+    from splitproof.rl.rollout.worker import DIE_AT_ENV, DIE_RANK_ENV
+
+    from .rl_helpers import train_overrides
+
+    out = tmp_path / "out"
+    root = Path(__file__).resolve().parents[1]
+    args = train_overrides(model_dir, out, 4, dtype="fp64", extra=[*K1, "trainer.save_freq=1",
+                                                                   "actor_rollout_ref.actor.strategy=ddp"])
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "splitproof", "train", *args],
+                          env=dict(os.environ, PYTHONPATH=str(root), **{DIE_AT_ENV: "4", DIE_RANK_ENV: "1"}),
+                          capture_output=True, text=True, timeout=600)
+    report = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "the rollout process splitproof-rollout-rank1" in report and "died with exit code -9" in report, report
+    assert "step 2:" in report and "checkpoint not saved" in report, report
+    # torchrun's report: every rank failed (status 1; torchrun may stop the last one with SIGTERM first)
+    exits = dict(re.findall(r"rank\s+: (\d+) \(local_rank: \d+\)\n\s+exitcode\s+: (-?\d+)", done.stderr))
+    assert set(exits) == {"0", "1"} and "1" in exits.values() and set(exits.values()) <= {"1", "-15"}, report
+    assert latest_checkpoint(out) == out / "global_step_1"

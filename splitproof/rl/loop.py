@@ -49,12 +49,14 @@ class Interrupted(Exception):
 
 
 class StepFailed(Exception):
-    """Step ``step`` failed (a reward function, a rank); nothing of it was logged or saved."""
+    """Step ``step`` failed (a reward function, a rank, a rollout process); nothing of it was saved, and
+    nothing logged unless ``logged`` (its checkpoint failed: a pipelined run's rollout process died)."""
 
-    def __init__(self, step: int, cause: BaseException):
+    def __init__(self, step: int, cause: BaseException, *, logged: bool = False):
         super().__init__(f"step {step}: {cause}")
         self.step = step
         self.cause = cause
+        self.logged = logged
 
 
 def is_due(step: int, total: int, freq: int) -> bool:
@@ -137,5 +139,8 @@ def _one_step(run: Run, step: int, emit, check_stop, on_step, sync, save_checkpo
         if sync is not None:
             sync()
         with _checkpoint_pauses(step):
-            save_run(run, step)
+            try:
+                save_run(run, step)
+            except PIPELINE_ERRORS as e:  # the in-flight rollouts it waits for never came
+                raise StepFailed(step, e, logged=True) from e
     pause.pause_point(f"step{step}:done")

@@ -7,8 +7,10 @@ then it generates the requests with the ``hf`` backend, keyed by ``step`` exactl
 step keys them, and answers ``("done", step, version, samples)`` — or ``("error", step, message)``.
 ``None`` stops it; so does the death of the training process that started it.
 
-``SPLITPROOF_PIPELINE_DELAY`` (seconds, a test hook) sleeps a random time up to that before each load
-and each generation, drawn from the OS's entropy: the results must not depend on it.
+Test hooks: ``SPLITPROOF_PIPELINE_DELAY`` (seconds) sleeps a random time up to that before each load and
+each generation, drawn from the OS's entropy (the results must not depend on it);
+``SPLITPROOF_ROLLOUT_DIE_AT=<step>`` makes the rollout process of rank ``SPLITPROOF_ROLLOUT_DIE_RANK``
+(default 0) kill itself with SIGKILL when it is asked for that step's batch.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import os
 import queue
 import random
+import signal
 import time
 import traceback
 from dataclasses import dataclass
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 DELAY_ENV = "SPLITPROOF_PIPELINE_DELAY"
+DIE_AT_ENV, DIE_RANK_ENV = "SPLITPROOF_ROLLOUT_DIE_AT", "SPLITPROOF_ROLLOUT_DIE_RANK"
 
 
 def random_delay() -> None:
@@ -44,6 +48,7 @@ class WorkerSpec:
     max_num_seqs: int
     threads: int
     parent_pid: int
+    rank: int
 
 
 def rollout_process(spec: WorkerSpec, buffers: list, requests, results) -> None:
@@ -67,6 +72,8 @@ def rollout_process(spec: WorkerSpec, buffers: list, requests, results) -> None:
         if message is None:
             return
         step, slot, new_version, batch, sampling = message
+        if os.environ.get(DIE_AT_ENV) == str(step) and os.environ.get(DIE_RANK_ENV, "0") == str(spec.rank):
+            os.kill(os.getpid(), signal.SIGKILL)
         try:
             if slot is not None:
                 random_delay()
