@@ -82,6 +82,19 @@ def test_a_policy_that_does_not_move_generates_the_synchronous_tokens(model_dir)
     _assert_identical(pipelined, sync, drop=("rollout/",))
 
 
+def test_k0_is_the_synchronous_step():
+    """staleness_steps = 0 starts no rollout process and leaves ``run.pipeline`` None: the step generates
+    in-process, the code path of every synchronous run (which the other tests pin down)."""
+    from types import SimpleNamespace
+
+    from splitproof.rl.rollout.pipeline import pipelined
+
+    run = SimpleNamespace(config=SimpleNamespace(async_training=SimpleNamespace(staleness_steps=0)), pipeline=None)
+    children = multiprocessing.active_children()
+    with pipelined(run, 0, None) as pipeline:
+        assert pipeline is None and run.pipeline is None and multiprocessing.active_children() == children
+
+
 def test_bad_staleness_is_named():
     def load(*overrides):
         return load_train_config(None, list(overrides), on_notice=lambda m: None)
