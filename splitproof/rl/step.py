@@ -8,6 +8,10 @@ keyed by (seed, step, uid, sample index); rewards and log-probs are per sequence
 computed on the whole rollout batch; the engine's update depends on the minibatch alone. Generation
 batch size, log-prob and update micro-batching, token budgets, packing and the data-parallel size
 change how the step is computed, never its result.
+
+Pipelined (``async_training.staleness_steps`` = k > 0): the samples were generated ahead by the rollout
+process from the policy of step s − k (``rollout/pipeline.py``), and the weights after this step's update
+are handed to it at once, for batch s + 1 + k; everything between is this same step.
 """
 
 from __future__ import annotations
