@@ -106,6 +106,21 @@ def test_bad_staleness_is_named():
     assert load("async_training.staleness_steps=2").async_training.staleness_steps == 2
 
 
+def test_a_checkpoint_without_the_rollouts_in_flight_is_refused_before_any_model():
+    from splitproof.rl.rollout.pipeline import check_resumable
+
+    def state(*steps):
+        return {"staleness_steps": 1, "batches": [{"step": s} for s in steps]}
+
+    check_resumable(None, 0, 4, 1)  # a fresh start
+    check_resumable(state(3, 4), 2, 4, 1)  # batches 3 and 4 in flight at step 2
+    check_resumable(state(), 4, 4, 1)  # a finished run
+    with pytest.raises(ConfigError, match=r"async_training.staleness_steps: the checkpoint at step 2 holds no"):
+        check_resumable(None, 2, 4, 1)  # written with k = 0
+    with pytest.raises(ConfigError, match=r"trainer.total_training_steps: .* batch 5 would need weights"):
+        check_resumable(state(), 4, 6, 1)  # a finished pipelined run extended
+
+
 def test_a_dead_rollout_process_stops_the_run_named(model_dir):
     run = build_run(trajectory_config(model_dir, STEPS, K1))
     killed = []

@@ -14,12 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from ...loss_config import ConfigError
 from .store import (STEP_DIR, Resumed, Trainable, check_resume_config, find_resume_checkpoint,
                          load_checkpoint, save_checkpoint)
 from ..config.schema import TrainConfig
 from ..config.check import critic_enabled
 from ..config.load import dump_config
+from ..rollout.pipeline import check_resumable
 from ..run import Run
 
 
@@ -33,8 +36,8 @@ class ResumePoint:
 
 def resume_point(cfg: TrainConfig, total_steps: int) -> ResumePoint | None:
     """The checkpoint ``trainer.resume_mode`` picks (None: start at step 0), checked against ``cfg``
-    without loading it: a result-affecting key that changed, or a run shorter than the checkpoint, is a
-    ``ConfigError`` naming the key."""
+    without loading its models: a result-affecting key that changed, a run shorter than the checkpoint, or
+    a pipelined run whose in-flight rollouts the checkpoint lacks, is a ``ConfigError`` naming the key."""
     path = find_resume_checkpoint(cfg.trainer)
     if path is None:
         return None
@@ -46,6 +49,9 @@ def resume_point(cfg: TrainConfig, total_steps: int) -> ResumePoint | None:
     if step > total_steps:
         raise ConfigError("trainer.total_training_steps",
                           f"the run has {total_steps} steps but the checkpoint being resumed ({path}) is at step {step}")
+    if cfg.async_training.staleness_steps:  # a pipelined run needs the rollouts in flight at the checkpoint
+        saved = torch.load(path / "trainer_state.pt", weights_only=True)["trainer_state"]
+        check_resumable(saved.get("pipeline"), step, total_steps, cfg.async_training.staleness_steps)
     return ResumePoint(path=path, step=step)
 
 

@@ -82,6 +82,23 @@ def pipelined(run, start_step: int, state: dict | None):
         torch.set_num_threads(threads)
 
 
+def check_resumable(state: dict | None, start_step: int, total_steps: int, staleness: int) -> None:
+    """``ConfigError`` unless a pipelined run can continue after ``start_step`` from a checkpoint's
+    pipeline ``state``: it must hold every batch in flight then (their weights are not in the checkpoint)."""
+    if staleness == 0 or start_step == 0:
+        return
+    key = "async_training.staleness_steps"
+    if state is None:
+        raise ConfigError(key, f"the checkpoint at step {start_step} holds no in-flight rollouts (written with "
+                               "staleness_steps=0): a pipelined run cannot continue from it")
+    held = {batch["step"] for batch in state["batches"]}
+    missing = [s for s in range(start_step + 1, min(start_step + 1 + staleness, total_steps) + 1) if s not in held]
+    if missing:  # generated from weights before start_step, which the checkpoint does not hold
+        raise ConfigError("trainer.total_training_steps",
+                          f"the checkpoint at step {start_step} ended its pipelined run; batch {missing[0]} would "
+                          "need weights it does not hold: a pipelined run cannot be extended past its last step")
+
+
 def batch_version(step: int, staleness: int) -> int:
     """The policy version that generates the rollouts of ``step``: the weights after step max(0, step − 1 − k)."""
     return max(0, step - 1 - staleness)
@@ -119,21 +136,12 @@ class RolloutPipeline:
     def start(self, start_step: int, state: dict | None) -> None:
         """Begin after ``start_step``: from a checkpoint's in-flight batches (``state``), or, on a fresh
         start, by asking for batches 1 .. k + 1 (all from the initial weights)."""
+        check_resumable(state, start_step, self.run.total_steps, self.k)
         if state is not None:
             for saved in state["batches"]:
                 batch = PendingBatch(**{**saved, "samples": [Sample(**s) for s in saved["samples"]]})
                 self.batches[batch.step] = batch
-            missing = [s for s in range(start_step + 1, min(start_step + 1 + self.k, self.run.total_steps) + 1)
-                       if s not in self.batches]
-            if missing:  # their weights (versions before start_step) are not in the checkpoint
-                raise ConfigError("trainer.total_training_steps",
-                                  f"the checkpoint at step {start_step} holds the pipelined batches up to step "
-                                  f"{start_step + len(self.batches)} only (its run ended there); batch {missing[0]} "
-                                  "would need weights it does not hold: a pipelined run cannot be extended")
             return
-        if start_step != 0:
-            raise RuntimeError(f"the checkpoint at step {start_step} holds no in-flight rollouts (written with "
-                               "async_training.staleness_steps=0): a pipelined run cannot continue from it")
         for step in range(1, min(1 + self.k, self.run.total_steps) + 1):
             self._request(step, load=step == 1)
 
