@@ -61,6 +61,7 @@ class Run:
     lora: bool = False  # the policy trains a LoRA adapter; its base weights never change
     needs_reference: bool = False  # the KL loss or the KL penalty reads reference log-probs
     optimizer_steps: int = 0
+    pipeline: Any = None  # rollout.pipeline.RolloutPipeline while a pipelined run (staleness_steps > 0) trains
     extra: dict = field(default_factory=dict)
 
     @property
