@@ -77,7 +77,6 @@ NO_EFFECT: dict[str, str] = {
     "actor_rollout_ref.rollout.logprobs_mode": "an inference engine's log-prob mode (the hf rollout keeps "
                                                "log-probs of the temperature-scaled distribution)",
     "actor_rollout_ref.rollout.skip_tokenizer_init": "inference-engine start-up",
-    "actor_rollout_ref.rollout.agent.num_workers": "rollout worker count",
     "actor_rollout_ref.rollout.checkpoint_engine.*": "weight synchronisation",
     "actor_rollout_ref.rollout.trace.*": "rollout tracing",
     "actor_rollout_ref.actor.calculate_entropy": "the entropy metric is always computed",
@@ -135,7 +134,6 @@ SAME_AS_OURS: dict[str, object] = {
     "algorithm.filter_groups.metric": "reward",
     "algorithm.pf_ppo.reweight_method": "pow",
     "actor_rollout_ref.rollout.agent.default_agent_loop": "single_turn_agent",
-    "actor_rollout_ref.rollout.multi_turn.format": "hermes",
     "actor_rollout_ref.actor.optim.optimizer_impl": "torch.optim",
     "critic.optim.optimizer_impl": "torch.optim",
     "actor_rollout_ref.actor.optim.zero_indexed_step": True,  # the LR schedule counts steps from 0
@@ -153,7 +151,6 @@ HINTS: dict[str, str] = {
     "critic.model.tokenizer_path": "the critic reads the actor's tokens (actor_rollout_ref.model.tokenizer_path)",
     "trainer.max_critic_ckpt_to_keep": "the critic is saved in each global_step_N: use trainer.max_actor_ckpt_to_keep",
     "actor_rollout_ref.model.lora_rank": "LoRA is not supported yet",
-    "actor_rollout_ref.rollout.multi_turn.enable": "multi-turn rollouts are not supported yet",
     "algorithm.filter_groups.enable": "dynamic sampling (DAPO's filter_groups) is not supported yet",
     "reward_model.enable": "model-based rewards are not supported; name a reward function in custom_reward_function",
     "reward.reward_model.enable":
