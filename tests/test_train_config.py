@@ -393,7 +393,7 @@ def test_schema_is_verl_tree_plus_documented_additions():
     ours = set(schema_keys())
     assert ours - verl_keys.verl_keys() == {"actor_rollout_ref.actor.policy_loss.cov_strategy",
                                               "trainer.resume_allow_config_change", "trainer.seed",
-                                              "trainer.cpu_threads"}
+                                              "trainer.cpu_threads", "actor_rollout_ref.rollout.multi_turn.tool_timeout"}
     for pattern in verl_keys.NO_EFFECT:  # every pattern matches a verl key, none of ours
         assert any(fnmatch.fnmatchcase(k, pattern) for k in verl_keys.verl_keys()), pattern
         assert not any(fnmatch.fnmatchcase(k, pattern) for k in ours), pattern
