@@ -239,3 +239,22 @@ def test_a_bad_multi_turn_setup_is_one_line_and_exit_2(mistake, tmp_path, monkey
 def test_metrics_are_finite(baseline):
     for record in baseline["records"]:
         assert all(math.isfinite(v) for v in record.values())
+
+
+def test_the_builtin_tool_task():
+    """builtin://product scores the last line (the answer after the tool's response); the built-in
+    calculator loads by package path and answers the simple format's call."""
+    from splitproof.rl.data.tasks import final_line_score, task_rows
+    from splitproof.rl.rollout.tool_format import SimpleFormat
+    from splitproof.rl.rollout.tools import load_tools
+
+    row = task_rows("builtin://product/test?size=1")[0]
+    a, b = row["extra_info"]["a"], row["extra_info"]["b"]
+    assert row["prompt"] == f"{a}*{b}=" and row["reward_model"]["ground_truth"] == str(a * b) and 100 <= a < 1000
+    tools = load_tools("pkg://splitproof.builtin.tools", None)
+    tokenizer = char_tokenizer()
+    calls, _ = SimpleFormat(tokenizer, tools).parse(tokenizer.encode(f"mul({a},{b})"))
+    answer = call_tool(tools, calls[0]).text
+    assert answer == str(a * b)
+    assert final_line_score(f"mul({a},{b})={answer}\n{answer}", answer) == 1.0
+    assert final_line_score(f"mul({a},{b})={answer}\n", answer) == 0.0  # the tool's text is not the answer

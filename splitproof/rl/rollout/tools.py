@@ -1,6 +1,6 @@
 """Tools a multi-turn episode can call, in the conventions users already have.
 
-- ``function_tool_path``: a Python file; each public function defined in it (name not starting with
+- ``function_tool_path``: a Python file (or ``pkg://package.module``); each public function defined in it (name not starting with
   ``_``), sync or ``async``, is a tool. Its JSON schema is derived from its type hints and Google-style
   docstring by ``transformers.utils.get_json_schema`` (what TRL's ``tools=`` and verl use), so every
   parameter needs a type hint and a line under ``Args:``.
@@ -86,7 +86,13 @@ def function_tool(fn: Callable, where: str, schema: dict | None = None) -> Tool:
 
 
 def _import_file(path: str, where: str):
-    file = Path(path).expanduser()
+    """The module of a file path (``file://`` optional) or of ``pkg://package.module``."""
+    if path.startswith("pkg://"):
+        try:
+            return importlib.import_module(path[len("pkg://"):])
+        except Exception as e:
+            raise ConfigError(where, f"{path} failed to import: {type(e).__name__}: {e}") from None
+    file = Path(path.removeprefix("file://")).expanduser()
     if not file.is_file():
         raise ConfigError(where, f"{path}: no such file")
     name = f"splitproof_tools_{abs(hash(str(file.resolve())))}"
