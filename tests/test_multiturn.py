@@ -186,6 +186,8 @@ def test_simple_and_hermes_formats():
     text = 'ok <tool_call>{"name": "mul", "arguments": {"a": 2, "b": 3}}</tool_call><tool_call>{bad}</tool_call>'
     calls, malformed = hermes.parse(tokenizer.encode(text))
     assert calls == [ToolCall("mul", '{"a": 2, "b": 3}')] and malformed == 1
+    # the template's text after an assistant turn (``assistant: ...\n``), then the generation prompt
+    assert tokenizer.decode(hermes.render(["408", "x"])) == "\ntool: 408\ntool: x\nassistant: "
 
 
 # ------------------------------------------------------------------------------------- bad setups

@@ -3,9 +3,10 @@ token ids appended after it (never a re-tokenization of what the model generated
 
 - ``hermes`` (verl's): the turn is decoded as is; each ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
   is a call (both tags must be present; a block that is not such JSON is skipped and counted as malformed).
-  The responses are the messages ``{"role": "tool", "content": text}`` rendered by the tokenizer's chat
-  template with the generation prompt, less what the template renders for ``[{}]`` (its default system
-  prompt), as verl renders them.
+  The responses are the messages ``{"role": "tool", "content": text}`` and the generation prompt, as the
+  tokenizer's chat template renders them after an assistant turn: the text after that turn's EOS (so the
+  template's separator after the EOS is kept; rendering the tool messages alone, as verl does, drops it
+  and, for templates that add a default system prompt, needs it cut off again).
 - ``simple`` (small models such as the built-in character model): the turn, special tokens dropped and
   whitespace stripped, is a call when it reads ``name(a, b, ...)``; the arguments are matched to the
   tool's parameters in schema order and converted to their JSON types (integer, number, boolean, else
@@ -20,6 +21,7 @@ import re
 from .tools import Tool, ToolCall
 
 _HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_MARK = "\x00splitproof-turn\x00"  # a placeholder assistant turn, found again in the rendered text
 _SIMPLE = re.compile(r"^([A-Za-z_]\w*)\((.*)\)$", re.DOTALL)
 
 
@@ -42,15 +44,16 @@ class HermesFormat:
         return calls, malformed
 
     def render(self, texts: list[str]) -> list[int]:
-        messages = [{"role": "tool", "content": t} for t in texts]
-        full = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        try:
-            system = self.tokenizer.apply_chat_template([{}], add_generation_prompt=False, tokenize=False)
-        except Exception:  # a template that needs a role in every message renders no default system prompt
-            system = ""
-        if system and full.startswith(system):
-            full = full[len(system):]
-        return self.tokenizer.encode(full, add_special_tokens=False)
+        """The ids the chat template puts after an assistant turn's EOS for these tool messages and the
+        next generation prompt (the separator after the EOS included)."""
+        before = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _MARK}]
+        full = self.tokenizer.apply_chat_template(before + [{"role": "tool", "content": t} for t in texts],
+                                                  add_generation_prompt=True, tokenize=False)
+        end = full.index(_MARK) + len(_MARK)
+        eos = self.tokenizer.eos_token or ""
+        if eos and full.startswith(eos, end):
+            end += len(eos)
+        return self.tokenizer.encode(full[end:], add_special_tokens=False)
 
 
 class SimpleFormat:
