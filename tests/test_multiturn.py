@@ -205,6 +205,8 @@ BAD_SETUPS = {
     "unknown class in the YAML": (["actor_rollout_ref.rollout.multi_turn.enable=true",
                                    "actor_rollout_ref.rollout.multi_turn.tool_config_path={yaml}"],
                                   ["tool_config_path", "tools[0]", "unknown class", "nowhere_pkg.Calc"]),
+    "a multi-turn key without enable": (["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3"],
+                                        ["multi_turn.max_assistant_turns", "only read with", "enable=true"]),
     "unknown format": (["actor_rollout_ref.rollout.multi_turn.enable=true",
                         f"actor_rollout_ref.rollout.multi_turn.function_tool_path={TOOLS}",
                         "actor_rollout_ref.rollout.multi_turn.format=xml"], ["multi_turn.format", "'xml'"]),

@@ -18,7 +18,7 @@ from dataclasses import fields
 
 from ...loss_config import KL_TYPES, ConfigError, LossConfig
 from ...engine import CriticUpdateConfig, UpdateConfig
-from .schema import ActorConfig, OptimConfig, PolicyLossConfig, TrainConfig
+from .schema import ActorConfig, MultiTurnConfig, OptimConfig, PolicyLossConfig, TrainConfig
 
 ARR = "actor_rollout_ref"
 ACTOR = f"{ARR}.actor"
@@ -332,9 +332,11 @@ def _check_multi_turn(cfg: TrainConfig) -> None:
     checked) with the data, before any model."""
     mt, key = cfg.actor_rollout_ref.rollout.multi_turn, f"{ROLLOUT}.multi_turn"
     _positive_int(cfg.actor_rollout_ref.rollout.agent.num_workers, f"{ROLLOUT}.agent.num_workers")
-    if not mt.enable:
-        for name in ("function_tool_path", "tool_config_path"):
-            _require(getattr(mt, name) is None, f"{key}.{name}", f"tools are only called with {key}.enable=true")
+    if not mt.enable:  # nothing of multi_turn is read: a setting would be silently ignored
+        for f in fields(MultiTurnConfig):
+            value, default = getattr(mt, f.name), getattr(MultiTurnConfig(), f.name)
+            _require(value == default, f"{key}.{f.name}",
+                     f"{value!r} is only read with {key}.enable=true (default {default!r})")
         return
     _optional_positive_int(mt.max_assistant_turns, f"{key}.max_assistant_turns")
     _optional_positive_int(mt.max_user_turns, f"{key}.max_user_turns")
