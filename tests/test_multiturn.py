@@ -262,3 +262,23 @@ def test_the_builtin_tool_task():
     assert answer == str(a * b)
     assert final_line_score(f"mul({a},{b})={answer}\n{answer}", answer) == 1.0
     assert final_line_score(f"mul({a},{b})={answer}\n", answer) == 0.0  # the tool's text is not the answer
+
+
+@pytest.mark.slow
+def test_killed_mid_episode_and_resumed_equals_an_uninterrupted_run(tmp_path):
+    """SIGKILL after step 2's first tool turn (checkpoint 1 on disk), then ``resume_mode=auto``: the same
+    metrics, step for step, as a run never interrupted."""
+    from splitproof.rl.tracking.loggers import read_metrics
+
+    from .test_train_resume import _kill_at, _same_metrics
+
+    def args(out):
+        return train_overrides("builtin://charlm", out, 3, extra=[*MULTI_TURN, "trainer.save_freq=1",
+                                                                "data.val_files=null"])
+
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert main(["train", *args(whole)]) == 0
+    _kill_at(args(killed), "step2:stream0:tools1", tmp_path / "paused")
+    assert (killed / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+    assert main(["train", *args(killed)]) == 0
+    _same_metrics(read_metrics(killed / "metrics.jsonl"), read_metrics(whole / "metrics.jsonl"))

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..pause import pause_point
 from .hf import HFRollout, Request, Sample, SamplingParams
 from .tool_format import FORMATS
 from .tools import Tool, ToolRunner
@@ -84,7 +85,7 @@ class EpisodeRollout:
         runner = ToolRunner(self.tools, workers=s.num_workers, timeout=s.tool_timeout,
                             max_length=s.max_tool_response_length, truncate_side=s.tool_response_truncate_side)
         try:
-            live = list(range(len(episodes)))
+            live, rounds = list(range(len(episodes))), 0
             while live:
                 pending: dict[int, list] = {}  # episode -> its running calls (episodes that go on)
                 for start in range(0, len(live), self.max_num_seqs):
@@ -99,6 +100,8 @@ class EpisodeRollout:
                             pending[i] = [runner.submit(c) for c in calls]
                 live = [i for i in live if i in pending  # canonical order: episode, then call
                         and self._tool_turn(episodes[i], [runner.result(h) for h in pending[i]], budget)]
+                rounds += 1
+                pause_point(f"step{step}:stream{stream}:tools{rounds}")  # a kill test stops here mid-episode
         finally:
             runner.close()
         return episodes
