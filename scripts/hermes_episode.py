@@ -41,7 +41,8 @@ def main() -> int:
                 {"role": "user", "content": args.question}]
     prompt = tokenizer.apply_chat_template(messages, tools=schemas, add_generation_prompt=True, tokenize=False)
     ids = tokenizer.encode(prompt, add_special_tokens=False)
-    rollout = EpisodeRollout(HFRollout(model, eos_token_ids=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id),
+    rollout = EpisodeRollout(HFRollout(model, eos_token_ids=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                                       min_rows=1),  # one episode: no filler rows (speed only)
                              tokenizer, tools, MultiTurnSettings(format="hermes", max_assistant_turns=3))
     params = SamplingParams(do_sample=args.sample, max_response_length=args.max_response_length, seed=0)
     episode = rollout.generate([(0, 0, ids)], params, step=1)[0]
