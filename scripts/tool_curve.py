@@ -8,8 +8,9 @@
    stopped early (``--warmup-steps``) so that much is left to learn. The test split is never trained on.
 2. ``splitproof train`` from the warmed model, with the calculator (``multi_turn.enable=true``, format
    ``simple``, ``function_tool_path=pkg://splitproof.builtin.tools``) and without it (same model, same
-   settings, single turn), for ``--steps`` steps; held-out success is ``val-core/product/reward/mean@1``
-   (greedy, every ``--test-freq`` steps). Prints one line per run and writes ``curve.json``.
+   settings, single turn), for ``--steps`` steps; held-out success is ``val-core/product/reward/mean@4``
+   (4 samples at T = 1 per test problem, every ``--test-freq`` steps). Prints one line per run and
+   writes ``curve.json``.
 """
 
 from __future__ import annotations
@@ -76,7 +77,10 @@ def train(model_dir: Path, out: Path, seed: int, steps: int, test_freq: int, too
         f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={TRAIN}", f"data.val_files={TEST}",
         "data.train_batch_size=32", "data.max_prompt_length=16", "data.max_response_length=32",
         "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-        "actor_rollout_ref.actor.optim.lr=5e-4", "algorithm.adv_estimator=grpo",
+        "actor_rollout_ref.actor.optim.lr=2e-4", "algorithm.adv_estimator=grpo",
+        # held-out success under the policy's own sampling (T = 1, 4 samples per problem), beside greedy's
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+        "actor_rollout_ref.rollout.val_kwargs.n=4",
         f"actor_rollout_ref.rollout.seed={seed}", f"data.seed={seed}", f"trainer.seed={seed}",
         f"trainer.total_training_steps={steps}", f"trainer.test_freq={test_freq}", "trainer.cpu_threads=1",
         "trainer.logger=[file]", f"trainer.default_local_dir={out}", "trainer.resume_mode=disable",
@@ -90,15 +94,16 @@ def train(model_dir: Path, out: Path, seed: int, steps: int, test_freq: int, too
     if code != 0:
         raise SystemExit(f"splitproof train exited with {code}")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return [(int(r["step"]), r["val-core/product/reward/mean@1"]) for r in records if "val-core/product/reward/mean@1" in r]
+    held_out = "val-core/product/reward/mean@"  # @n: rollout.val_kwargs.n
+    return [(int(r["step"]), v) for r in records for k, v in r.items() if k.startswith(held_out)]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--warmup-steps", type=int, default=300)
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--warmup-steps", type=int, default=250)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--test-freq", type=int, default=10)
     parser.add_argument("--no-baseline", action="store_true", help="skip the run without the tool")
     parser.add_argument("extra", nargs="*", help="more key=value overrides for both runs")
