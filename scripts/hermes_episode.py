@@ -35,7 +35,7 @@ def main() -> int:
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
-    tools = load_tools("pkg://splitproof.builtin.tools", None)
+    tools = load_tools("pkg://splitproof.builtin.calculator", None)
     schemas = [t.schema for t in tools.values()]
     messages = [{"role": "system", "content": SYSTEM.format(schemas=json.dumps(schemas))},
                 {"role": "user", "content": args.question}]

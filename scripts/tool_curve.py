@@ -7,7 +7,7 @@
    ``=a*b\\n`` exactly as the ``simple`` format appends it (no loss there), the answer and ``<eos>`` —
    stopped early (``--warmup-steps``) so that much is left to learn. The test split is never trained on.
 2. ``splitproof train`` from the warmed model, with the calculator (``multi_turn.enable=true``, format
-   ``simple``, ``function_tool_path=pkg://splitproof.builtin.tools``) and without it (same model, same
+   ``simple``, ``function_tool_path=pkg://splitproof.builtin.calculator``) and without it (same model, same
    settings, single turn), for ``--steps`` steps; held-out success is ``val-core/product/reward/mean@4``
    (4 samples at T = 1 per test problem, every ``--test-freq`` steps). Prints one line per run and
    writes ``curve.json``.
@@ -88,7 +88,7 @@ def train(model_dir: Path, out: Path, seed: int, steps: int, test_freq: int, too
     if tool:
         overrides += ["actor_rollout_ref.rollout.multi_turn.enable=true",
                       "actor_rollout_ref.rollout.multi_turn.format=simple",
-                      "actor_rollout_ref.rollout.multi_turn.function_tool_path=pkg://splitproof.builtin.tools",
+                      "actor_rollout_ref.rollout.multi_turn.function_tool_path=pkg://splitproof.builtin.calculator",
                       "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2"]
     code = main(["train", *overrides, *extra])
     if code != 0:

@@ -255,7 +255,7 @@ def test_the_builtin_tool_task():
     row = task_rows("builtin://product/test?size=1")[0]
     a, b = row["extra_info"]["a"], row["extra_info"]["b"]
     assert row["prompt"] == f"{a}*{b}=" and row["reward_model"]["ground_truth"] == str(a * b) and 100 <= a < 1000
-    tools = load_tools("pkg://splitproof.builtin.tools", None)
+    tools = load_tools("pkg://splitproof.builtin.calculator", None)
     tokenizer = char_tokenizer()
     calls, _ = SimpleFormat(tokenizer, tools).parse(tokenizer.encode(f"mul({a},{b})"))
     answer = call_tool(tools, calls[0]).text

@@ -10,6 +10,7 @@ kept the same way (``critic.Critic``).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,9 +21,12 @@ from ..aggregation import token_weights
 from ..collective import default_collective
 from ..engine import UpdateConfig, wrap_model
 from ..hf_models import unwrap
+from ..lora import adapter_disabled, apply_lora
+from ..loss_config import ConfigError
 from ..stats import MinibatchStats
 from .config.schema import TrainConfig
-from .config.check import critic_enabled, dp_strategy, reward_function as reward_function_setting, to_update_config
+from .config.check import critic_enabled, dp_strategy, lora_settings, reward_function as reward_function_setting
+from .config.check import to_update_config
 from .models.critic import Critic, build_critic
 from .data.prompts import PromptDataset, PromptSampler, load_prompts
 from .rewards.kl_penalty import make_kl_controller
@@ -56,7 +60,10 @@ class Run:
     float_dtype: torch.dtype
     inference_copy: nn.Module | None = None  # FSDP2 only
     critic: Critic | None = None  # PPO with a value model (critic.enable, or gae)
+    lora: bool = False  # the policy trains a LoRA adapter; its base weights never change
+    needs_reference: bool = False  # the KL loss or the KL penalty reads reference log-probs
     optimizer_steps: int = 0
+    pipeline: Any = None  # rollout.pipeline.RolloutPipeline while a pipelined run (staleness_steps > 0) trains
     extra: dict = field(default_factory=dict)
 
     @property
@@ -69,6 +76,16 @@ class Run:
 
     def policy_for_inference(self) -> nn.Module:
         return self.inference_copy if self.inference_copy is not None else unwrap(self.policy)
+
+    @contextmanager
+    def reference(self):
+        """The reference policy for a no-grad pass: the frozen copy, or with LoRA the inference policy with
+        its adapter disabled (the base model, unmerged, no copy)."""
+        if not self.lora:
+            yield self.ref
+            return
+        with adapter_disabled(self.policy_for_inference()) as base:
+            yield base
 
     def after_update(self) -> None:
         """Refresh the FSDP2 inference copy from the sharded policy (every rank takes part)."""
@@ -176,8 +193,12 @@ def build_run(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None = N
 
     torch.manual_seed(cfg.trainer.seed)
     policy = load_policy(cfg.actor_rollout_ref.model, dtype=dtype, vocab_size=len(tokenizer))
+    lora = lora_settings(cfg)
+    if lora.enabled:  # every rank agrees before any collective: a bad adapter fails on all of them
+        policy = _agreed_on(collective, lambda: apply_lora(policy, lora, seed=cfg.trainer.seed))
     needs_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-    ref = frozen_copy(policy) if needs_ref else None
+    # LoRA: the reference is the policy with its adapter disabled (Run.reference), no copy
+    ref = frozen_copy(policy) if needs_ref and not lora.enabled else None
     inference_copy = None
     if collective.world_size > 1:
         strategy = dp_strategy(cfg)
@@ -201,7 +222,21 @@ def build_run(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None = N
                train_data=inputs.train_data, val_data=inputs.val_data, reward_fn=inputs.reward_fn, policy=policy,
                optimizer=optimizer, scheduler=scheduler, rollout=rollout, ref=ref, sampling=train_sampling,
                val_sampling=val_sampling, sampler=inputs.sampler, kl_ctrl=kl_ctrl, total_steps=total,
-               float_dtype=float_dtype, inference_copy=inference_copy, critic=critic)
+               float_dtype=float_dtype, inference_copy=inference_copy, critic=critic, lora=lora.enabled,
+               needs_reference=needs_ref)
+
+
+def _agreed_on(collective, work):
+    """``work()`` on every rank; an error on any rank is the same ``ConfigError`` on every rank."""
+    try:
+        value, failure = work(), None
+    except (ConfigError, ImportError) as e:
+        value, failure = None, str(e)
+    failures = [f for f in collective.gather_objects(failure) if f is not None]
+    if failures:
+        key, _, message = failures[0].partition(": ")
+        raise ConfigError(key, message)
+    return value
 
 
 def multi_turn_settings(cfg: TrainConfig) -> MultiTurnSettings:

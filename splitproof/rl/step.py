@@ -8,6 +8,10 @@ keyed by (seed, step, uid, sample index); rewards and log-probs are per sequence
 computed on the whole rollout batch; the engine's update depends on the minibatch alone. Generation
 batch size, log-prob and update micro-batching, token budgets, packing and the data-parallel size
 change how the step is computed, never its result.
+
+Pipelined (``async_training.staleness_steps`` = k > 0): the samples were generated ahead by the rollout
+process from the policy of step s − k (``rollout/pipeline.py``), and the weights after this step's update
+are handed to it at once, for batch s + 1 + k; everything between is this same step.
 """
 
 from __future__ import annotations
@@ -47,8 +51,13 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
     cfg, timer = run.config, StageTimer()
     start = time.perf_counter()
 
+    pipelined = None
     with timer("gen"):
-        samples = generate(run, uids, step, run.sampling)
+        if run.pipeline is None:
+            samples = generate(run, uids, step, run.sampling)
+        else:  # generated ahead by the rollout process, from the policy of step - k (rollout/pipeline.py)
+            pipelined = run.pipeline.take(step)
+            samples = pipelined.samples
     with timer("reward"):
         scores, reward_extra = score_samples(run, samples, step)
     seqs = pad_samples(samples, response_width=cfg.data.max_response_length, pad_token_id=run.pad_token_id,
@@ -61,9 +70,9 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
             old_log_probs, entropy = no_grad_log_probs(run, run.policy_for_inference(), seqs, run.old_log_prob_split,
                                                        with_entropy=True)
     ref_log_probs = None
-    if run.ref is not None:
-        with timer("ref"):
-            ref_log_probs, _ = no_grad_log_probs(run, run.ref, seqs, run.ref_log_prob_split)
+    if run.needs_reference:
+        with timer("ref"), run.reference() as ref:
+            ref_log_probs, _ = no_grad_log_probs(run, ref, seqs, run.ref_log_prob_split)
     values = None
     if run.critic is not None:
         with timer("values"):
@@ -97,6 +106,9 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
     if step >= cfg.trainer.critic_warmup:  # verl's rule: the actor waits while the critic warms up
         with timer("update_actor"):
             update_metrics.update(update_actor(run, batch))
+    if run.pipeline is not None:  # these weights go to the rollout process: they generate batch step + 1 + k
+        with timer("weight_sync"):
+            run.pipeline.publish(step)
 
     metrics = {"training/global_step": float(step), "training/epoch": float(run.sampler.epoch)}
     metrics.update(data_metrics(
@@ -106,6 +118,8 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
         values=values, response_lengths=seqs.response_token_counts))
     metrics.update(episode_metrics(samples))  # multi-turn: turns, tool calls and failures
     metrics.update(update_metrics)
+    if pipelined is not None:
+        metrics.update(run.pipeline.metrics(pipelined))
     if entropy is not None:
         metrics["actor/entropy"] = run.token_aggregate(entropy, seqs.response_mask, group_ids)
     metrics.update(kl_metrics)

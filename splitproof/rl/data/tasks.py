@@ -9,7 +9,7 @@ Named where a data file goes: ``builtin://TASK[/SPLIT][?key=value&...]`` with SP
 - ``reversal``: ``min_len`` (3), ``max_len`` (5): a lowercase word with a length drawn uniformly from
   [min_len, max_len], letters uniform; prompt ``"reverse: abcde="``, answer ``"edcba"``.
 - ``product``: ``digits`` (3): operands drawn uniformly from [10**(digits-1), 10**digits); prompt
-  ``"123*456="``, answer ``"56088"``. Made for tool use (a calculator: ``splitproof/builtin/tools.py``):
+  ``"123*456="``, answer ``"56088"``. Made for tool use (a calculator: ``splitproof/builtin/calculator.py``):
   the reward reads the response's last line, so a multi-turn answer after a tool response counts.
 
 Held out means held out whatever the parameters: whether an item belongs to the test split is a fixed
