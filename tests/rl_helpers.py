@@ -153,3 +153,14 @@ def train_overrides(model_dir: str, out_dir, steps: int, *, dtype: str = "fp32",
         f"trainer.default_local_dir={out_dir}",
         *extra,
     ]
+
+
+def assert_usage_error(code: int, err: str, words, out) -> None:
+    """A user mistake as `splitproof train` reports it: exit 2, one error line (notices aside) holding
+    each of ``words``, and no output directory ``out`` written."""
+    lines = [line for line in err.splitlines() if not line.startswith("splitproof: notice:")]
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("splitproof: error: "), err
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert not out.exists()

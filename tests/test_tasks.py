@@ -73,7 +73,7 @@ def test_score_is_exact_match_after_stripping():
 @pytest.mark.parametrize(
     "name, message",
     [
-        ("builtin://multiply", "unknown built-in task 'multiply'; built-in tasks: addition, reversal"),
+        ("builtin://multiply", "unknown built-in task 'multiply'; built-in tasks: addition, reversal, product"),
         ("builtin://addition/valid", "unknown split 'valid'"),
         ("builtin://addition?width=3", "unknown parameter 'width'; addition takes seed, size, digits"),
         ("builtin://reversal?size=ten", "parameter size must be an integer"),

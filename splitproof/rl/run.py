@@ -32,7 +32,9 @@ from .data.prompts import PromptDataset, PromptSampler, load_prompts
 from .rewards.kl_penalty import make_kl_controller
 from .models.policy import MODEL_DTYPES, frozen_copy, generation_eos_ids, load_policy, load_tokenizer, refresh_copy
 from .rewards.functions import check_reward_sources, load_reward_function
+from .rollout.episode import EpisodeRollout, MultiTurnSettings
 from .rollout.hf import HFRollout, SamplingParams
+from .rollout.tools import Tool, load_tools
 from .models.optim import make_optimizer, make_scheduler
 
 
@@ -48,7 +50,7 @@ class Run:
     policy: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: Any
-    rollout: HFRollout
+    rollout: HFRollout | EpisodeRollout
     ref: nn.Module | None
     sampling: SamplingParams
     val_sampling: SamplingParams
@@ -146,6 +148,7 @@ class RunInputs:
     reward_fn: Any
     sampler: PromptSampler
     total_steps: int
+    tools: dict[str, Tool] = field(default_factory=dict)
 
 
 def prepare_inputs(cfg: TrainConfig) -> RunInputs:
@@ -154,8 +157,13 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
     ``RewardError`` (or ``ValueError`` for a batch larger than the dataset), naming the key or row."""
     update_config = to_update_config(cfg)
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model)
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    tools = load_tools(multi_turn.function_tool_path, multi_turn.tool_config_path) if multi_turn.enable else {}
+    template_kwargs = dict(cfg.data.apply_chat_template_kwargs)
+    if tools:  # chat prompts show the tools' schemas, as verl renders them
+        template_kwargs.setdefault("tools", [tool.schema for tool in tools.values()])
     data_kwargs = dict(prompt_key=cfg.data.prompt_key, max_prompt_length=cfg.data.max_prompt_length,
-                       truncation=cfg.data.truncation, apply_chat_template_kwargs=cfg.data.apply_chat_template_kwargs,
+                       truncation=cfg.data.truncation, apply_chat_template_kwargs=template_kwargs,
                        reward_fn_key=cfg.data.reward_fn_key)
     train_data = load_prompts(_files(cfg.data.train_files), tokenizer, max_samples=cfg.data.train_max_samples,
                               **data_kwargs)
@@ -170,7 +178,8 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
     sampler = PromptSampler(len(train_data), cfg.data.train_batch_size, seed=1 if cfg.data.seed is None else cfg.data.seed,
                             shuffle=cfg.data.shuffle)
     return RunInputs(update_config=update_config, tokenizer=tokenizer, train_data=train_data, val_data=val_data,
-                     reward_fn=reward_fn, sampler=sampler, total_steps=total_training_steps(cfg, len(train_data)))
+                     reward_fn=reward_fn, sampler=sampler, total_steps=total_training_steps(cfg, len(train_data)),
+                     tools=tools)
 
 
 def build_run(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None = None) -> Run:
@@ -202,6 +211,8 @@ def build_run(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None = N
     rollout = HFRollout(rollout_model, eos_token_ids=generation_eos_ids(rollout_model, tokenizer),
                         pad_token_id=_pad_id(tokenizer),
                         max_num_seqs=cfg.actor_rollout_ref.rollout.max_num_seqs)
+    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        rollout = EpisodeRollout(rollout, tokenizer, inputs.tools, multi_turn_settings(cfg))
     critic = None
     if critic_enabled(cfg):
         critic = build_critic(cfg, world_size=collective.world_size, total_steps=total, vocab_size=len(tokenizer))
@@ -226,6 +237,16 @@ def _agreed_on(collective, work):
         key, _, message = failures[0].partition(": ")
         raise ConfigError(key, message)
     return value
+
+
+def multi_turn_settings(cfg: TrainConfig) -> MultiTurnSettings:
+    r = cfg.actor_rollout_ref.rollout
+    mt = r.multi_turn
+    return MultiTurnSettings(format=mt.format, max_assistant_turns=mt.max_assistant_turns,
+                             max_user_turns=mt.max_user_turns, max_parallel_calls=mt.max_parallel_calls,
+                             max_tool_response_length=mt.max_tool_response_length,
+                             tool_response_truncate_side=mt.tool_response_truncate_side,
+                             tool_timeout=mt.tool_timeout, num_workers=r.agent.num_workers)
 
 
 def reward_function(cfg: TrainConfig):

@@ -34,6 +34,7 @@ from .tracking.metrics import (StageTimer, actor_metrics, data_metrics, reward_e
 from .parallel import gather_rows, run_on_share
 from .rewards.functions import RewardError, score, token_level_scores as scores_on_last_token
 from .rollout.correction import rollout_correction
+from .rollout.episode import episode_metrics
 from .run import Run, greedy as greedy_params
 
 BASELINE_STREAM = 2  # remax's greedy baseline (training samples use stream 0, validation 1)
@@ -116,7 +117,8 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
         token_level_scores=token_level_scores, token_level_rewards=token_level_rewards, advantages=advantages,
         returns=returns, response_mask=seqs.response_mask, prompt_lengths=seqs.prompt_lengths,
         max_response_length=cfg.data.max_response_length, max_prompt_length=cfg.data.max_prompt_length,
-        values=values))
+        values=values, response_lengths=seqs.response_token_counts))
+    metrics.update(episode_metrics(samples))  # multi-turn: turns, tool calls and failures
     metrics.update(update_metrics)
     if pipelined is not None:
         metrics.update(run.pipeline.metrics(pipelined))

@@ -19,7 +19,7 @@ from dataclasses import fields
 from ...loss_config import KL_TYPES, ConfigError, LossConfig
 from ...engine import CriticUpdateConfig, UpdateConfig
 from ...lora_settings import LoraSettings
-from .schema import ActorConfig, OptimConfig, PolicyLossConfig, TrainConfig
+from .schema import ActorConfig, MultiTurnConfig, OptimConfig, PolicyLossConfig, TrainConfig
 
 ARR = "actor_rollout_ref"
 ACTOR = f"{ARR}.actor"
@@ -328,6 +328,34 @@ def _check_rollout(cfg: TrainConfig) -> None:
              f"must equal data.max_prompt_length ({cfg.data.max_prompt_length}), got {rollout.prompt_length}")
     _require(rollout.response_length == cfg.data.max_response_length, f"{ROLLOUT}.response_length",
              f"must equal data.max_response_length ({cfg.data.max_response_length}), got {rollout.response_length}")
+    _check_multi_turn(cfg)
+
+
+TOOL_FORMATS = ("hermes", "simple")
+TRUNCATE_SIDES = ("left", "right", "middle")
+
+
+def _check_multi_turn(cfg: TrainConfig) -> None:
+    """``rollout.multi_turn.*`` and ``rollout.agent.num_workers``; the tools themselves are loaded (and
+    checked) with the data, before any model."""
+    mt, key = cfg.actor_rollout_ref.rollout.multi_turn, f"{ROLLOUT}.multi_turn"
+    _positive_int(cfg.actor_rollout_ref.rollout.agent.num_workers, f"{ROLLOUT}.agent.num_workers")
+    if not mt.enable:  # nothing of multi_turn is read: a setting would be silently ignored
+        for f in fields(MultiTurnConfig):
+            value, default = getattr(mt, f.name), getattr(MultiTurnConfig(), f.name)
+            _require(value == default, f"{key}.{f.name}",
+                     f"{value!r} is only read with {key}.enable=true (default {default!r})")
+        return
+    _optional_positive_int(mt.max_assistant_turns, f"{key}.max_assistant_turns")
+    _optional_positive_int(mt.max_user_turns, f"{key}.max_user_turns")
+    _positive_int(mt.max_parallel_calls, f"{key}.max_parallel_calls")
+    _positive_int(mt.max_tool_response_length, f"{key}.max_tool_response_length")
+    _one_of(mt.tool_response_truncate_side, TRUNCATE_SIDES, f"{key}.tool_response_truncate_side")
+    _one_of(mt.format, TOOL_FORMATS, f"{key}.format", later=("gpt-oss",))
+    _require(mt.function_tool_path or mt.tool_config_path, f"{key}.enable",
+             f"multi-turn episodes need a tool: set {key}.function_tool_path or {key}.tool_config_path")
+    _require(mt.tool_timeout is None or (_finite(mt.tool_timeout) and mt.tool_timeout > 0), f"{key}.tool_timeout",
+             f"must be null or a number of seconds > 0, got {mt.tool_timeout!r}")
 
 
 def _check_algorithm(cfg: TrainConfig) -> None:
@@ -472,6 +500,9 @@ def _check_async(cfg: TrainConfig) -> None:
         _require(cfg.actor_rollout_ref.model.lora_rank == 0, key,
                  f"= {k} cannot be combined with {ARR}.model.lora_rank={cfg.actor_rollout_ref.model.lora_rank}: "
                  "the rollout process holds a plain copy of the policy, not an adapter; use 0")
+        _require(not cfg.actor_rollout_ref.rollout.multi_turn.enable, key,
+                 f"= {k} cannot be combined with {ARR}.rollout.multi_turn.enable=true yet: the rollout process "
+                 "generates single-turn samples; use 0")
 
 
 def validate(cfg: TrainConfig) -> None:

@@ -139,6 +139,27 @@ class ValKwargsConfig:
 
 
 @dataclass
+class MultiTurnConfig:
+    """Episodes of several turns with tool calls (docs/train.md, "Tools and multi-turn")."""
+
+    enable: bool = False  # generate → run the tools called → append their responses → generate again
+    max_assistant_turns: Optional[int] = None  # model turns per episode, at most (null: the response budget)
+    max_user_turns: Optional[int] = None  # tool-response turns per episode, at most (null: the response budget)
+    max_parallel_calls: int = 1  # tool calls of one turn that run (later ones in the turn are dropped, as in verl)
+    max_tool_response_length: int = 256  # characters of a tool response; longer ones are truncated
+    tool_response_truncate_side: str = "middle"  # left (keep the start) | right (keep the end) | middle
+    format: str = "hermes"  # tool-call format: hermes (<tool_call>{json}</tool_call>) | simple (name(args))
+    function_tool_path: Optional[str] = None  # a Python file: its public functions are the tools
+    tool_config_path: Optional[str] = None  # verl's tool YAML (tools: - class_name, config, tool_schema)
+    tool_timeout: Optional[float] = None  # ours: seconds a tool call may take (null: no limit)
+
+
+@dataclass
+class AgentConfig:
+    num_workers: int = 8  # threads running tool calls; speed only (responses are applied in canonical order)
+
+
+@dataclass
 class RolloutConfig(LogProbConfig):
     name: str = "hf"  # ours: hf, a KV-cached decode loop (verl: required, vllm | sglang)
     n: int = 1  # responses per prompt (a GRPO group)
@@ -152,6 +173,8 @@ class RolloutConfig(LogProbConfig):
     prompt_length: int = II("data.max_prompt_length")  # must equal it
     response_length: int = II("data.max_response_length")  # must equal it
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
 
 @dataclass

@@ -77,14 +77,14 @@ NO_EFFECT: dict[str, str] = {
     "actor_rollout_ref.rollout.logprobs_mode": "an inference engine's log-prob mode (the hf rollout keeps "
                                                "log-probs of the temperature-scaled distribution)",
     "actor_rollout_ref.rollout.skip_tokenizer_init": "inference-engine start-up",
-    "actor_rollout_ref.rollout.agent.num_workers": "rollout worker count",
     "actor_rollout_ref.rollout.checkpoint_engine.*": "weight synchronisation",
     "actor_rollout_ref.rollout.trace.*": "rollout tracing",
     "actor_rollout_ref.actor.calculate_entropy": "the entropy metric is always computed",
     "*.checkpoint.*": "splitproof always saves model, optimizer and trainer state",
     "*.nnodes": "node count (torchrun sets the processes)",
     "*.n_gpus_per_node": "GPU count (torchrun sets the processes)",
-    "*.num_workers": "worker-process count",
+    "reward.num_workers": "worker-process count",
+    "reward_model.num_workers": "worker-process count",
     "actor_rollout_ref.hybrid_engine": "worker colocation",
     "critic.model.target_modules": "the critic's LoRA (critic.model.lora_rank is 0)",
     "critic.model.exclude_modules": "the critic's LoRA (critic.model.lora_rank is 0)",
@@ -135,7 +135,6 @@ SAME_AS_OURS: dict[str, object] = {
     "algorithm.filter_groups.metric": "reward",
     "algorithm.pf_ppo.reweight_method": "pow",
     "actor_rollout_ref.rollout.agent.default_agent_loop": "single_turn_agent",
-    "actor_rollout_ref.rollout.multi_turn.format": "hermes",
     "actor_rollout_ref.actor.optim.optimizer_impl": "torch.optim",
     "critic.optim.optimizer_impl": "torch.optim",
     "actor_rollout_ref.actor.optim.zero_indexed_step": True,  # the LR schedule counts steps from 0
@@ -154,7 +153,6 @@ HINTS: dict[str, str] = {
     "trainer.max_critic_ckpt_to_keep": "the critic is saved in each global_step_N: use trainer.max_actor_ckpt_to_keep",
     "critic.model.lora_rank": "LoRA is supported for the actor (actor_rollout_ref.model.lora_rank)",
     "actor_rollout_ref.model.lora.rank": "Megatron's LoRA section: use actor_rollout_ref.model.lora_rank",
-    "actor_rollout_ref.rollout.multi_turn.enable": "multi-turn rollouts are not supported yet",
     "algorithm.filter_groups.enable": "dynamic sampling (DAPO's filter_groups) is not supported yet",
     "reward_model.enable": "model-based rewards are not supported; name a reward function in custom_reward_function",
     "reward.reward_model.enable":

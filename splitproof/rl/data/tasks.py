@@ -8,6 +8,9 @@ Named where a data file goes: ``builtin://TASK[/SPLIT][?key=value&...]`` with SP
   ``"82"``.
 - ``reversal``: ``min_len`` (3), ``max_len`` (5): a lowercase word with a length drawn uniformly from
   [min_len, max_len], letters uniform; prompt ``"reverse: abcde="``, answer ``"edcba"``.
+- ``product``: ``digits`` (3): operands drawn uniformly from [10**(digits-1), 10**digits); prompt
+  ``"123*456="``, answer ``"56088"``. Made for tool use (a calculator: ``splitproof/builtin/calculator.py``):
+  the reward reads the response's last line, so a multi-turn answer after a tool response counts.
 
 Held out means held out whatever the parameters: whether an item belongs to the test split is a fixed
 property of the item (a hash of its canonical form, one item in ten, independent of seed, size and task
@@ -22,7 +25,8 @@ version.
 Rows use verl's layout: ``prompt`` (str), ``data_source`` (the task name),
 ``reward_model = {"ground_truth": answer, "style": "rule"}``, ``extra_info`` (split, index, the operands
 or the word). Reward (``score``): 1.0 when the response with surrounding whitespace stripped equals the
-answer, else 0.0 — no partial credit, so the mean reward on ``test`` is the exact-match rate.
+answer, else 0.0 — no partial credit, so the mean reward on ``test`` is the exact-match rate
+(``product``: the last line of the response, ``final_line_score``).
 """
 
 from __future__ import annotations
@@ -108,7 +112,30 @@ class Reversal:
         return f"reverse: {item}=", item[::-1], {"text": item}
 
 
-TASKS = {"addition": Addition, "reversal": Reversal}
+@dataclass(frozen=True)
+class Product(Addition):
+    """``a*b=`` → ``str(a * b)`` with a, b uniform in [10**(digits-1), 10**digits) (``check`` as addition's)."""
+
+    digits: int = 3
+    name = "product"
+
+    def space(self) -> int:
+        return (9 * 10 ** (self.digits - 1)) ** 2
+
+    def draw(self, words: Iterator[int]) -> tuple[int, int]:
+        low = 10 ** (self.digits - 1)
+        return low + next(words) % (9 * low), low + next(words) % (9 * low)
+
+    def canonical(self, item: tuple[int, int]) -> str:
+        a, b = sorted(item)
+        return f"{a}*{b}"
+
+    def row(self, item: tuple[int, int]) -> tuple[str, str, dict]:
+        a, b = item
+        return f"{a}*{b}=", str(a * b), {"a": a, "b": b}
+
+
+TASKS = {"addition": Addition, "reversal": Reversal, "product": Product}
 TASK_NAMES = tuple(TASKS)
 
 
@@ -116,7 +143,7 @@ TASK_NAMES = tuple(TASKS)
 class TaskSpec:
     """A parsed ``builtin://`` name."""
 
-    task: Addition | Reversal
+    task: Addition | Reversal | Product
     split: str
     seed: int
     size: int
@@ -195,3 +222,12 @@ def task_rows(name: str) -> list[dict]:
 def score(response: str, ground_truth: object) -> float:
     """Exact match: 1.0 when ``response.strip() == str(ground_truth).strip()``, else 0.0."""
     return 1.0 if response.strip() == str(ground_truth).strip() else 0.0
+
+
+def final_line_score(response: str, ground_truth: object) -> float:
+    """Exact match of the response's last line (what follows the last newline, e.g. the answer after a
+    tool response ``"=56088\n"``)."""
+    return score(response.rsplit("\n", 1)[-1], ground_truth)
+
+
+SCORES = {"addition": score, "reversal": score, "product": final_line_score}

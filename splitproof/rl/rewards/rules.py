@@ -101,7 +101,7 @@ MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "Hugging
 RULES = {
     "openai/gsm8k": gsm8k_score,
     **{source: math_verify_score for source in MATH_SOURCES},
-    **{task: tasks.score for task in tasks.TASK_NAMES},
+    **tasks.SCORES,
     "exact_match": exact_match,
     "last_number": last_number_match,
 }

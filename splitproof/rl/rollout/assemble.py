@@ -21,12 +21,17 @@ class SequenceTensors:
     prompts: Tensor  # [B, P] left-padded
     responses: Tensor  # [B, T] right-padded
     attention_mask: Tensor  # [B, P + T] bool
-    response_mask: Tensor  # [B, T] bool: the generated tokens, EOS included
+    response_mask: Tensor  # [B, T] bool: the generated tokens, EOS included (a tool's tokens excluded)
     rollout_log_probs: Tensor  # [B, T], 0 on padding
 
     @property
     def response_lengths(self) -> Tensor:
         return self.response_mask.sum(dim=1)
+
+    @property
+    def response_token_counts(self) -> Tensor:
+        """Every token after the prompt, tools' included (verl's response length)."""
+        return self.attention_mask[:, self.prompts.shape[1]:].sum(dim=1)
 
     @property
     def prompt_lengths(self) -> Tensor:
@@ -57,6 +62,10 @@ def pad_samples(samples: Sequence, *, response_width: int, pad_token_id: int,
     prompt_lengths = torch.tensor([len(s.prompt_ids) for s in samples], dtype=torch.long).unsqueeze(1)
     response_lengths = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.long).unsqueeze(1)
     prompt_mask = torch.arange(prompt_width) >= prompt_width - prompt_lengths
-    response_mask = torch.arange(response_width) < response_lengths
-    return SequenceTensors(prompts, responses, torch.cat([prompt_mask, response_mask], dim=1), response_mask,
+    response_attention = torch.arange(response_width) < response_lengths
+    response_mask = response_attention
+    if any(getattr(s, "token_mask", None) is not None for s in samples):  # multi-turn: tool tokens are not trained
+        response_mask = torch.tensor([list(map(bool, s.token_mask)) + [False] * (response_width - len(s.token_mask))
+                                      for s in samples], dtype=torch.bool).reshape(count, response_width)
+    return SequenceTensors(prompts, responses, torch.cat([prompt_mask, response_attention], dim=1), response_mask,
                            log_probs)

@@ -38,7 +38,7 @@ from splitproof.loss_config import ConfigError
 from splitproof.engine.logprobs import _logits_of, _param_dtype, _takes_logits_to_keep
 from splitproof.engine.row_invariant import row_invariant
 from splitproof.hf_models import unwrap, vocab_size_of
-from splitproof.rl.rollout.sampling import sample_tokens, stream_keys, stream_uniforms
+from splitproof.rl.rollout.sampling import sample_tokens, shift_keys, stream_keys, stream_uniforms
 
 _INT64_MAX = (1 << 63) - 1
 _COMPACT_SHARE = 8  # compact the decode batch when that removes at least 1/8 of its rows
@@ -222,9 +222,20 @@ class HFRollout:
     # ------------------------------------------------------------------------------------ generation
 
     def generate(self, requests: Sequence[Request], params: SamplingParams, *, step: int,
-                 stream: int = 0) -> list[Sample]:
-        """One :class:`Sample` per request, in request order."""
+                 stream: int = 0, positions: Sequence[int] | None = None,
+                 budgets: Sequence[int] | None = None) -> list[Sample]:
+        """One :class:`Sample` per request, in request order.
+
+        ``positions`` (default 0): where each request's first new token sits in its stream, so token t
+        draws the uniform of position ``positions[r] + t`` (a multi-turn episode continues its stream).
+        ``budgets`` (default ``params.max_response_length``): new tokens of each request, at most."""
         params.validate()
+        positions = [0] * len(requests) if positions is None else [int(p) for p in positions]
+        budgets = [params.max_response_length] * len(requests) if budgets is None else [int(b) for b in budgets]
+        if len(positions) != len(requests) or len(budgets) != len(requests):
+            raise RolloutError("requests", f"{len(requests)} requests, {len(positions)} positions, {len(budgets)} budgets")
+        if any(not 1 <= b <= params.max_response_length for b in budgets) or any(p < 0 for p in positions):
+            raise RolloutError("budgets", f"need 1 <= budget <= {params.max_response_length} and position >= 0")
         for name, value in (("step", step), ("stream", stream)):
             if not _is_int(value) or not 0 <= value <= _INT64_MAX:
                 raise ConfigError(name, f"must be an integer in [0, 2^63), got {value!r}")
@@ -236,8 +247,9 @@ class HFRollout:
         try:
             with torch.no_grad(), row_invariant(model):  # fixed-row products: engine.row_invariant
                 for start in range(0, len(requests), self.max_num_seqs):
-                    chunk = requests[start:start + self.max_num_seqs]
-                    samples.extend(self._generate_chunk(model, chunk, params, step, stream))
+                    chunk = slice(start, start + self.max_num_seqs)
+                    samples.extend(self._generate_chunk(model, requests[chunk], params, step, stream,
+                                                        positions[chunk], budgets[chunk]))
         finally:
             model.train(was_training)
         return samples
@@ -256,7 +268,7 @@ class HFRollout:
         return ids.to(device), mask.to(device)
 
     def _generate_chunk(self, model: nn.Module, chunk: Sequence[Request], params: SamplingParams, step: int,
-                        stream: int) -> list[Sample]:
+                        stream: int, positions: Sequence[int], budgets: Sequence[int]) -> list[Sample]:
         device = next(model.parameters()).device
         real = len(chunk)
         rows = max(real, self.min_rows)
@@ -264,9 +276,11 @@ class HFRollout:
         ids, mask = self._prefill_inputs(prompts + [prompts[0]] * (rows - real), device)
         keys = stream_keys(params.seed, stream, step, torch.tensor([int(u) for u, _, _ in chunk], device=device),
                            torch.tensor([int(j) for _, j, _ in chunk], device=device))
+        keys = shift_keys(keys, torch.tensor(positions, dtype=torch.long, device=device))
         uniforms = stream_uniforms(keys, params.max_response_length)  # [real, T]: token t of row r
         prompt_lengths = torch.tensor([len(p) for p in prompts], device=device)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
+        budget = torch.tensor(list(budgets) + [1] * (rows - real), dtype=torch.long, device=device)
         T = params.max_response_length
 
         # Batch position p holds chunk row row_of[p]; `live` marks real, unfinished rows (fillers are dead).
@@ -287,9 +301,9 @@ class HFRollout:
             responses[writing, t] = tokens[live]
             log_probs[writing, t] = lp[live]
             lengths[writing] = t + 1
-            stopped = live & torch.isin(tokens, eos)
-            finished[row_of[stopped]] = True
-            live = live & ~stopped
+            at_eos = live & torch.isin(tokens, eos)
+            finished[row_of[at_eos]] = True
+            live = live & ~at_eos & (budget[row_of] > t + 1)
             n_live = int(live.sum())
             if n_live == 0 or t + 1 == T:
                 break

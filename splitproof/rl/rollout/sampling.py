@@ -71,6 +71,13 @@ def stream_keys(seed: int, stream: int, step: int, uids: Tensor, sample_indices:
     return _fold(_fold(h.expand(uids.shape), uids), sample_indices)
 
 
+def shift_keys(keys: Tensor, positions: Tensor) -> Tensor:
+    """Keys whose token t is token ``positions + t`` of the streams ``keys``: K + p·γ (mod 2^64), since
+    the uniform of token t is mix64(K + (t + 1)·γ). A multi-turn episode continues one stream per
+    sample across its turns this way."""
+    return keys + positions.to(torch.int64) * _GAMMA  # wraps mod 2^64
+
+
 def uniform_from_bits(x: Tensor) -> Tensor:
     """float64 in (0, 1) from the top 52 bits of int64 ``x``: (x >>> 12 + 1/2) · 2^-52 (exact)."""
     return (_shift_right(x, 12).to(torch.float64) + 0.5) * _UNIT

@@ -30,9 +30,12 @@ def _masked_stats(prefix: str, values: Tensor, mask: Tensor) -> dict[str, float]
 
 def data_metrics(*, token_level_scores: Tensor, token_level_rewards: Tensor, advantages: Tensor,
                  returns: Tensor, response_mask: Tensor, prompt_lengths: Tensor, max_response_length: int,
-                 max_prompt_length: int, values: Tensor | None = None) -> dict[str, float]:
-    """verl's ``compute_data_metrics``: sequence scores/rewards, token advantages/returns, lengths."""
-    response_lengths = response_mask.sum(dim=1)
+                 max_prompt_length: int, values: Tensor | None = None,
+                 response_lengths: Tensor | None = None) -> dict[str, float]:
+    """verl's ``compute_data_metrics``: sequence scores/rewards, token advantages/returns, lengths.
+    ``response_lengths``: every token after the prompt, as verl counts them (default: the masked tokens;
+    they differ when a multi-turn response holds tool tokens)."""
+    response_lengths = response_mask.sum(dim=1) if response_lengths is None else response_lengths
     metrics = {}
     metrics.update(_stats("critic/score", token_level_scores.double().sum(dim=1)))
     metrics.update(_stats("critic/rewards", token_level_rewards.double().sum(dim=1)))

@@ -1,0 +1,129 @@
+"""The built-in tool task's curve: GRPO with a calculator on ``builtin://product`` (3-digit products).
+
+    python scripts/tool_curve.py --out runs/tool_curve --seeds 0 1 2 3
+
+1. Warm-up (supervised, the built-in model's recipe pattern): from ``builtin://charlm``, a few steps of
+   tool-use transcripts of the *train* split — prompt, the call ``mul(a,b)<eos>``, the tool response
+   ``=a*b\\n`` exactly as the ``simple`` format appends it (no loss there), the answer and ``<eos>`` —
+   stopped early (``--warmup-steps``) so that much is left to learn. The test split is never trained on.
+2. ``splitproof train`` from the warmed model, with the calculator (``multi_turn.enable=true``, format
+   ``simple``, ``function_tool_path=pkg://splitproof.builtin.calculator``) and without it (same model, same
+   settings, single turn), for ``--steps`` steps; held-out success is ``val-core/product/reward/mean@4``
+   (4 samples at T = 1 per test problem, every ``--test-freq`` steps). Prints one line per run and
+   writes ``curve.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from make_charlm import sft_loss  # noqa: E402
+
+from splitproof.builtin.tokenizer import char_tokenizer  # noqa: E402
+from splitproof.rl.data.tasks import task_rows  # noqa: E402
+
+TRAIN, TEST = "builtin://product/train", "builtin://product/test?size=200"
+
+
+def transcript(tokenizer, row) -> tuple[list[int], list[int]]:
+    """(input ids, labels): labels are the ids on the model's tokens, -100 on the prompt and the tool's."""
+    a, b, answer = row["extra_info"]["a"], row["extra_info"]["b"], row["reward_model"]["ground_truth"]
+    eos = tokenizer.eos_token_id
+    parts = [(row["prompt"], False), (f"mul({a},{b})", True), (None, True), (f"={answer}\n", False),
+             (answer, True), (None, True)]
+    ids, labels = [], []
+    for text, trained in parts:
+        piece = [eos] if text is None else tokenizer.encode(text, add_special_tokens=False)
+        ids += piece
+        labels += piece if trained else [-100] * len(piece)
+    return ids, labels
+
+
+def warm_up(out: Path, steps: int, seed: int, lr: float = 1e-3, batch: int = 64) -> None:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    torch.set_num_threads(1)
+    tokenizer = char_tokenizer()
+    model = AutoModelForCausalLM.from_pretrained("splitproof/builtin/charlm", dtype=torch.float32)
+    pairs = [transcript(tokenizer, r) for r in task_rows(TRAIN)]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(steps):
+        chosen = [pairs[i] for i in torch.randint(len(pairs), (batch,), generator=generator).tolist()]
+        width = max(len(ids) for ids, _ in chosen)
+        input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids, _ in chosen])
+        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in chosen])
+        loss = sft_loss(model, input_ids, labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def train(model_dir: Path, out: Path, seed: int, steps: int, test_freq: int, tool: bool, extra: list[str]) -> list:
+    from splitproof.cli import main
+
+    overrides = [
+        f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={TRAIN}", f"data.val_files={TEST}",
+        "data.train_batch_size=32", "data.max_prompt_length=16", "data.max_response_length=32",
+        "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        "actor_rollout_ref.actor.optim.lr=2e-4", "algorithm.adv_estimator=grpo",
+        # held-out success under the policy's own sampling (T = 1, 4 samples per problem), beside greedy's
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+        "actor_rollout_ref.rollout.val_kwargs.n=4",
+        f"actor_rollout_ref.rollout.seed={seed}", f"data.seed={seed}", f"trainer.seed={seed}",
+        f"trainer.total_training_steps={steps}", f"trainer.test_freq={test_freq}", "trainer.cpu_threads=1",
+        "trainer.logger=[file]", f"trainer.default_local_dir={out}", "trainer.resume_mode=disable",
+    ]
+    if tool:
+        overrides += ["actor_rollout_ref.rollout.multi_turn.enable=true",
+                      "actor_rollout_ref.rollout.multi_turn.format=simple",
+                      "actor_rollout_ref.rollout.multi_turn.function_tool_path=pkg://splitproof.builtin.calculator",
+                      "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2"]
+    code = main(["train", *overrides, *extra])
+    if code != 0:
+        raise SystemExit(f"splitproof train exited with {code}")
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    held_out = "val-core/product/reward/mean@"  # @n: rollout.val_kwargs.n
+    return [(int(r["step"]), v) for r in records for k, v in r.items() if k.startswith(held_out)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--warmup-steps", type=int, default=250)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--test-freq", type=int, default=10)
+    parser.add_argument("--no-baseline", action="store_true", help="skip the run without the tool")
+    parser.add_argument("extra", nargs="*", help="more key=value overrides for both runs")
+    args = parser.parse_args()
+    results = {}
+    for seed in args.seeds:
+        model_dir = args.out / f"warm_{seed}"
+        start = time.perf_counter()
+        warm_up(model_dir, args.warmup_steps, seed)
+        print(f"seed {seed}: warm-up {args.warmup_steps} steps in {time.perf_counter() - start:.0f} s", flush=True)
+        for tool in (True, False) if not args.no_baseline else (True,):
+            name = f"{'tool' if tool else 'no_tool'}_{seed}"
+            start = time.perf_counter()
+            curve = train(model_dir, args.out / name, seed, args.steps, args.test_freq, tool, args.extra)
+            seconds = time.perf_counter() - start
+            results[name] = {"curve": curve, "wall_s": seconds}
+            print(f"{name}: {' '.join(f'{s}:{v:.3f}' for s, v in curve)}  ({seconds:.0f} s wall)", flush=True)
+    (args.out / "curve.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""Tool-call formats: how calls are read from a model turn's token ids, and how tool responses become the
+token ids appended after it (never a re-tokenization of what the model generated).
+
+- ``hermes`` (verl's): the turn is decoded as is; each ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+  is a call (both tags must be present; a block that is not such JSON is skipped and counted as malformed).
+  The responses are the messages ``{"role": "tool", "content": text}`` and the generation prompt, as the
+  tokenizer's chat template renders them after an assistant turn: the text after that turn's EOS (so the
+  template's separator after the EOS is kept; rendering the tool messages alone, as verl does, drops it
+  and, for templates that add a default system prompt, needs it cut off again).
+- ``simple`` (small models such as the built-in character model): the turn, special tokens dropped and
+  whitespace stripped, is a call when it reads ``name(a, b, ...)``; the arguments are matched to the
+  tool's parameters in schema order and converted to their JSON types (integer, number, boolean, else
+  the text). The response of each call is appended as ``"=" + text + "\\n"``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from .tools import Tool, ToolCall
+
+_HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_MARK = "\x00splitproof-turn\x00"  # a placeholder assistant turn, found again in the rendered text
+_SIMPLE = re.compile(r"^([A-Za-z_]\w*)\((.*)\)$", re.DOTALL)
+
+
+class HermesFormat:
+    def __init__(self, tokenizer, tools: dict[str, Tool]):
+        self.tokenizer = tokenizer
+
+    def parse(self, ids: list[int]) -> tuple[list[ToolCall], int]:
+        """The calls in a turn and the number of malformed ``<tool_call>`` blocks."""
+        text = self.tokenizer.decode(ids)
+        if "<tool_call>" not in text or "</tool_call>" not in text:
+            return [], 0
+        calls, malformed = [], 0
+        for block in _HERMES.findall(text):
+            try:
+                call = json.loads(block)
+                calls.append(ToolCall(str(call["name"]), json.dumps(call["arguments"], ensure_ascii=False)))
+            except (ValueError, KeyError, TypeError):
+                malformed += 1
+        return calls, malformed
+
+    def render(self, texts: list[str]) -> list[int]:
+        """The ids the chat template puts after an assistant turn's EOS for these tool messages and the
+        next generation prompt (the separator after the EOS included)."""
+        before = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _MARK}]
+        full = self.tokenizer.apply_chat_template(before + [{"role": "tool", "content": t} for t in texts],
+                                                  add_generation_prompt=True, tokenize=False)
+        end = full.index(_MARK) + len(_MARK)
+        eos = self.tokenizer.eos_token or ""
+        if eos and full.startswith(eos, end):
+            end += len(eos)
+        return self.tokenizer.encode(full[end:], add_special_tokens=False)
+
+
+class SimpleFormat:
+    def __init__(self, tokenizer, tools: dict[str, Tool]):
+        self.tokenizer, self.tools = tokenizer, tools
+
+    def parse(self, ids: list[int]) -> tuple[list[ToolCall], int]:
+        match = _SIMPLE.match(self.tokenizer.decode(ids, skip_special_tokens=True).strip())
+        if not match:
+            return [], 0
+        name, raw = match.group(1), match.group(2)
+        values = [v.strip() for v in raw.split(",")] if raw.strip() else []
+        tool = self.tools.get(name)
+        if tool is None:  # the runner answers with verl's error text
+            return [ToolCall(name, "{}")], 0
+        properties = tool.schema["function"].get("parameters", {}).get("properties", {})
+        args = {}
+        for (param, spec), value in zip(properties.items(), values):
+            args[param] = _convert(value, spec.get("type"))
+        if len(values) > len(properties):  # too many: the call fails with the tool's own TypeError
+            args.update({f"_extra_{i}": v for i, v in enumerate(values[len(properties):])})
+        return [ToolCall(name, json.dumps(args, ensure_ascii=False))], 0
+
+    def render(self, texts: list[str]) -> list[int]:
+        return self.tokenizer.encode("".join(f"={t}\n" for t in texts), add_special_tokens=False)
+
+
+def _convert(value: str, kind) -> object:
+    try:
+        if kind == "integer":
+            return int(value)
+        if kind == "number":
+            return float(value)
+        if kind == "boolean" and value.lower() in ("true", "false"):
+            return value.lower() == "true"
+    except ValueError:
+        pass
+    return value
+
+
+FORMATS = {"hermes": HermesFormat, "simple": SimpleFormat}
