@@ -20,7 +20,8 @@ step (a reward function that raises, a rank that fails) is a ``StepFailed``: not
 logged or saved.
 
 Test pause points (``splitproof.rl.pause``): ``step{k}:trained``, ``step{k}:logged``,
-``step{k}:checkpoint:{stage}`` (the stages of ``checkpoint.store.save_checkpoint``), ``step{k}:done``.
+``step{k}:checkpoint:{stage}`` (the stages of ``checkpoint.store.save_checkpoint``), ``step{k}:done``;
+with dynamic sampling ``step{k}:round{r}`` (generation round r of step k scored, nothing updated yet).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from . import pause
 from .checkpoint import store
 from .parallel import RankFailure
 from .rewards.functions import RewardError
+from .data.dynamic_sampling import FilterError
 from .run import Run
 from .checkpoint.run_state import save_run
 from .step import StepOutput, train_step
@@ -78,7 +80,7 @@ def _checkpoint_pauses(step: int):
 def _failing(step: int, fn: Callable, *args):
     try:
         return fn(*args)
-    except (RewardError, RankFailure) as e:
+    except (RewardError, RankFailure, FilterError) as e:
         raise StepFailed(step, e) from e
 
 
@@ -109,7 +111,7 @@ def fit(run: Run, *, log: Callable[[dict, int], None] | None = None, sync: Calla
             return records
     for step in range(start_step + 1, run.total_steps + 1):
         check_stop(step - 1)
-        uids = run.sampler.next_batch()
+        uids = None if run.config.algorithm.filter_groups.enable else run.sampler.next_batch()  # dynamic: the step draws
         output = _failing(step, train_step, run, step, uids)
         pause.pause_point(f"step{step}:trained")
         if on_step is not None:

@@ -22,7 +22,11 @@ from ..engine import UpdateConfig, wrap_model
 from ..hf_models import unwrap
 from ..stats import MinibatchStats
 from .config.schema import TrainConfig
-from .config.check import critic_enabled, dp_strategy, reward_function as reward_function_setting, to_update_config
+from .config.check import (critic_enabled, dp_strategy, reward_function as reward_function_setting, reward_manager_of,
+                           to_update_config)
+from .data.dynamic_sampling import PromptStream
+from .rewards.dapo import RewardManager
+from .rewards.filter_metric import check_filter_metric
 from .models.critic import Critic, build_critic
 from .data.prompts import PromptDataset, PromptSampler, load_prompts
 from .rewards.kl_penalty import make_kl_controller
@@ -48,10 +52,11 @@ class Run:
     ref: nn.Module | None
     sampling: SamplingParams
     val_sampling: SamplingParams
-    sampler: PromptSampler
+    sampler: PromptSampler | PromptStream
     kl_ctrl: Any
     total_steps: int
     float_dtype: torch.dtype
+    reward_manager: RewardManager = field(default_factory=RewardManager)
     inference_copy: nn.Module | None = None  # FSDP2 only
     critic: Critic | None = None  # PPO with a value model (critic.enable, or gae)
     optimizer_steps: int = 0
@@ -127,8 +132,9 @@ class RunInputs:
     train_data: PromptDataset
     val_data: PromptDataset | None
     reward_fn: Any
-    sampler: PromptSampler
+    sampler: PromptSampler | PromptStream
     total_steps: int
+    reward_manager: RewardManager = field(default_factory=RewardManager)
 
 
 def prepare_inputs(cfg: TrainConfig) -> RunInputs:
@@ -150,10 +156,16 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
     for dataset in (train_data, val_data):
         if dataset is not None:
             check_reward_sources(dataset, reward_fn)
-    sampler = PromptSampler(len(train_data), cfg.data.train_batch_size, seed=1 if cfg.data.seed is None else cfg.data.seed,
-                            shuffle=cfg.data.shuffle)
+    seed = 1 if cfg.data.seed is None else cfg.data.seed
+    manager = reward_manager_of(cfg)
+    if cfg.algorithm.filter_groups.enable:
+        check_filter_metric(cfg.algorithm.filter_groups.metric, manager, reward_fn, train_data, tokenizer)
+        sampler = PromptStream(len(train_data), seed=seed, shuffle=cfg.data.shuffle)
+    else:
+        sampler = PromptSampler(len(train_data), cfg.data.train_batch_size, seed=seed, shuffle=cfg.data.shuffle)
     return RunInputs(update_config=update_config, tokenizer=tokenizer, train_data=train_data, val_data=val_data,
-                     reward_fn=reward_fn, sampler=sampler, total_steps=total_training_steps(cfg, len(train_data)))
+                     reward_fn=reward_fn, sampler=sampler, total_steps=total_training_steps(cfg, len(train_data)),
+                     reward_manager=manager)
 
 
 def build_run(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None = None) -> Run:
@@ -190,7 +202,8 @@ def build_run(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None = N
                train_data=inputs.train_data, val_data=inputs.val_data, reward_fn=inputs.reward_fn, policy=policy,
                optimizer=optimizer, scheduler=scheduler, rollout=rollout, ref=ref, sampling=train_sampling,
                val_sampling=val_sampling, sampler=inputs.sampler, kl_ctrl=kl_ctrl, total_steps=total,
-               float_dtype=float_dtype, inference_copy=inference_copy, critic=critic)
+               float_dtype=float_dtype, inference_copy=inference_copy, critic=critic,
+               reward_manager=inputs.reward_manager)
 
 
 def reward_function(cfg: TrainConfig):

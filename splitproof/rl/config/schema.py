@@ -30,7 +30,7 @@ class DataConfig:
     max_response_length: int = 512  # generated tokens per response, at most
     train_batch_size: int = 1024  # prompts per training step
     val_batch_size: Optional[int] = None  # no effect on results: validation runs in max_num_seqs chunks
-    gen_batch_size: Optional[int] = None  # must be null or equal train_batch_size (no over-sampling)
+    gen_batch_size: Optional[int] = None  # prompts per generation round of dynamic sampling (speed only); null: train_batch_size
     shuffle: bool = True  # a new prompt order every epoch, from (data.seed, epoch)
     validation_shuffle: bool = False  # validation always runs every held-out prompt
     seed: Optional[int] = None  # null -> 1, as verl's sampler does
@@ -172,6 +172,13 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    enable: bool = False  # dynamic sampling: keep the first train_batch_size groups whose metric varies
+    metric: str = "reward"  # reward | seq_reward | seq_final_reward | a reward extra value (e.g. acc)
+    max_num_gen_batches: int = 0  # generation rounds a step may take; 0: no bound
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "gae"  # see docs/advantages.md; gae trains a critic (critic.*)
     gamma: float = 1.0  # discount (REINFORCE++, GAE)
@@ -181,6 +188,7 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"  # the KL estimator in the reward (as kl_loss_type)
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
 
 @dataclass
@@ -247,11 +255,26 @@ class RewardFunctionConfig:
 
 
 @dataclass
+class RewardManagerConfig:
+    name: str = "naive"  # naive | dapo (score + overlong penalty)
+
+
+@dataclass
 class RewardConfig:
     """verl 0.9.1 also reads the reward function from ``reward.custom_reward_function``."""
 
     custom_reward_function: RewardFunctionConfig = field(
         default_factory=lambda: RewardFunctionConfig(name="compute_score"))
+    reward_manager: RewardManagerConfig = field(default_factory=RewardManagerConfig)
+    reward_kwargs: Dict[str, Any] = field(default_factory=dict)  # dapo: overlong_buffer_cfg.{enable,len,penalty_factor,log}, max_resp_len
+
+
+@dataclass
+class LegacyRewardModelConfig:
+    """verl's older spelling of the reward manager, mapped onto ``reward.*``."""
+
+    reward_manager: Optional[str] = None  # null: reward.reward_manager.name
+    reward_kwargs: Dict[str, Any] = field(default_factory=dict)  # as reward.reward_kwargs
 
 
 @dataclass
@@ -263,6 +286,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     custom_reward_function: RewardFunctionConfig = field(default_factory=RewardFunctionConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    reward_model: LegacyRewardModelConfig = field(default_factory=LegacyRewardModelConfig)
 
 
 @dataclass(frozen=True)
