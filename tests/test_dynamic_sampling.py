@@ -155,3 +155,32 @@ def test_data_parallel_changes_nothing(model_dir, baseline, ranks):
              f"data.gen_batch_size={3 * BATCH}"]
     for got in run_data_parallel(_dp_worker, ranks, model_dir, extra):
         assert_same_filtered_run(got, baseline)
+
+
+@pytest.mark.slow
+def test_killed_in_a_refill_round_and_resumed_equals_an_uninterrupted_run(model_dir, tmp_path):
+    """SIGKILL after the second generation round of a step (nothing of it updated or saved), then
+    ``resume_mode=auto``: the run ends with the uninterrupted run's weights, bitwise, and its metrics."""
+    from splitproof.cli import main
+    from splitproof.rl.checkpoint.store import latest_checkpoint
+    from splitproof.rl.tracking.loggers import read_metrics
+
+    from .rl_helpers import train_overrides
+    from .test_train_resume import _kill_at, _run_to_the_end, _same_files, _same_metrics
+
+    def args(out):
+        return train_overrides(model_dir, out, STEPS, dtype="fp64", extra=[
+            *FILTER, "custom_reward_function.name=compute_score", "trainer.save_freq=1", "trainer.resume_mode=auto"])
+
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert main(["train", *args(whole)]) == 0
+    records = read_metrics(whole / "metrics.jsonl")
+    refilled = [r["step"] for r in records if r["step"] >= 2 and r.get("train/num_gen_batches", 0) >= 2]
+    assert refilled, "no step after the first took a refill round"
+    step = refilled[0]
+    _kill_at(args(killed), f"step{step}:round2", tmp_path / "paused")
+    assert latest_checkpoint(killed) == killed / f"global_step_{step - 1}"
+    resumed = _run_to_the_end(args(killed))
+    assert f"global_step_{step - 1}" in resumed.stderr
+    _same_files(killed / f"global_step_{STEPS}", whole / f"global_step_{STEPS}", ["actor"])
+    _same_metrics(read_metrics(killed / "metrics.jsonl"), records)
