@@ -1,16 +1,17 @@
 """Held-out evaluation: the validation prompts, generated with ``rollout.val_kwargs``, scored.
 
-Reported per data source as verl does: ``val-core/<data_source>/reward/mean@<n>``, the mean score over
-the source's prompts and their n samples. Validation draws from its own sampling stream, so it never
-changes what training samples.
+Reported per data source as verl does (``tracking.validation``): ``val-core/<data_source>/<var>/mean@<n>``,
+the mean over the source's prompts and their n samples of ``acc`` when the reward reports it, else of the
+reward; with n > 1 also ``best@k``, ``worst@k``, ``maj@k`` (with a numeric ``pred``), ``pass@k`` and
+``std@n``, and every extra value under ``val-aux/``. Validation draws from its own sampling stream, so it
+never changes what training samples.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from .run import Run
 from .step import generate, score_samples
+from .tracking.validation import validation_metrics
 
 VALIDATION_STREAM = 1
 
@@ -20,10 +21,6 @@ def validate(run: Run, step: int) -> dict[str, float]:
         return {}
     uids = list(range(len(run.val_data)))
     samples = generate(run, uids, step, run.val_sampling, stream=VALIDATION_STREAM)
-    scores, _ = score_samples(run, samples, step, stream=VALIDATION_STREAM)
-    by_source: dict[str, list[float]] = defaultdict(list)
-    for sample, value in zip(samples, scores.tolist()):
-        by_source[run.val_data[sample.uid].data_source].append(value)
-    n = run.val_sampling.n
-    return {f"val-core/{source}/reward/mean@{n}": sum(values) / len(values)
-            for source, values in sorted(by_source.items())}
+    scores, extra = score_samples(run, samples, step, stream=VALIDATION_STREAM)
+    return validation_metrics([run.val_data[s.uid].data_source for s in samples], [s.uid for s in samples],
+                              scores.tolist(), extra)
