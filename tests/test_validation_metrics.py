@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from splitproof.rl.tracking.validation import (best_of, majority_of, pass_at_k, subset_sizes, validation_metrics,
+from splitproof.rl.tracking.held_out import (best_of, majority_of, pass_at_k, subset_sizes, validation_metrics,
                                                worst_of)
 
 VALUES = [0.0, 1.0, 0.5, 1.0, -1.0]

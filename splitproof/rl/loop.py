@@ -32,7 +32,8 @@ from contextlib import contextmanager
 
 from . import pause
 from .checkpoint import store
-from .parallel import RankFailure
+from .parallel import RankFailure, first_rank_only
+from .tracking.generations import generation_rows, write_generations
 from .rewards.functions import RewardError
 from .data.dynamic_sampling import FilterError
 from .run import Run
@@ -116,6 +117,9 @@ def fit(run: Run, *, log: Callable[[dict, int], None] | None = None, sync: Calla
         pause.pause_point(f"step{step}:trained")
         if on_step is not None:
             on_step(step, output)
+        if cfg.rollout_data_dir and first_rank_only(run.collective):
+            write_generations(cfg.rollout_data_dir, step, generation_rows(
+                run.tokenizer, run.train_data, output.samples, output.scores, output.extra, step))
         check_stop(step - 1)
         metrics = dict(output.metrics)
         if is_due(step, run.total_steps, cfg.test_freq):

@@ -45,6 +45,8 @@ class StepOutput:
     metrics: dict[str, float]
     samples: list
     consumed: list[int] | None = None  # the prompts the step consumed, in order (dynamic sampling)
+    scores: list[float] | None = None  # each sample's reward (the reward manager's)
+    extra: dict | None = None  # the reward function's extra values, one per sample
 
 
 @dataclass
@@ -195,7 +197,7 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
     seconds = time.perf_counter() - start
     metrics["timing_s/step"] = seconds
     metrics.update(throughput_metrics(int(seqs.attention_mask.sum()), seconds, run.collective.world_size))
-    return StepOutput(metrics, samples, rollout.consumed)
+    return StepOutput(metrics, samples, rollout.consumed, scores.tolist(), reward_extra)
 
 
 def update_actor(run: Run, batch: RolloutBatch) -> dict[str, float]:

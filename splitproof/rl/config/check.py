@@ -113,6 +113,8 @@ def normalize(cfg: TrainConfig) -> TrainConfig:
     cfg.critic.model.path = _expand(cfg.critic.model.path)
     cfg.trainer.default_local_dir = _expand(cfg.trainer.default_local_dir)
     cfg.trainer.resume_from_path = _expand(cfg.trainer.resume_from_path)
+    cfg.trainer.rollout_data_dir = _expand(cfg.trainer.rollout_data_dir)
+    cfg.trainer.validation_data_dir = _expand(cfg.trainer.validation_data_dir)
     for reward in (cfg.custom_reward_function, cfg.reward.custom_reward_function):
         reward.path = _expand(reward.path)
     return cfg

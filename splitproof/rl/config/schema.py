@@ -245,6 +245,8 @@ class TrainerConfig:
     critic_warmup: int = 0  # the actor is updated from step max(1, critic_warmup) on (verl's rule); the critic every step
     device: str = "cpu"  # ours: cpu (verl: cuda)
     seed: int = 0  # ours: the model-initialisation and global RNG seed
+    rollout_data_dir: Optional[str] = None  # a folder: each step's samples as <step>.jsonl (input, output, gts, score, step, extras)
+    validation_data_dir: Optional[str] = None  # a folder: each evaluation's samples as <step>.jsonl
     cpu_threads: Optional[int] = None  # ours: torch's CPU threads per process during the run (null: torch's default); speed only
 
 
