@@ -112,3 +112,14 @@ def test_reward_manager_mistakes_name_the_key(overrides, key, words):
         load_train_config(None, overrides)
     assert info.value.field == key and words in str(info.value), str(info.value)
 
+
+
+def test_the_built_in_dapo_recipe_loads_with_verls_dapo_settings():
+    cfg = load_train_config("builtin://charlm-dapo", [])
+    assert cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.metric == "acc"
+    assert cfg.data.gen_batch_size == 2 * cfg.data.train_batch_size == 256
+    assert cfg.actor_rollout_ref.actor.clip_ratio_high == 0.28 and not cfg.actor_rollout_ref.actor.use_kl_loss
+    assert reward_manager_of(cfg) == RewardManager("dapo", OverlongBuffer(length=2, penalty_factor=1.0,
+                                                                          max_resp_len=6, log=True))
+    with pytest.raises(ConfigError, match="builtin://charlm-dapo"):
+        load_train_config("builtin://charlm-dap", [])
