@@ -184,3 +184,38 @@ def test_killed_in_a_refill_round_and_resumed_equals_an_uninterrupted_run(model_
     assert f"global_step_{step - 1}" in resumed.stderr
     _same_files(killed / f"global_step_{STEPS}", whole / f"global_step_{STEPS}", ["actor"])
     _same_metrics(read_metrics(killed / "metrics.jsonl"), records)
+
+
+@pytest.mark.slow
+def test_verls_dapo_example_runs_unchanged(tmp_path):
+    """verl's DAPO example overrides (tests/verl_dapo_example.txt) on a small float32 model: accepted (its
+    infrastructure keys with a notice), trained for 2 steps with dynamic sampling and the overlong buffer."""
+    from splitproof.cli import main
+    from splitproof.rl.tracking.loggers import read_metrics
+
+    model = save_tiny_char_model(tmp_path / "model")
+    example = [line.strip() for line in (HERE / "verl_dapo_example.txt").read_text().splitlines()
+               if line.strip() and not line.startswith("#")]
+    paths = [f"actor_rollout_ref.model.path={model}", "data.train_files=builtin://addition/train",
+             "data.val_files=builtin://addition/test?size=8", f"trainer.default_local_dir={tmp_path / 'out'}",
+             "trainer.total_training_steps=2", "trainer.logger=[file]",
+             f"custom_reward_function.path={HERE / 'filter_reward.py'}"]  # a random model never scores on addition
+    assert main(["train", *example, *paths]) == 0
+    records = read_metrics(tmp_path / "out" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert all(r["train/num_gen_batches"] >= 1 for r in records[1:])
+    assert "val-core/addition/acc/mean@1" in records[0] and "reward/acc/mean" in records[1]
+
+
+def test_a_step_that_cannot_fill_stops_with_the_kept_count(model_dir, tmp_path, capsys):
+    """The built-in rule on a random model: no group is eligible, so max_num_gen_batches is reached."""
+    from splitproof.cli import main
+
+    from .rl_helpers import train_overrides
+
+    args = train_overrides(model_dir, tmp_path / "out", 2, dtype="fp64", extra=[
+        "custom_reward_function.path=null", "custom_reward_function.name=null", "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.max_num_gen_batches=2", "data.gen_batch_size=6", "trainer.val_before_train=false"])
+    assert main(["train", *args]) == 1
+    err = capsys.readouterr().err
+    assert "max_num_gen_batches=2 generation rounds of data.gen_batch_size=6 prompts kept 0 of the 4 groups" in err
