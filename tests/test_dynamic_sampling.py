@@ -138,6 +138,17 @@ def test_three_times_the_generation_batch_and_uneven_max_num_seqs_change_nothing
                                                                    for r in baseline["records"]]
 
 
+def test_a_prompt_repeated_within_a_step_draws_its_own_samples(model_dir):
+    """Three prompts: steps run past the end of an epoch and meet a prompt again. Its repeat is generated
+    (from its own sampling stream, so its tokens differ) and kept like any group, whatever gen_batch_size."""
+    tiny = ["data.train_max_samples=3"]
+    one = run_filtered(model_dir, [*tiny, "trainer.total_training_steps=3"])
+    three = run_filtered(model_dir, [*tiny, "trainer.total_training_steps=3", f"data.gen_batch_size={3 * BATCH}"])
+    assert_same_filtered_run(three, one)
+    repeated = [c for c in one["consumed"] if len(set(c)) < len(c)]
+    assert repeated, one["consumed"]
+
+
 @pytest.mark.slow
 def test_one_and_a_half_times_the_generation_batch_one_sequence_at_a_time(model_dir, baseline):
     got = run_filtered(model_dir, [f"data.gen_batch_size={3 * BATCH // 2}", "actor_rollout_ref.rollout.max_num_seqs=1"])

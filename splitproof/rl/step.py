@@ -36,6 +36,7 @@ from .rewards.dapo import apply_manager
 from .run import Run, greedy as greedy_params
 
 BASELINE_STREAM = 2  # remax's greedy baseline (training samples use stream 0, validation 1)
+REPEAT_STREAM = 16  # dynamic sampling: the k-th repeat of a prompt within one step draws from stream 16 + k
 
 
 @dataclass
@@ -85,7 +86,7 @@ def filtered_rollout(run: Run, step: int, timer: StageTimer) -> Rollout:
 
     def generate_round(uids: list[int], repeats: list[int]) -> Round:
         with timer("gen"):
-            samples = generate(run, uids, step, run.sampling, repeats=repeats)
+            samples = generate_repeats(run, uids, repeats, step)
         with timer("reward"):
             scores, extra = score_samples(run, samples, step)
         pause.pause_point(f"step{step}:round{rounds[0] + 1}")
@@ -232,15 +233,22 @@ def advantage_options(run: Run, samples: list, uids: list[int], step: int, value
     return {}
 
 
-def generate(run: Run, uids: list[int], step: int, params, *, stream: int = 0, repeats: list[int] | None = None
-             ) -> list:
+def generate_repeats(run: Run, uids: list[int], repeats: list[int], step: int) -> list:
+    """Training samples of ``uids`` in canonical order, the k-th repeat of a prompt within a step drawn from
+    sampling stream ``REPEAT_STREAM + k`` (k = 0: the training stream 0), so that it differs from the
+    first and depends on (step, uid, k) alone."""
+    n, by_candidate = run.sampling.n, {}
+    for k in sorted(set(repeats)):
+        chosen = [i for i, r in enumerate(repeats) if r == k]
+        samples = generate(run, [uids[i] for i in chosen], step, run.sampling, stream=REPEAT_STREAM + k if k else 0)
+        by_candidate.update({i: samples[c * n:(c + 1) * n] for c, i in enumerate(chosen)})
+    return [s for i in range(len(uids)) for s in by_candidate[i]]
+
+
+def generate(run: Run, uids: list[int], step: int, params, *, stream: int = 0) -> list:
     """``params.n`` samples of every prompt, in canonical order (prompt order × sample index); each rank
-    generates a share of them and every rank gets them all. ``repeats[i]`` = k gives prompt i the sample
-    indices k·n .. k·n + n - 1 (its k-th repeat within a step draws fresh streams)."""
-    repeats = repeats or [0] * len(uids)
-    n = params.n
-    requests = [(uid, j + k * n, list(run.dataset_for(stream)[uid].prompt_ids))
-                for uid, k in zip(uids, repeats) for j in range(n)]
+    generates a share of them and every rank gets them all."""
+    requests = [(uid, j, list(run.dataset_for(stream)[uid].prompt_ids)) for uid in uids for j in range(params.n)]
     return run_on_share(run.collective, len(requests),
                         lambda rows: run.rollout.generate([requests[r] for r in rows], params, step=step,
                                                           stream=stream))

@@ -5,9 +5,9 @@ order, then epoch 1's, and so on, each epoch the whole seeded permutation ``prom
 epoch)``. Its state is a position (epoch, cursor), saved in checkpoints.
 
 Step s. The candidates are the stream's prompts from its position on, c_1, c_2, ...; candidate c_i is
-generated with n samples keyed (seed, s, uid, j + n·k), k the number of earlier occurrences of its uid
-among c_1..c_{i-1} (k = 0 unless the step's candidates run into a later epoch that holds the prompt
-again). Its group is *eligible* when the filter metric is not the same for all n samples (with n = 1,
+generated with n samples keyed (seed, s, uid, j) in the training sampling stream, or in stream 16 + k
+for its k-th repeat, k the number of earlier occurrences of its uid among c_1..c_{i-1} (k = 0 unless the
+step's candidates run into a later epoch that holds the prompt again). Its group is *eligible* when the filter metric is not the same for all n samples (with n = 1,
 always, as verl). The kept set is the first B = ``data.train_batch_size`` eligible candidates in stream
 order; the step *consumes* c_1..c_m, c_m the B-th eligible one, and the stream moves past them.
 Ineligible groups among them are dropped (for that pass over the data, as verl drops them).
