@@ -1,7 +1,8 @@
 """Dynamic sampling (``algorithm.filter_groups``): the kept set is a function of the stream, the seeds and the
 step alone. The stream's rules on their own (pure), then float64 runs of 4 steps with filtering active:
 weights, every metric (the generation-round counts aside), the sampled tokens and the prompts each step
-consumed are the same whatever ``data.gen_batch_size``, ``rollout.max_num_seqs`` and the DP size."""
+consumed are the same whatever ``data.gen_batch_size``, ``rollout.max_num_seqs``, the DP size (forked ranks
+and torchrun) and a SIGKILL with resume; verl's DAPO example runs unchanged."""
 
 from __future__ import annotations
 
@@ -160,11 +161,11 @@ def _dp_worker(model_dir, extra):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("ranks", [2, 3])
-def test_data_parallel_changes_nothing(model_dir, baseline, ranks):
+def test_data_parallel_changes_nothing(model_dir, baseline):
+    """Two forked ranks (three: under torchrun, below)."""
     extra = ["actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.rollout.max_num_seqs=3",
              f"data.gen_batch_size={3 * BATCH}"]
-    for got in run_data_parallel(_dp_worker, ranks, model_dir, extra):
+    for got in run_data_parallel(_dp_worker, 2, model_dir, extra):
         assert_same_filtered_run(got, baseline)
 
 
@@ -230,3 +231,47 @@ def test_a_step_that_cannot_fill_stops_with_the_kept_count(model_dir, tmp_path, 
     assert main(["train", *args]) == 1
     err = capsys.readouterr().err
     assert "max_num_gen_batches=2 generation rounds of data.gen_batch_size=6 prompts kept 0 of the 4 groups" in err
+
+
+@pytest.mark.dist
+def test_torchrun_on_three_ranks_equals_one_process(model_dir, tmp_path):
+    """`torchrun --nproc_per_node 3 -m splitproof train` with dynamic sampling (DDP, uneven generation
+    shares): the one-process run's metrics and final weights."""
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+
+    from splitproof.cli import main
+    from splitproof.rl.tracking.loggers import read_metrics
+
+    from .rl_helpers import train_overrides
+
+    def args(out):
+        return train_overrides(model_dir, out, STEPS, dtype="fp64", extra=[
+            *FILTER, "custom_reward_function.name=compute_score", f"trainer.save_freq={STEPS}",
+            "actor_rollout_ref.actor.strategy=ddp", f"data.gen_batch_size={3 * BATCH}"])
+
+    one, three = tmp_path / "one", tmp_path / "three"
+    assert main(["train", *args(one)]) == 0
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3",
+                           "-m", "splitproof", "train", *args(three)], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for a, b in zip(read_metrics(three / "metrics.jsonl"), read_metrics(one / "metrics.jsonl"), strict=True):
+        keys = {k for k in b if not is_machine_dependent(k)}
+        assert keys == {k for k in a if not is_machine_dependent(k)}
+        for k in keys:
+            assert math.isclose(a[k], b[k], rel_tol=1e-9, abs_tol=1e-12), (b["step"], k, a[k], b[k])
+    weights = [{k: v.double() for k, v in load_file(out / f"global_step_{STEPS}" / "actor" / "model.safetensors").items()}
+               for out in (three, one)]
+    initial = {k: v.double() for k, v in save_and_load_initial(model_dir).items()}
+    assert relative_update_difference(weights[0], weights[1], initial) <= 1e-10
+
+
+def save_and_load_initial(model_dir: str) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).state_dict()
