@@ -102,10 +102,8 @@ def filtered_rollout(run: Run, step: int, timer: StageTimer) -> Rollout:
         return Round(groups, [values[g * n:(g + 1) * n] for g in range(len(uids))])
 
     rounds = [0]
-    position = (run.sampler.epoch, run.sampler.cursor)
     selection = select_groups(run.sampler, cfg.data.train_batch_size, gen_batch_size(cfg), fg.max_num_gen_batches,
                               generate_round, fg.metric)
-    consumed = _stream_slice(run.sampler, position, selection.consumed)
     samples = [s for group in selection.groups for s in group[0]]
     scores = torch.cat([group[1] for group in selection.groups])
     names = dict.fromkeys(name for group in selection.groups for name in group[2])
@@ -115,17 +113,8 @@ def filtered_rollout(run: Run, step: int, timer: StageTimer) -> Rollout:
                "training/filter_groups/evicted_samples": float((selection.consumed - len(selection.groups)) * n),
                "training/filter_groups/consumed_prompts": float(selection.consumed),
                "training/filter_groups/returned_prompts": float(selection.generated - selection.consumed)}
-    return Rollout(samples, scores, extra, [group[0][0].uid for group in selection.groups], group_ids, consumed, metrics)
-
-
-def _stream_slice(stream, position: tuple[int, int], count: int) -> list[int]:
-    """The ``count`` uids of ``stream`` from ``position`` (epoch, cursor) on."""
-    epoch, cursor = stream.epoch, stream.cursor
-    stream.epoch, stream.cursor = position
-    try:
-        return stream.peek(0, count)
-    finally:
-        stream.epoch, stream.cursor = epoch, cursor
+    return Rollout(samples, scores, extra, [group[0][0].uid for group in selection.groups], group_ids,
+                   selection.consumed_uids, metrics)
 
 
 def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:

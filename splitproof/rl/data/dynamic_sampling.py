@@ -119,13 +119,17 @@ class Round:
 @dataclass
 class Selection:
     """The step's kept groups in stream order, with the positions (0-based, from the step's start) of the
-    candidates they came from; how many candidates the step consumed and generated, and its rounds."""
+    candidates they came from; the uids the step consumed, how many candidates it generated, its rounds."""
 
     groups: list
     positions: list[int]
-    consumed: int
+    consumed_uids: list[int]
     generated: int
     rounds: int
+
+    @property
+    def consumed(self) -> int:
+        return len(self.consumed_uids)
 
 
 def select_groups(stream: PromptStream, batch_size: int, gen_batch_size: int, max_rounds: int,
@@ -154,6 +158,6 @@ def select_groups(stream: PromptStream, batch_size: int, gen_batch_size: int, ma
                 kept.append(group)
                 positions.append(generated + i)
         generated += len(uids)
-    consumed = positions[-1] + 1
-    stream.advance(consumed)
-    return Selection(groups=kept, positions=positions, consumed=consumed, generated=generated, rounds=rounds)
+    consumed = stream.peek(0, positions[-1] + 1)
+    stream.advance(len(consumed))
+    return Selection(groups=kept, positions=positions, consumed_uids=consumed, generated=generated, rounds=rounds)
