@@ -33,6 +33,7 @@ NAME = "memory"
 GOAL_FLAT = 1.10  # peak at the largest minibatch / peak at the smallest
 DIAGNOSE_SPLITS = (("dp:2",), ("even:8", "dp:2+sizes:1,3", "packed:64"))
 GOAL_SPLITS = 1.10  # diagnosis peak with three splits / with one: constant in the number of splits
+GOAL_MODEL_SIZES = 6.0  # diagnosis peak, machine-wide, in model sizes (the loaded model counts as 1)
 
 
 def _largest_tensor_bytes(out) -> int:
@@ -164,6 +165,7 @@ def diagnosis_memory(env: bl.Env) -> dict:
     from splitproof.diagnose import scenarios as sc
     from splitproof.diagnose.context import ModelSpec, build_model
     from splitproof.diagnose.diagnosis import Diagnosis
+    from splitproof.diagnose.baseline_store import spills_to_disk
 
     spec = ModelSpec(path=env.args.diagnose_model, dtype="float64")
     gc.collect()
@@ -188,7 +190,7 @@ def diagnosis_memory(env: bl.Env) -> dict:
     name = os.path.basename(os.path.normpath(spec.path)) if spec.path else "the embedded tiny random Llama"
     params = sum(p.numel() for p in model.parameters())
     return dict(rows=rows, model=f"{name} ({type(model).__name__}, {params / 1e6:.1f} M parameters)",
-                model_bytes=model_bytes, loaded=loaded, growth=growth)
+                model_bytes=model_bytes, loaded=loaded, growth=growth, spilled=spills_to_disk())
 
 
 def run(env: bl.Env) -> dict:
@@ -270,14 +272,20 @@ def render_diagnosis(d: dict) -> list[str]:
              "8 sequences × 16 response tokens, SGD; each split is compared with the baseline and with the control "
              "(DDP workers for `dp:2`). Peak of the summed proportional set sizes of the process and its "
              "workers, sampled every 50 ms, above the memory before the model was loaded (so the loaded model "
-             "counts as 1).")
+             "counts as 1). The baseline's gradient and parameters after the step (2 model sizes) "
+             + ("wait in a temporary file on disk (docs/diagnose.md, \"Memory\"), outside these figures."
+                if d.get("spilled") else "stay in memory (the temporary directory is a memory file system), "
+                "inside these figures."))
     rows = [[r["splits"], f"{r['peak'] / 2**20:.0f}", f"{r['ratio']:.2f}", f"{r['own_ratio']:.2f}",
              "pass" if r["passed"] else "FAIL"] for r in d["rows"]]
     table = bl.table(["splits", "peak MiB", "peak / model size", "of which this process / model size",
                       "diagnosis verdict"], rows)
-    goal = bl.table(["goal", "measured (peak with three splits / with one)", "verdict"],
-                    [[f"diagnosis memory constant in the number of splits (≤ {GOAL_SPLITS})", f"{d['growth']:.3f}",
-                      bl.verdict(d["growth"], GOAL_SPLITS)]])
+    worst = max(r["ratio"] for r in d["rows"])
+    goal = bl.table(["goal", "measured", "verdict"],
+                    [[f"diagnosis memory constant in the number of splits (≤ {GOAL_SPLITS})",
+                      f"{d['growth']:.3f} (peak with three splits / with one)", bl.verdict(d["growth"], GOAL_SPLITS)],
+                     [f"diagnosis peak in model sizes, machine-wide (≤ {GOAL_MODEL_SIZES:g})",
+                      f"{worst:.2f} (the larger peak)", bl.verdict(worst, GOAL_MODEL_SIZES)]])
     return [setup, table, goal]
 
 

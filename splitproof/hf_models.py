@@ -97,6 +97,14 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
+def base_model_of(model: nn.Module) -> nn.Module:
+    """The Hugging Face model inside DDP and PEFT (LoRA) wrappers; FSDP2 keeps the class."""
+    model = unwrap(model)
+    if type(model).__module__.startswith("peft.") and hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    return model
+
+
 def vocab_size_of(model: nn.Module) -> int:
     """The model's vocabulary size: ``config.vocab_size``, else the output embedding's row count."""
     model = unwrap(model)

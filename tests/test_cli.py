@@ -71,6 +71,21 @@ def test_json_schema(default_run):
 
 
 @pytest.mark.dist
+def test_report_fits_100_columns_and_names_the_verl_issues(default_run):
+    from splitproof.diagnose import report
+
+    _, record, _ = default_run
+    text = report.text(record)
+    assert max(len(line) for line in text.splitlines()) <= report.WIDTH
+    for number, words in (("7913", "geo_mean loss changes"), ("7829", "token selection changes")):
+        assert f"reruns verl #{number}: " in text and words in text
+        assert f"https://github.com/verl-project/verl/issues/{number}" in text
+        assert f"DIFFERS: verl #{number} reproduced" in text
+    assert "verl convention (legacy, not splitproof)" in text
+    assert [s["upstream"]["ref"] for s in record["scenarios"]] == ["verl #7913", "verl #7829"]
+
+
+@pytest.mark.dist
 def test_gmpo_seed(default_run):
     _, record, _ = default_run
     gmpo = _scenario(record, "gmpo")

@@ -275,3 +275,12 @@ def save_and_load_initial(model_dir: str) -> dict:
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).state_dict()
+
+
+def test_pipelined_rollouts_are_refused_with_dynamic_sampling():
+    from splitproof.loss_config import ConfigError
+    from splitproof.rl.config.load import load_train_config
+
+    with pytest.raises(ConfigError, match="filter_groups") as info:
+        load_train_config(None, ["async_training.staleness_steps=1", "algorithm.filter_groups.enable=true"])
+    assert info.value.field == "async_training.staleness_steps"

@@ -108,6 +108,7 @@ def test_weights_reach_the_update(corrected, uncorrected):
     assert relative_update_difference(result["weights"], uncorrected["weights"], uncorrected["initial"]) > 1e-3
 
 
+@pytest.mark.invariance
 @pytest.mark.parametrize("layout", ["ones", "budget-packed"])
 def test_layouts_give_identical_weights_and_metrics(model_dir, corrected, layout):
     """Log-prob micro-batches of 1 / token budgets with packing, generation batches of 1 / 5, update splits:
@@ -127,6 +128,7 @@ def _assert_same_correction(records, weights, want):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=0)
 
 
+@pytest.mark.invariance
 @pytest.mark.dist
 def test_data_parallel_gives_identical_weights_and_metrics(model_dir, corrected):
     level, want = corrected

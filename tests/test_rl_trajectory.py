@@ -41,6 +41,7 @@ def test_baseline_learns_something(baseline):
     assert relative_update_difference(baseline["initial"], baseline["weights"], baseline["initial"]) == 1.0
 
 
+@pytest.mark.invariance
 @pytest.mark.parametrize("layout", ["ones", "budget-packed"])
 def test_layouts_give_the_same_trajectory(model_dir, baseline, layout):
     got = run_trajectory(trajectory_config(model_dir, STEPS, LAYOUTS[layout]))

@@ -54,6 +54,7 @@ def layouts(m, requests, params):
 PARAMS = SamplingParams(n=2, temperature=1.0, max_response_length=12, seed=5)
 
 
+@pytest.mark.invariance
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_layout_independent_in_float64(arch):
     m = model(arch)
@@ -83,6 +84,7 @@ def test_float32_layout_drift_is_small():
     assert differing <= total // 4
 
 
+@pytest.mark.invariance
 def test_sampling_top_k_top_p_layout_independent():
     m = model("qwen3")
     params = SamplingParams(n=2, temperature=0.8, top_k=20, top_p=0.9, max_response_length=10, seed=11)

@@ -123,9 +123,9 @@ def test_unknown_key_suggests_nearest():
 
 
 def test_unsupported_verl_key_and_off_values():
-    error = error_of("actor_rollout_ref.model.lora_rank=8")
-    assert error.field == "actor_rollout_ref.model.lora_rank"
-    assert "verl key is not supported by splitproof" in str(error) and "LoRA" in str(error)
+    error = error_of("actor_rollout_ref.model.lora.rank=8")
+    assert error.field == "actor_rollout_ref.model.lora.rank"
+    assert "verl key is not supported by splitproof" in str(error) and "lora_rank" in str(error)
     assert "ppo_micro_batch_size_per_gpu" in str(error_of("actor_rollout_ref.actor.ppo_micro_batch_size=4"))
     assert "not supported" in str(error_of("algorithm.use_pf_ppo=true"))
     # "off" values, and settings inside a feature that stays off, are accepted silently
@@ -393,7 +393,7 @@ def test_schema_is_verl_tree_plus_documented_additions():
     ours = set(schema_keys())
     assert ours - verl_keys.verl_keys() == {"actor_rollout_ref.actor.policy_loss.cov_strategy",
                                               "trainer.resume_allow_config_change", "trainer.seed",
-                                              "trainer.cpu_threads",
+                                              "trainer.cpu_threads", "async_training.staleness_steps",
                                               # verl's reward managers read these; its scripts add them with +key
                                               "reward.reward_kwargs", "reward_model.reward_kwargs"}
     for pattern in verl_keys.NO_EFFECT:  # every pattern matches a verl key, none of ours

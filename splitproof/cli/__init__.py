@@ -14,12 +14,12 @@ from __future__ import annotations
 import os
 import sys
 
-from . import diagnose, train
+from . import diagnose, export, train
 from .arguments import EXIT_BROKEN_PIPE, EXIT_FAIL, EXIT_PASS, EXIT_USAGE, OneLineParser, UsageError
 
 __all__ = ["EXIT_BROKEN_PIPE", "EXIT_FAIL", "EXIT_PASS", "EXIT_USAGE", "UsageError", "build_parser", "main"]
 
-COMMANDS = (diagnose, train)
+COMMANDS = (diagnose, train, export)
 
 
 def build_parser() -> OneLineParser:

@@ -206,7 +206,7 @@ def _diagnose(args) -> int:
         if threads:
             torch.set_num_threads(threads)
         spec = ModelSpec(path=args.model, dtype=args.dtype, device=args.device, seed=args.seed,
-                         trust_remote_code=args.trust_remote_code)
+                         trust_remote_code=args.trust_remote_code, lora_rank=args.lora_rank or 0)
         show = _progress_printer(not args.no_progress and (args.scenario == "sweep" or sys.stderr.isatty()))
         with _loading_bars(not args.no_progress):
             diagnosis = Diagnosis(scenarios, spec, progress=show)

@@ -59,6 +59,9 @@ OPTIONS = (
     _opt("--threads", group=MODEL, by=EVERY, type=positive_int,
          help="torch CPU threads (default: 1 for the embedded model, torch's default otherwise)",
          audit_help="torch CPU threads (default: torch's default)"),
+    _opt("--lora-rank", group=MODEL, by=("default", "gmpo", "klcov", "sweep"), type=positive_int, metavar="R",
+         help="train a LoRA adapter of rank R on the model (all linear layers, lora_alpha 16, drawn from --seed; "
+              "needs the extra 'lora') instead of every weight (default: full fine-tuning)"),
     _opt("--dp-wrapper", group=MODEL, by=DIAGNOSIS, choices=("ddp", "fsdp2"),
          help="wrapper for dp:D splits (default ddp; only where a dp:D split runs)"),
 
@@ -200,10 +203,12 @@ def _describe(scenario: str) -> str:
                  "Only the model, numerics and output flags apply: the sweep's splits and settings are fixed."]
         return "\n".join(lines) + _FOOTER
     one = {"gmpo": sc.gmpo, "klcov": sc.klcov, "value": sc.value}[scenario](0)
-    lines = [f"{one.title}.", "One update, rerun under each split and compared with one microbatch on one rank:",
+    reruns = [f"Reruns {one.upstream.ref}: {one.upstream.summary}", f"  {one.upstream.url}"] if one.upstream else []
+    lines = reruns + [f"{one.title}.", "One update, rerun under each split and compared with one microbatch on one rank:",
              f"  splits:  {', '.join(one.splits)} (--split replaces them)",
              f"  control: {one.control_note}",
-             f"  legacy:  {one.legacy_note} (--scope minibatch leaves it out)",
+             f"  legacy:  {one.legacy_note} — the verl convention, not splitproof's verdict (--scope minibatch "
+             "leaves it out)",
              "The loss and batch are fixed (the custom-scenario flags need no scenario name); the step settings",
              "and the splits may be changed."]
     return "\n".join(lines) + _FOOTER

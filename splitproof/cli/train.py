@@ -199,7 +199,9 @@ def _train(cfg, argv: list[str]) -> int:
     except StepFailed as e:
         newest = newest_checkpoint(cfg)
         kept = f"the newest checkpoint ({newest}) is intact" if newest else "no checkpoint was saved"
-        _error(f"{e}. Nothing of step {e.step} was logged or saved; {kept}.")
+        done = f"Step {e.step}'s record was logged, its checkpoint not saved" if e.logged else \
+            f"Nothing of step {e.step} was logged or saved"
+        _error(f"{e}. {done}; {kept}.")
         return EXIT_FAIL
     except Interrupted as e:
         _say(_stopped_message(cfg, argv, f"stopped after step {e.step}"))

@@ -41,10 +41,12 @@ class ModelSpec:
     seed: int = 0
     trust_remote_code: bool = False
     arch: str = "llama"
+    lora_rank: int = 0  # > 0: a LoRA adapter of this rank (all-linear, drawn from the seed) is what trains
 
     def describe(self) -> str:
         what = self.path if self.path else f"embedded tiny random {self.arch} (seed {self.seed})"
-        return f"{what}, {self.dtype}, {self.device}"
+        lora = f", LoRA rank {self.lora_rank}" if self.lora_rank else ""
+        return f"{what}, {self.dtype}, {self.device}{lora}"
 
 
 def check_device(device: str) -> None:
@@ -73,7 +75,17 @@ def build_model(spec: ModelSpec) -> nn.Module:
     model.eval()  # no dropout: runs must be comparable
     for p in model.parameters():
         p.requires_grad_(True)
-    return model
+    return with_lora(model, spec) if spec.lora_rank else model
+
+
+def with_lora(model: nn.Module, spec: ModelSpec) -> nn.Module:
+    """``model`` with a LoRA adapter of rank ``spec.lora_rank`` drawn from ``spec.seed``: only the adapter trains."""
+    from splitproof.lora import LoraSettings, apply_lora
+
+    try:
+        return apply_lora(model, LoraSettings(lora_rank=spec.lora_rank), seed=spec.seed)
+    except ImportError as exc:
+        raise ModelError(f"--lora-rank: {exc}") from None
 
 
 def build_critic(model: nn.Module, seed: int) -> nn.Module:

@@ -147,6 +147,7 @@ class Diagnosis:
                 for case, outcome in zip(group, per_rank[0]):
                     self.outcomes[case] = outcome
                 tick(f"{len(group)} dp:{ranks} runs ({wrapper})", len(group))
+            baseline.release()
             del baseline
         return self
 
@@ -204,6 +205,7 @@ class Diagnosis:
                          "metrics": base.metrics},
             "control": sc.control_note,
             "legacy": sc.legacy_note if sc.legacy else None,
+            "upstream": sc.upstream.as_dict() if sc.upstream else None,
             "splits": splits,
         }
         if record["baseline"]["objective_tolerance"] >= abs(reference):

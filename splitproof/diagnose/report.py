@@ -6,6 +6,7 @@ import json
 import math
 import platform
 import sys
+import textwrap
 
 from .compare import FACTOR, FLOOR_EPS
 
@@ -63,6 +64,13 @@ def _e(x) -> str:
     return f"{x:.1e}"
 
 
+WIDTH = 100  # the console report fits this many columns (--json holds every figure)
+
+
+def _wrap(text: str, indent: str = "  ", more: str = "    ") -> list[str]:
+    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=more, break_on_hyphens=False)
+
+
 def _table(header: list[str], rows: list[list[str]], indent: str = "  ") -> list[str]:
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
     fmt = lambda cells: indent + "  ".join(str(c).ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
@@ -77,52 +85,85 @@ def _sel(block: dict | None) -> str:
     return f"{s['baseline']}/{s['split']}" + ("" if agree is None else f" ({agree:.2f})")
 
 
-def scenario_text(record: dict) -> list[str]:
-    cov = any("selected_tokens" in s for s in record["splits"])
-    legacy = any("legacy" in s for s in record["splits"])
+def _upstream(record: dict) -> str:
+    up = record.get("upstream")
+    return up["ref"] if up else "the per-microbatch bug"
+
+
+def _header(record: dict) -> list[str]:
     base = record["baseline"]
-    lines = [f"{record['name']}: {record['title']}",
-             f"  objective, one microbatch: {base['objective']:.10g}   float64 reference: "
-             f"{base['objective_reference']:.10g}   (tolerance {_e(base['objective_tolerance'])})"]
-    if cov:
-        lines[-1] += f"   selected tokens: {base.get('selected_tokens')} ({base.get('cov_strategy')})"
-    header = ["split", "mb x ranks", "grad rel", "grad bound", "update rel", "upd bound", "control grad", "control upd",
-              "objective"]
-    if cov:
-        header += ["selected (mask)"]
-    if legacy:
-        header += ["legacy grad", "legacy upd"] + (["legacy selected"] if cov else []) + ["legacy"]
-    header += ["verdict"]
+    lines = _wrap(f"{record['name']}: {record['title']}", indent="", more="  ")
+    up = record.get("upstream")
+    if up:
+        lines += _wrap(f"reruns {up['ref']}: {up['summary']}") + [f"    {up['url']}"]
+    line = (f"objective, one microbatch: {base['objective']:.10g}   float64 reference: "
+            f"{base['objective_reference']:.10g}   (tolerance {_e(base['objective_tolerance'])})")
+    if "selected_tokens" in base:
+        line += f"   selected tokens: {base['selected_tokens']} ({base.get('cov_strategy')})"
+    return lines + _wrap(line)
+
+
+def _verdict_table(record: dict) -> list[str]:
+    """splitproof's verdict: the three checked figures of each split and their bounds."""
+    header = ["split", "mb x ranks", "grad rel", "bound", "update rel", "bound", "|J - ref|", "bound", "verdict"]
     rows = []
     for s in record["splits"]:
         bound = s["tolerance"]
-        row = [s["split"], f"{s['microbatches']} x {s['ranks']}", _e(s["grad_rel_diff"]), _e(bound["grad_rel_diff"]),
-               _e(s["update_rel_diff"]), _e(bound["update_rel_diff"]), _e(s["control"]["grad_rel_diff"]),
-               _e(s["control"]["update_rel_diff"]), f"{s['objective']:.10g}"]
-        if cov:
-            row.append(_sel(s))
-        if legacy:
-            leg = s.get("legacy")
-            row += [_e(leg and leg["grad_rel_diff"]), _e(leg and leg["update_rel_diff"])]
-            row += [_sel(leg)] if cov else []
-            row.append("-" if not leg else ("within floor" if leg["verdict"] == "pass" else "DIFFERS"))
-        row.append("pass" if s["verdict"] == "pass" else "FAIL")
-        rows.append(row)
-    lines += _table(header, rows)
-    lines.append(f"  control: {record['control']}")
-    if record.get("legacy"):
-        lines.append(f"  legacy: {record['legacy']}")
+        rows.append([s["split"], f"{s['microbatches']} x {s['ranks']}", _e(s["grad_rel_diff"]),
+                     _e(bound["grad_rel_diff"]), _e(s["update_rel_diff"]), _e(bound["update_rel_diff"]),
+                     _e(s["objective_abs_diff"]), _e(bound["objective_abs_diff"]),
+                     "pass" if s["verdict"] == "pass" else "FAIL"])
+    return (_wrap("splitproof's verdict: each split against one microbatch on one rank (relative differences "
+                  "of the gradient and the update; |J - ref|: the objective against the float64 reference)")
+            + _table(header, rows))
+
+
+def _floor_table(record: dict, cov: bool) -> list[str]:
+    """The control's figures (the floor the bounds come from) and the objective each split reported."""
+    header = ["split", "control grad", "control upd", "objective J"] + (["selected (mask)"] if cov else [])
+    rows = [[s["split"], _e(s["control"]["grad_rel_diff"]), _e(s["control"]["update_rel_diff"]),
+             f"{s['objective']:.10g}"] + ([_sel(s)] if cov else []) for s in record["splits"]]
+    what = "objective J and selected tokens (baseline/split, mask agreement)" if cov else "objective J"
+    return (_wrap(f"the floor, from the control — {record['control']} — on the same split: its differences "
+                  f"make the bounds above; {what}: what the split reported") + _table(header, rows))
+
+
+def _legacy_table(record: dict, cov: bool) -> list[str]:
+    """What verl's per-microbatch convention gives on the same splits: the reported bug, rerun."""
+    bug = _upstream(record)
+    header = ["split", "grad rel", "update rel"] + (["selected (mask)"] if cov else []) + ["verl convention"]
+    rows = []
+    for s in record["splits"]:
+        leg = s.get("legacy")
+        result = "-" if not leg else (f"DIFFERS: {bug} reproduced" if leg["verdict"] != "pass"
+                                      else "same (within the floor)")
+        rows.append([s["split"], _e(leg and leg["grad_rel_diff"]), _e(leg and leg["update_rel_diff"])]
+                    + ([_sel(leg)] if cov else []) + [result])
+    intro = (f"verl convention (legacy, not splitproof): the same splits with {record['legacy']}; DIFFERS = the "
+             f"difference {bug} reports, reproduced (expected; it does not enter the verdict)")
+    return _wrap(intro) + _table(header, rows)
+
+
+def scenario_text(record: dict) -> list[str]:
+    cov = any("selected_tokens" in s for s in record["splits"])
+    legacy = any("legacy" in s for s in record["splits"])
+    lines = _header(record) + _verdict_table(record) + _floor_table(record, cov)
+    if legacy:
+        lines += _legacy_table(record, cov)
     for note in record.get("notes", ()):
-        lines.append(f"  note: {note}")
-    failed = sum(s["verdict"] != "pass" for s in record["splits"])
-    lines.append(f"  => {'PASS' if record['passed'] else 'FAIL'} ({len(record['splits']) - failed}/"
-                 f"{len(record['splits'])} splits within the floating-point floor)")
-    return lines
+        lines += _wrap(f"note: {note}")
+    n = len(record["splits"])
+    passed = sum(s["verdict"] == "pass" for s in record["splits"])
+    summary = f"=> {'PASS' if record['passed'] else 'FAIL'} ({passed}/{n} splits within the floating-point floor)"
+    if legacy:
+        differs = sum(s.get("legacy", {}).get("verdict") == "fail" for s in record["splits"])
+        summary += f"; verl convention differs on {differs}/{n} ({_upstream(record)})"
+    return lines + _wrap(summary)
 
 
 def sweep_text(records: list[dict]) -> list[str]:
     columns = list(dict.fromkeys(s.get("kind", s["split"]) for r in records for s in r["splits"]))
-    header = ["loss mode / aggregation"] + columns + ["legacy"]
+    header = ["loss mode / aggregation"] + columns + ["verl convention"]
     rows = []
     for r in records:
         by_kind = {s.get("kind", s["split"]): s for s in r["splits"]}
@@ -139,31 +180,33 @@ def sweep_text(records: list[dict]) -> list[str]:
             row.append("-")
         rows.append(row)
     splits = ", ".join(f"{s.get('kind')}={s['split']}" for s in records[0]["splits"]) if records else ""
-    lines = ["sweep: every loss mode x aggregation mode; cells = verdict and relative update difference "
-             "vs one microbatch on one rank",
-             f"  splits: {splits}",
-             "  geo_mean, gspo and sapo fix their policy term's aggregation; the aggregation mode still applies to "
-             "their KL and entropy terms (both on in the sweep)"]
+    lines = _wrap("sweep: every loss mode x aggregation mode; cells = splitproof's verdict and the relative "
+                  "update difference vs one microbatch on one rank", indent="", more="  ")
+    lines += _wrap(f"splits: {splits}")
+    lines += _wrap("geo_mean, gspo and sapo fix their policy term's aggregation; the aggregation mode still "
+                   "applies to their KL and entropy terms (both on in the sweep)")
     lines += _table(header, rows)
     passed = sum(r["passed"] for r in records)
     legacy_differs = sum(any(s.get("legacy", {}).get("verdict") == "fail" for s in r["splits"]) for r in records)
-    lines.append("  legacy = the same splits with every statistic per microbatch (worst of grad/update relative "
-                 "difference); DIFFERS = outside the floor")
-    lines.append(f"  => {'PASS' if passed == len(records) else 'FAIL'} ({passed}/{len(records)} modes pass every "
-                 f"split); legacy differs for {legacy_differs}/{len(records)} modes")
+    lines += _wrap("verl convention (legacy, not splitproof) = the same splits with every statistic per "
+                   "microbatch (worst of grad/update relative difference); DIFFERS = outside the floor: the "
+                   "per-microbatch bug, reproduced (it does not enter the verdict)")
+    lines += _wrap(f"=> {'PASS' if passed == len(records) else 'FAIL'} ({passed}/{len(records)} modes pass every "
+                   f"split); verl convention differs for {legacy_differs}/{len(records)} modes")
     failures = [(r, s) for r in records for s in r["splits"] if s["verdict"] != "pass"]
     for r, s in failures[:20]:
-        lines.append(f"  FAIL {r['name']} {s['split']}: grad rel {_e(s['grad_rel_diff'])} (bound "
-                     f"{_e(s['tolerance']['grad_rel_diff'])}), update rel "
-                     f"{_e(s['update_rel_diff'])} (bound {_e(s['tolerance']['update_rel_diff'])}), objective diff "
-                     f"{_e(s['objective_abs_diff'])} (bound {_e(s['tolerance']['objective_abs_diff'])})")
+        lines += _wrap(f"FAIL {r['name']} {s['split']}: grad rel {_e(s['grad_rel_diff'])} (bound "
+                       f"{_e(s['tolerance']['grad_rel_diff'])}), update rel "
+                       f"{_e(s['update_rel_diff'])} (bound {_e(s['tolerance']['update_rel_diff'])}), objective diff "
+                       f"{_e(s['objective_abs_diff'])} (bound {_e(s['tolerance']['objective_abs_diff'])})")
     return lines
 
 
 def text(report: dict) -> str:
     records = report["scenarios"]
     settings = report["settings"]
-    lines = [f"splitproof diagnose — {settings.get('model')}", f"verdict rule: {report['verdict_rule']}", ""]
+    lines = _wrap(f"splitproof diagnose — {settings.get('model')}", indent="", more="  ")
+    lines += _wrap(f"verdict rule: {report['verdict_rule']}", indent="", more="  ") + [""]
     grouped = [r for r in records if r.get("group") == "sweep"]
     for r in records:
         if r.get("group") != "sweep":

@@ -28,6 +28,27 @@ SWEEP_SPLITS = {"even": "even:4", "uneven": "sizes:1,2,5", "tokens": None, "shuf
 
 
 @dataclass(frozen=True)
+class Upstream:
+    """The public verl report (or change) a scenario reruns: named in the report's header and the record."""
+
+    ref: str  # "verl #7913"
+    summary: str  # one line: what the report found
+    url: str
+
+    def as_dict(self) -> dict:
+        return {"ref": self.ref, "summary": self.summary, "url": self.url}
+
+
+VERL = "https://github.com/verl-project/verl"
+GMPO_ISSUE = Upstream("verl #7913", "GMPO's geo_mean loss changes when a minibatch is split into more microbatches",
+                      f"{VERL}/issues/7913")
+KLCOV_ISSUE = Upstream("verl #7829", "KL-Cov's token selection changes with the PPO micro-batch size",
+                       f"{VERL}/issues/7829")
+VALUE_PR = Upstream("verl PR #6957", "before it, the critic's value loss was normalised per microbatch",
+                    f"{VERL}/pull/6957")
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     title: str
@@ -42,6 +63,7 @@ class Scenario:
     columns: tuple[str, ...] = ()  # sweep: the split kind of each split, for the summary table
     group: str = ""  # sweep scenarios share a group (one summary table)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    upstream: Upstream | None = None  # the verl report whose experiment this is (its legacy column reproduces it)
 
 
 def control_loss(loss: LossConfig) -> tuple[LossConfig, str]:
@@ -72,7 +94,8 @@ def gmpo(seed: int = 0) -> Scenario:
     return Scenario(
         "gmpo", "GMPO (geo_mean) + KL loss 0.001: 8 sequences x 16 response tokens, SGD lr 0.02, clip 1.0",
         loss, batch, RunSettings(optimizer="sgd", lr=0.02, grad_clip=1.0), splits, control, note,
-        legacy=LEGACY_STATISTICS, legacy_note="every statistic per microbatch (verl 24f25b03's torch.mean)")
+        legacy=LEGACY_STATISTICS, legacy_note="every statistic per microbatch (verl 24f25b03's torch.mean)",
+        upstream=GMPO_ISSUE)
 
 
 def klcov(seed: int = 0) -> Scenario:
@@ -86,7 +109,8 @@ def klcov(seed: int = 0) -> Scenario:
     return Scenario(
         "klcov", "KL-Cov, kl_cov_ratio 2e-4: 64 sequences x 128 response tokens (8,192 valid), SGD lr 0.02, clip 0.05",
         loss, batch, RunSettings(optimizer="sgd", lr=0.02, grad_clip=0.05), splits, control, note,
-        legacy=LEGACY_SELECTION, legacy_note="cov_strategy 'microbatch': tokens selected per microbatch")
+        legacy=LEGACY_SELECTION, legacy_note="cov_strategy 'microbatch': tokens selected per microbatch",
+        upstream=KLCOV_ISSUE)
 
 
 def value(seed: int = 0) -> Scenario:
@@ -104,7 +128,8 @@ def value(seed: int = 0) -> Scenario:
         "SGD lr 0.02, clip 1.0", loss, batch, RunSettings(optimizer="sgd", lr=0.02, grad_clip=1.0), splits, control,
         "the value loss with token-sum: a per-token sum, split-insensitive in any framework",
         legacy=LEGACY_STATISTICS,
-        legacy_note="verl before its PR #6957: each microbatch normalised by its own token count, ranks averaged")
+        legacy_note="verl before its PR #6957: each microbatch normalised by its own token count, ranks averaged",
+        upstream=VALUE_PR)
 
 
 def sweep_loss(loss_mode: str, agg_mode: str) -> LossConfig:

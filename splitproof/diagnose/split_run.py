@@ -6,11 +6,12 @@ with the split's microbatch plan — the same call ``update_policy`` (``update_c
 engine's ``on_gradients`` hook) and the parameters after the step, and keeps the engine's metrics and,
 for KL-Cov / Clip-Cov, the canonical keys (sequence id, position) of the tokens the engine selected.
 
-Memory: the baseline run keeps its gradient and its parameters after the step as two flat vectors
-(:class:`Baseline`); every other run is compared with them parameter by parameter as it finishes, and
-keeps only the figures. A run holds one copy of the model, its gradients and the optimizer's state.
-``dp:D`` runs happen inside :func:`splitproof.engine.launch.run_data_parallel` workers, forked from the
-process that holds the template and the baseline.
+Memory: the baseline run writes its gradient and its parameters after the step, parameter by parameter,
+to two flat vectors in a :class:`~.store.FlatStore` (a temporary file on disk); every other run is
+compared with them chunk by chunk as it finishes, and keeps only the figures. A run holds one copy of the
+model, its gradients and the optimizer's state. ``dp:D`` runs happen inside
+:func:`splitproof.engine.launch.run_data_parallel` workers, forked from the process that holds the
+template, and read the same file.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ from splitproof.loss_config import LossConfig, ValueLossConfig
 from splitproof.engine import CriticUpdateConfig, UpdateConfig, train_critic_minibatch, train_minibatch, wrap_model
 from splitproof.hf_models import unwrap, vocab_size_of
 
-from .compare import Difference
+from .compare import CHUNK, Difference
 from .splits import SplitPlan
+from .baseline_store import FlatStore
 
 OPTIMIZERS = ("sgd", "adamw")
+BASELINE_VECTORS = ("grad", "after")
 Loss = LossConfig | ValueLossConfig  # a policy loss, or the critic's value loss
 
 
@@ -65,13 +68,17 @@ class RunResult:
 
 @dataclass
 class Baseline:
-    """The run every split is compared with: its result, and two model-sized flat vectors."""
+    """The run every split is compared with: its result, and two model-sized flat vectors in ``store``:
+    "grad", the accumulated gradient before clipping, and "after", the parameters after the step (every
+    parameter in order, flattened)."""
 
     result: RunResult
-    grad: Tensor  # accumulated gradient before clipping, every parameter in order, flattened
-    after: Tensor  # parameters after the step, flattened
+    store: FlatStore
     grad_norm: float  # ‖grad‖₂ (float64)
     update_norm: float  # ‖after − before‖₂ (float64)
+
+    def release(self) -> None:
+        self.store.close()
 
 
 def make_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
@@ -155,22 +162,48 @@ def _value_of(p: nn.Parameter) -> Tensor:
     return _full(p.detach())
 
 
-def _flatten_into(model: nn.Module, values) -> Tensor:
-    out = torch.empty(sum(p.numel() for p in parameters_of(model)), dtype=_dtype_of(model), device="cpu")
+def _store_into(store: FlatStore, name: str, model: nn.Module, values) -> None:
     for offset, value in _flat_parameters(model, values):
-        out[offset:offset + value.numel()] = value.reshape(-1).cpu()
-    return out
+        store.write(name, offset, value)
 
 
-def _compare_with(model: nn.Module, values, flat_baseline: Tensor) -> Difference:
+def _chunks(numel: int, start: int = 0) -> Iterator[tuple[int, int]]:
+    """(start, count) of the ``CHUNK``-element pieces :class:`Difference` takes a vector of ``numel`` in."""
+    for first in range(0, numel, CHUNK):
+        yield start + first, min(CHUNK, numel - first)
+
+
+def _compare_with(model: nn.Module, values, store: FlatStore, name: str) -> Difference:
+    """The difference of ``values(p)`` over every parameter from the stored vector, chunk by chunk."""
     diff = Difference()
     for offset, value in _flat_parameters(model, values):
-        diff.add(value.reshape(-1), flat_baseline[offset:offset + value.numel()])
+        flat = value.reshape(-1)
+        for start, count in _chunks(flat.numel()):
+            diff.add(flat[start:start + count], store.read(name, offset + start, count))
     return diff
 
 
 def _dtype_of(model: nn.Module) -> torch.dtype:
     return next(p.dtype for p in parameters_of(model))
+
+
+def _start_with_zero_gradients(model: nn.Module) -> None:
+    """Give every parameter a zero gradient that takes no memory (an expanded scalar), before DDP wraps it.
+
+    DDP keeps gradients as views into its communication buckets only for parameters whose gradient
+    exists when it is built (or once a synchronised backward has run): a parameter without one gets a
+    fresh gradient from its first backward, and with more than one microbatch per rank those fresh
+    gradients (a second gradient-sized buffer) live until the last backward copies them into the buckets.
+    """
+    for p in model.parameters():
+        p.grad = torch.zeros((), dtype=p.dtype, device=p.device).expand_as(p)
+
+
+def _zero_gradients_in_place(optimizer: torch.optim.Optimizer) -> None:
+    """The engine zeroes gradients with ``set_to_none=True``, which would drop DDP's bucket views again:
+    zero them in place instead. The step is the same: the first backward adds to zeros (0 + g = g)."""
+    zero_grad = optimizer.zero_grad
+    optimizer.zero_grad = lambda set_to_none=True: zero_grad(set_to_none=False)
 
 
 def _run(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: SplitPlan, settings: RunSettings,
@@ -185,9 +218,13 @@ def _run(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: SplitPlan, 
     if plan.ranks > 1:
         if collective.world_size != plan.ranks:
             raise RuntimeError(f"{plan.split.spec}: needs {plan.ranks} ranks, running on {collective.world_size}")
+        if settings.wrapper == "ddp":
+            _start_with_zero_gradients(model)
         model = wrap_model(model, settings.wrapper, device=settings.device)
     rank = collective.rank
     optimizer = make_optimizer(settings.optimizer, model.parameters(), settings.lr)
+    if plan.ranks > 1 and settings.wrapper == "ddp":
+        _zero_gradients_in_place(optimizer)
     config = update_config(loss, plan, len(batch), settings)
     data = plan.batch_for(batch).validate(vocab_size_of(model)).to(settings.device)
     recorder = SelectionRecorder()
@@ -214,20 +251,16 @@ def _run(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: SplitPlan, 
 
 def run_baseline(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: SplitPlan,
                  settings: RunSettings) -> Baseline:
-    """The baseline run, kept as flat vectors for the comparisons."""
-    kept: dict[str, Tensor] = {}
-
-    def on_gradients(model) -> None:
-        kept["grad"] = _flatten_into(model, _grad_of)
-
-    def on_parameters(model) -> None:
-        kept["after"] = _flatten_into(model, _value_of)
-
-    result = _run(template, batch, loss, plan, settings, on_gradients, on_parameters)
+    """The baseline run, its two flat vectors written to a :class:`FlatStore` as the run produces them."""
+    numel = sum(p.numel() for p in parameters_of(template))
+    store = FlatStore(BASELINE_VECTORS, numel, _dtype_of(template))
+    result = _run(template, batch, loss, plan, settings, lambda model: _store_into(store, "grad", model, _grad_of),
+                  lambda model: _store_into(store, "after", model, _value_of))
     grad_norm = Difference()
-    grad_norm.add(kept["grad"])
-    update = _compare_with(template, _value_of, kept["after"])
-    return Baseline(result, kept["grad"], kept["after"], grad_norm.norm, update.norm)
+    for start, count in _chunks(numel):
+        grad_norm.add(store.read("grad", start, count))
+    update = _compare_with(template, _value_of, store, "after")
+    return Baseline(result, store, grad_norm.norm, update.norm)
 
 
 def run_compared(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: SplitPlan,
@@ -236,11 +269,11 @@ def run_compared(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: Spl
     figures: dict[str, float] = {}
 
     def on_gradients(model) -> None:
-        diff = _compare_with(model, _grad_of, baseline.grad)
+        diff = _compare_with(model, _grad_of, baseline.store, "grad")
         figures.update(grad_max_abs_diff=diff.max_abs, grad_rel_diff=diff.relative_to(baseline.grad_norm))
 
     def on_parameters(model) -> None:
-        diff = _compare_with(model, _value_of, baseline.after)
+        diff = _compare_with(model, _value_of, baseline.store, "after")
         figures.update(update_max_abs_diff=diff.max_abs, update_rel_diff=diff.relative_to(baseline.update_norm))
 
     result = _run(template, batch, loss, plan, settings, on_gradients, on_parameters)

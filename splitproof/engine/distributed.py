@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from splitproof.hf_models import base_model_of
+
 DP_STRATEGIES = ("none", "ddp", "fsdp2")
 
 
@@ -88,8 +90,9 @@ def reduce_gradients_as_sum(model: nn.Module) -> nn.Module:
 
 
 def _decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks of a Hugging Face causal LM (``model.model.layers``), else none."""
-    inner = getattr(model, "model", None)
+    """The repeated blocks of a Hugging Face causal LM (``model.model.layers``, inside a LoRA wrapper too),
+    else none."""
+    inner = getattr(base_model_of(model), "model", None)
     layers = getattr(inner, "layers", None)
     return list(layers) if layers is not None else []
 

@@ -20,15 +20,16 @@ from splitproof.loss_config import ConfigError
 from splitproof.engine.attention import attention_mask, check_attention
 from splitproof.engine.microbatch import budget_microbatches, fixed_microbatches
 from splitproof.engine.packing import packed_response_log_probs
-from splitproof.hf_models import unwrap
+from splitproof.engine.row_invariant import row_invariant
+from splitproof.hf_models import base_model_of
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 _accepts_logits_to_keep: dict[type, bool] = {}
 
 
 def _takes_logits_to_keep(model: nn.Module) -> bool:
-    """Whether the unwrapped module's forward names a ``logits_to_keep`` parameter (cached per class)."""
-    cls = type(unwrap(model))
+    """Whether the Hugging Face module (inside DDP/PEFT wrappers)'s forward names a ``logits_to_keep`` parameter (cached per class)."""
+    cls = type(base_model_of(model))
     if cls not in _accepts_logits_to_keep:
         try:
             params = inspect.signature(cls.forward).parameters
@@ -164,7 +165,8 @@ def compute_log_probs(model: nn.Module, batch: RolloutBatch, *, micro_batch_size
     """No-grad log-probs (and entropy) of the whole ``batch`` as [B, T], in the original row order.
 
     Split into fixed microbatches of ``micro_batch_size`` rows or under a ``max_token_len`` padded-token
-    budget: exactly one of the two. This is the "old log-probs" pass.
+    budget: exactly one of the two. This is the "old log-probs" pass. Its matrix products run in fixed
+    row blocks (``engine.row_invariant``), so no split changes a log-prob, not even in its last bit.
     """
     microbatches = inference_microbatches(batch, micro_batch_size, max_token_len, packed,
                                           "log_prob_micro_batch_size_per_gpu")
@@ -173,11 +175,12 @@ def compute_log_probs(model: nn.Module, batch: RolloutBatch, *, micro_batch_size
     shape = (len(batch), batch.response_width)
     logp = torch.zeros(shape, dtype=out_dtype, device=device)
     entropy = torch.zeros(shape, dtype=out_dtype, device=device) if with_entropy else None
-    for mb in microbatches:
-        lp, h = response_log_probs(model, batch.select(mb), temperature=temperature, with_entropy=with_entropy,
-                                   packed=packed)
-        index = torch.as_tensor(mb, dtype=torch.long, device=device)
-        logp[index] = lp.to(out_dtype)
-        if with_entropy:
-            entropy[index] = h.to(out_dtype)
+    with row_invariant(model):
+        for mb in microbatches:
+            lp, h = response_log_probs(model, batch.select(mb), temperature=temperature, with_entropy=with_entropy,
+                                       packed=packed)
+            index = torch.as_tensor(mb, dtype=torch.long, device=device)
+            logp[index] = lp.to(out_dtype)
+            if with_entropy:
+                entropy[index] = h.to(out_dtype)
     return logp, entropy

@@ -23,6 +23,7 @@ from ..stats import MinibatchStats
 from .update_config import UpdateConfig
 from .distributed import gradient_sync, needs_lockstep
 from .logprobs import response_log_probs
+from .row_invariant import row_invariant
 from .plan import MinibatchPlan, split_rows
 from .optimizer_step import Part, StepResult, device_of, optimizer_step, part_of
 from .validation import active_dropout, check_cov_strategy, validate_update
@@ -190,13 +191,14 @@ def _select_shard(batch, plan, log_probs: Tensor, config: LossConfig, collective
 def _prepass_selection(model, batch, plan, config: UpdateConfig, collective, step) -> Tensor:
     """`prepass`: a no-grad forward over the same microbatches, then select."""
     log_probs = _log_prob_buffer(batch)
-    for rows in plan.microbatches:
-        part = part_of(batch, rows, plan, model)
-        if part is None:
-            continue
-        log_prob, _ = _log_probs(model, part.batch, config)
-        if part.live:
-            log_probs[rows] = log_prob.to(log_probs.dtype)
+    with row_invariant(model):  # the selection sees the same log-probs in every layout
+        for rows in plan.microbatches:
+            part = part_of(batch, rows, plan, model)
+            if part is None:
+                continue
+            log_prob, _ = _log_probs(model, part.batch, config)
+            if part.live:
+                log_probs[rows] = log_prob.to(log_probs.dtype)
     return _select_shard(batch, plan, log_probs, config.loss, collective, step)
 
 

@@ -23,6 +23,7 @@ from splitproof.engine.attention import check_attention
 from splitproof.engine.logprobs import (_logits_of, inference_microbatches, output_dtypes, padded_outputs,
                                         response_window)
 from splitproof.engine.packing import packed_outputs
+from splitproof.engine.row_invariant import row_invariant
 
 
 def _scalar(outputs: Tensor) -> Tensor:
@@ -58,14 +59,15 @@ def compute_values(model: nn.Module, batch: RolloutBatch, *, micro_batch_size: i
     The value at response position t is the value head's output at the token before response token t
     (verl's convention). Split into fixed microbatches of ``micro_batch_size`` rows or under a
     ``max_token_len`` token budget (exactly one of the two; ``packed`` shares rows between sequences);
-    the split never changes the values. This is the critic's pass before the update (the batch's ``values``).
+    the split never changes the values, not even in their last bit (``engine.row_invariant``). This is the critic's pass before the update (the batch's ``values``).
     """
     microbatches = inference_microbatches(batch, micro_batch_size, max_token_len, packed,
                                           "forward_micro_batch_size_per_gpu")
     _, out_dtype = output_dtypes(model)
     device = batch.responses.device
     values = torch.zeros(len(batch), batch.response_width, dtype=out_dtype, device=device)
-    for mb in microbatches:
-        index = torch.as_tensor(mb, dtype=torch.long, device=device)
-        values[index] = response_values(model, batch.select(mb), packed=packed)
+    with row_invariant(model):
+        for mb in microbatches:
+            index = torch.as_tensor(mb, dtype=torch.long, device=device)
+            values[index] = response_values(model, batch.select(mb), packed=packed)
     return values

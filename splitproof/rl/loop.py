@@ -36,6 +36,7 @@ from .parallel import RankFailure, first_rank_only
 from .tracking.generations import generation_rows, write_generations
 from .rewards.functions import RewardError
 from .data.dynamic_sampling import FilterError
+from .rollout.pipeline import PIPELINE_ERRORS, pipelined
 from .run import Run
 from .checkpoint.run_state import save_run
 from .step import StepOutput, train_step
@@ -51,12 +52,14 @@ class Interrupted(Exception):
 
 
 class StepFailed(Exception):
-    """Step ``step`` failed (a reward function, a rank); nothing of it was logged or saved."""
+    """Step ``step`` failed (a reward function, a rank, a rollout process); nothing of it was saved, and
+    nothing logged unless ``logged`` (its checkpoint failed: a pipelined run's rollout process died)."""
 
-    def __init__(self, step: int, cause: BaseException):
+    def __init__(self, step: int, cause: BaseException, *, logged: bool = False):
         super().__init__(f"step {step}: {cause}")
         self.step = step
         self.cause = cause
+        self.logged = logged
 
 
 def is_due(step: int, total: int, freq: int) -> bool:
@@ -81,7 +84,7 @@ def _checkpoint_pauses(step: int):
 def _failing(step: int, fn: Callable, *args):
     try:
         return fn(*args)
-    except (RewardError, RankFailure, FilterError) as e:
+    except (RewardError, RankFailure, FilterError, *PIPELINE_ERRORS) as e:
         raise StepFailed(step, e) from e
 
 
@@ -106,33 +109,47 @@ def fit(run: Run, *, log: Callable[[dict, int], None] | None = None, sync: Calla
         if should_stop is not None and should_stop():
             raise Interrupted(last_logged)
 
-    if cfg.val_only or (cfg.val_before_train and start_step == 0):
+    if cfg.val_only:
         emit(_failing(start_step, validate, run, start_step), start_step)
-        if cfg.val_only:
-            return records
-    for step in range(start_step + 1, run.total_steps + 1):
-        check_stop(step - 1)
-        uids = None if run.config.algorithm.filter_groups.enable else run.sampler.next_batch()  # dynamic: the step draws
-        output = _failing(step, train_step, run, step, uids)
-        pause.pause_point(f"step{step}:trained")
-        if on_step is not None:
-            on_step(step, output)
-        if cfg.rollout_data_dir and first_rank_only(run.collective):
-            write_generations(cfg.rollout_data_dir, step, generation_rows(
-                run.tokenizer, run.train_data, output.samples, output.scores, output.extra, step))
-        check_stop(step - 1)
-        metrics = dict(output.metrics)
-        if is_due(step, run.total_steps, cfg.test_freq):
-            started = time.perf_counter()
-            metrics.update(_failing(step, validate, run, step))
-            metrics["timing_s/testing"] = time.perf_counter() - started
-            check_stop(step - 1)
-        emit(metrics, step)
-        pause.pause_point(f"step{step}:logged")
-        if save_checkpoints and is_due(step, run.total_steps, cfg.save_freq):
-            if sync is not None:
-                sync()
-            with _checkpoint_pauses(step):
-                save_run(run, step)
-        pause.pause_point(f"step{step}:done")
+        return records
+    with pipelined(run, start_step, run.extra.get("pipeline_state")):  # the rollout process starts during step 0
+        if cfg.val_before_train and start_step == 0:
+            emit(_failing(start_step, validate, run, start_step), start_step)
+        for step in range(start_step + 1, run.total_steps + 1):
+            _one_step(run, step, emit, check_stop, on_step, sync, save_checkpoints)
     return records
+
+
+def _one_step(run: Run, step: int, emit, check_stop, on_step, sync, save_checkpoints: bool) -> None:
+    """Step ``step``: train, validate when due, log, checkpoint when due (the order of the module docstring)."""
+    cfg = run.config.trainer
+    check_stop(step - 1)
+    if run.config.algorithm.filter_groups.enable:
+        uids = None  # dynamic sampling: the step draws its prompts from the stream
+    else:
+        uids = run.sampler.next_batch() if run.pipeline is None else run.pipeline.uids(step)
+    output = _failing(step, train_step, run, step, uids)
+    pause.pause_point(f"step{step}:trained")
+    if on_step is not None:
+        on_step(step, output)
+    if cfg.rollout_data_dir and first_rank_only(run.collective):
+        write_generations(cfg.rollout_data_dir, step, generation_rows(
+            run.tokenizer, run.train_data, output.samples, output.scores, output.extra, step))
+    check_stop(step - 1)
+    metrics = dict(output.metrics)
+    if is_due(step, run.total_steps, cfg.test_freq):
+        started = time.perf_counter()
+        metrics.update(_failing(step, validate, run, step))
+        metrics["timing_s/testing"] = time.perf_counter() - started
+        check_stop(step - 1)
+    emit(metrics, step)
+    pause.pause_point(f"step{step}:logged")
+    if save_checkpoints and is_due(step, run.total_steps, cfg.save_freq):
+        if sync is not None:
+            sync()
+        with _checkpoint_pauses(step):
+            try:
+                save_run(run, step)
+            except PIPELINE_ERRORS as e:  # the in-flight rollouts it waits for never came
+                raise StepFailed(step, e, logged=True) from e
+    pause.pause_point(f"step{step}:done")

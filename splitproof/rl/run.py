@@ -10,6 +10,7 @@ kept the same way (``critic.Critic``).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,10 +21,12 @@ from ..aggregation import token_weights
 from ..collective import default_collective
 from ..engine import UpdateConfig, wrap_model
 from ..hf_models import unwrap
+from ..lora import adapter_disabled, apply_lora
+from ..loss_config import ConfigError
 from ..stats import MinibatchStats
 from .config.schema import TrainConfig
-from .config.check import (critic_enabled, dp_strategy, reward_function as reward_function_setting, reward_manager_of,
-                           to_update_config)
+from .config.check import critic_enabled, dp_strategy, lora_settings, reward_function as reward_function_setting
+from .config.check import reward_manager_of, to_update_config
 from .data.dynamic_sampling import PromptStream
 from .rewards.dapo import RewardManager
 from .rewards.filter_metric import check_filter_metric
@@ -59,7 +62,10 @@ class Run:
     reward_manager: RewardManager = field(default_factory=RewardManager)
     inference_copy: nn.Module | None = None  # FSDP2 only
     critic: Critic | None = None  # PPO with a value model (critic.enable, or gae)
+    lora: bool = False  # the policy trains a LoRA adapter; its base weights never change
+    needs_reference: bool = False  # the KL loss or the KL penalty reads reference log-probs
     optimizer_steps: int = 0
+    pipeline: Any = None  # rollout.pipeline.RolloutPipeline while a pipelined run (staleness_steps > 0) trains
     extra: dict = field(default_factory=dict)
 
     @property
@@ -72,6 +78,16 @@ class Run:
 
     def policy_for_inference(self) -> nn.Module:
         return self.inference_copy if self.inference_copy is not None else unwrap(self.policy)
+
+    @contextmanager
+    def reference(self):
+        """The reference policy for a no-grad pass: the frozen copy, or with LoRA the inference policy with
+        its adapter disabled (the base model, unmerged, no copy)."""
+        if not self.lora:
+            yield self.ref
+            return
+        with adapter_disabled(self.policy_for_inference()) as base:
+            yield base
 
     def after_update(self) -> None:
         """Refresh the FSDP2 inference copy from the sharded policy (every rank takes part)."""
@@ -179,8 +195,12 @@ def build_run(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None = N
 
     torch.manual_seed(cfg.trainer.seed)
     policy = load_policy(cfg.actor_rollout_ref.model, dtype=dtype, vocab_size=len(tokenizer))
+    lora = lora_settings(cfg)
+    if lora.enabled:  # every rank agrees before any collective: a bad adapter fails on all of them
+        policy = _agreed_on(collective, lambda: apply_lora(policy, lora, seed=cfg.trainer.seed))
     needs_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-    ref = frozen_copy(policy) if needs_ref else None
+    # LoRA: the reference is the policy with its adapter disabled (Run.reference), no copy
+    ref = frozen_copy(policy) if needs_ref and not lora.enabled else None
     inference_copy = None
     if collective.world_size > 1:
         strategy = dp_strategy(cfg)
@@ -202,8 +222,21 @@ def build_run(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None = N
                train_data=inputs.train_data, val_data=inputs.val_data, reward_fn=inputs.reward_fn, policy=policy,
                optimizer=optimizer, scheduler=scheduler, rollout=rollout, ref=ref, sampling=train_sampling,
                val_sampling=val_sampling, sampler=inputs.sampler, kl_ctrl=kl_ctrl, total_steps=total,
-               float_dtype=float_dtype, inference_copy=inference_copy, critic=critic,
-               reward_manager=inputs.reward_manager)
+               float_dtype=float_dtype, inference_copy=inference_copy, critic=critic, lora=lora.enabled,
+               needs_reference=needs_ref, reward_manager=inputs.reward_manager)
+
+
+def _agreed_on(collective, work):
+    """``work()`` on every rank; an error on any rank is the same ``ConfigError`` on every rank."""
+    try:
+        value, failure = work(), None
+    except (ConfigError, ImportError) as e:
+        value, failure = None, str(e)
+    failures = [f for f in collective.gather_objects(failure) if f is not None]
+    if failures:
+        key, _, message = failures[0].partition(": ")
+        raise ConfigError(key, message)
+    return value
 
 
 def reward_function(cfg: TrainConfig):

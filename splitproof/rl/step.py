@@ -8,6 +8,10 @@ keyed by (seed, step, uid, sample index); rewards and log-probs are per sequence
 computed on the whole rollout batch; the engine's update depends on the minibatch alone. Generation
 batch size, log-prob and update micro-batching, token budgets, packing and the data-parallel size
 change how the step is computed, never its result.
+
+Pipelined (``async_training.staleness_steps`` = k > 0): the samples were generated ahead by the rollout
+process from the policy of step s − k (``rollout/pipeline.py``), and the weights after this step's update
+are handed to it at once, for batch s + 1 + k; everything between is this same step.
 """
 
 from __future__ import annotations
@@ -62,17 +66,23 @@ class Rollout:
     group_ids: list[int]
     consumed: list[int] | None = None
     metrics: dict = field(default_factory=dict)
+    pipelined: object = None  # the pipeline's batch (async_training.staleness_steps > 0)
 
 
 def rollout_groups(run: Run, step: int, uids: list[int] | None, timer: StageTimer) -> Rollout:
     """``rollout.n`` scored samples of each of ``uids``; with ``algorithm.filter_groups.enable`` (``uids``
     None), the groups dynamic sampling keeps (``data.dynamic_sampling``)."""
     if not run.config.algorithm.filter_groups.enable:
+        pipelined = None
         with timer("gen"):
-            samples = generate(run, uids, step, run.sampling)
+            if run.pipeline is None:
+                samples = generate(run, uids, step, run.sampling)
+            else:  # generated ahead by the rollout process, from the policy of step - k (rollout/pipeline.py)
+                pipelined = run.pipeline.take(step)
+                samples = pipelined.samples
         with timer("reward"):
             scores, extra = score_samples(run, samples, step)
-        return Rollout(samples, scores, extra, list(uids), [s.uid for s in samples])
+        return Rollout(samples, scores, extra, list(uids), [s.uid for s in samples], pipelined=pipelined)
     return filtered_rollout(run, step, timer)
 
 
@@ -124,6 +134,7 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
 
     rollout = rollout_groups(run, step, uids, timer)
     samples, scores, reward_extra, uids = rollout.samples, rollout.scores, rollout.extra, rollout.uids
+    pipelined = rollout.pipelined
     seqs = pad_samples(samples, response_width=cfg.data.max_response_length, pad_token_id=run.pad_token_id,
                        dtype=run.float_dtype)
 
@@ -134,9 +145,9 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
             old_log_probs, entropy = no_grad_log_probs(run, run.policy_for_inference(), seqs, run.old_log_prob_split,
                                                        with_entropy=True)
     ref_log_probs = None
-    if run.ref is not None:
-        with timer("ref"):
-            ref_log_probs, _ = no_grad_log_probs(run, run.ref, seqs, run.ref_log_prob_split)
+    if run.needs_reference:
+        with timer("ref"), run.reference() as ref:
+            ref_log_probs, _ = no_grad_log_probs(run, ref, seqs, run.ref_log_prob_split)
     values = None
     if run.critic is not None:
         with timer("values"):
@@ -170,6 +181,9 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
     if step >= cfg.trainer.critic_warmup:  # verl's rule: the actor waits while the critic warms up
         with timer("update_actor"):
             update_metrics.update(update_actor(run, batch))
+    if run.pipeline is not None:  # these weights go to the rollout process: they generate batch step + 1 + k
+        with timer("weight_sync"):
+            run.pipeline.publish(step)
 
     metrics = {"training/global_step": float(step), "training/epoch": float(run.sampler.epoch), **rollout.metrics}
     metrics.update(data_metrics(
@@ -178,6 +192,8 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
         max_response_length=cfg.data.max_response_length, max_prompt_length=cfg.data.max_prompt_length,
         values=values))
     metrics.update(update_metrics)
+    if pipelined is not None:
+        metrics.update(run.pipeline.metrics(pipelined))
     if entropy is not None:
         metrics["actor/entropy"] = run.token_aggregate(entropy, seqs.response_mask, group_ids)
     metrics.update(kl_metrics)

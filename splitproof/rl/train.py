@@ -87,6 +87,16 @@ def check_model_config(cfg: TrainConfig) -> None:
             raise ConfigError(key, f"cannot read the model's config: {first}") from None
 
 
+def check_lora(cfg: TrainConfig) -> None:
+    """The actor's LoRA keys against the model's config and a saved adapter's files (no weights loaded)."""
+    from ..lora import check_before_loading
+    from .config.check import lora_settings
+    from .models.policy import model_directory
+
+    model = cfg.actor_rollout_ref.model
+    check_before_loading(lora_settings(cfg), model_directory(model.path), trust_remote_code=model.trust_remote_code)
+
+
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__
 
@@ -109,6 +119,7 @@ def setup(cfg: TrainConfig) -> tuple[RunInputs, ResumePoint | None]:
     check_backends(cfg.trainer.logger)
     check_output_dir(cfg.trainer.default_local_dir)
     check_model_config(cfg)
+    check_lora(cfg)
     inputs = prepare_inputs(cfg)
     return inputs, resume_point(cfg, inputs.total_steps)
 
@@ -144,11 +155,14 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
     collective = default_collective("cpu")
     say = on_message or (lambda message: None)
     inputs, point = _agreed(collective, lambda: setup(cfg))
-    run = build_run(cfg, collective=collective, inputs=inputs)
     start_step = 0
-    if point is not None:
-        start_step = restore_run(run, point)
-        say(f"resuming from {point.path} (step {start_step} of {run.total_steps})")
+    try:
+        run = build_run(cfg, collective=collective, inputs=inputs)
+        if point is not None:
+            start_step = restore_run(run, point)
+            say(f"resuming from {point.path} (step {start_step} of {run.total_steps})")
+    except ConfigError as e:  # found with the weights (LoRA: an adapter or checkpoint of other ones), on every rank
+        raise SetupError(_one_line(e)) from None
     if start_step >= run.total_steps and not cfg.trainer.val_only:
         say(f"the run is complete (checkpoint at step {start_step}); nothing to do. To start over: "
             "trainer.resume_mode=disable, or another trainer.default_local_dir")
@@ -165,7 +179,29 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
                       save_checkpoints=True, should_stop=should_stop if stop_requested is not None else None)
     finally:
         curve = tracker.finish()
+    if run.lora and records and int(records[-1].get("training/global_step", 0)) >= run.total_steps:
+        path = export_merged_policy(run)
+        say(f"wrote the merged model (base + LoRA adapter) to {path}")
     return TrainResult(run=run, records=records, start_step=start_step, curve=curve)
+
+
+MERGED_DIR = "merged"  # under trainer.default_local_dir: the merged model of a LoRA run's last step
+
+
+def export_merged_policy(run: Run) -> Path:
+    """Write the LoRA policy merged (W + s·B·A) as a Hugging Face directory with the tokenizer, on rank 0,
+    into ``{trainer.default_local_dir}/merged``; the live base weights are not touched."""
+    from ..lora import export_merged
+
+    path = Path(run.config.trainer.default_local_dir) / MERGED_DIR
+    if run.collective.rank == 0:
+        if path.exists():
+            import shutil
+
+            shutil.rmtree(path)
+        export_merged(run.policy_for_inference(), path)
+        run.tokenizer.save_pretrained(path)
+    return path
 
 
 def newest_checkpoint(cfg: TrainConfig) -> Path | None:

@@ -4,8 +4,10 @@ Under ``trainer.default_local_dir``::
 
     latest_checkpointed_iteration.txt   the newest complete checkpoint's step (verl's name)
     global_step_N/
-        actor/              a Hugging Face model directory (config, model.safetensors, tokenizer)
-        actor_state/        model and optimizer tensors, torch.distributed.checkpoint (sharded under FSDP2)
+        actor/              a Hugging Face model directory (config, model.safetensors, tokenizer); with LoRA,
+                            PEFT's adapter directory (adapter_config.json, adapter_model.safetensors, tokenizer)
+        actor_state/        model and optimizer tensors, torch.distributed.checkpoint (sharded under FSDP2);
+                            the trainable ones only (LoRA: the adapter and its optimizer state)
         critic/, critic_state/  the same for the critic (value model), when the run has one
         trainer_state.pt    step, the loop's trainer_state, LR schedules, optimizer hyper-parameters, RNGs
         config.yaml         the resolved config (resuming compares its result-affecting keys)
@@ -45,6 +47,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from ...loss_config import ConfigError
 from ...hf_models import unwrap
+from ...lora import adapter_state, base_digest, is_lora, write_adapter
 from ..config.schema import TrainConfig, TrainerConfig
 from ..config.check import critic_enabled
 
@@ -68,6 +71,9 @@ LAYOUT_KEYS = (
 )
 # ... except the run length, when the LR schedule is a function of it
 SCHEDULE_LENGTH_KEYS = ("trainer.total_training_steps", "trainer.total_epochs")
+
+# model tensors a checkpoint holds: the trainable ones (all of them, but LoRA's frozen base)
+_TRAINABLE = StateDictOptions(ignore_frozen_params=True)
 
 # test hook: called with a stage name after each piece of a save
 _progress_hook: Callable[[str], None] = lambda stage: None
@@ -292,7 +298,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model, optimizer, tra
     root = Path(root)
     final, tmp = checkpoint_dir(root, step), root / f".tmp-global_step_{step}"
     parts = {"actor": Trainable(model, optimizer, lr_scheduler), **({"critic": critic} if critic else {})}
-    states = {name: get_state_dict(part.model, part.optimizer) for name, part in parts.items()}
+    states = {name: get_state_dict(part.model, part.optimizer, options=_TRAINABLE) for name, part in parts.items()}
     split = {name: _split_optimizer(osd) for name, (_, osd) in states.items()}
     payload = {"format": FORMAT, "step": step, "trainer_state": trainer_state, "world_size": world}
     for name, part in parts.items():
@@ -312,6 +318,14 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model, optimizer, tra
             dcp.save({"model": states[name][0], "optimizer": split[name][0]},
                      storage_writer=FileSystemWriter(tmp / f"{name}_state", sync_files=True), no_dist=world == 1)
         _progress_hook(f"{name}_state")
+        if is_lora(part.model):  # PEFT's adapter directory: the base weights are the model path's, unchanged
+            tensors, digest = adapter_state(part.model), base_digest(part.model)  # collective under FSDP2
+            if rank == 0:
+                write_adapter(tmp / name, unwrap(part.model), tensors, digest)
+                if tokenizer is not None:
+                    tokenizer.save_pretrained(tmp / name)
+                _progress_hook(name)
+            continue
         full = get_model_state_dict(part.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if rank == 0:
             _write_hf_dir(tmp / name, unwrap(part.model), full, tokenizer)
@@ -403,7 +417,7 @@ def load_checkpoint(path: str | os.PathLike, *, model, optimizer, lr_scheduler=N
 
 def _load_part(folder: Path, part: Trainable, saved: dict, world: int) -> None:
     """A model and its optimizer from their DCP folder (``saved``: the optimizer's non-tensor state)."""
-    msd, osd = get_state_dict(part.model, part.optimizer)  # a fresh optimizer's state is initialised here
+    msd, osd = get_state_dict(part.model, part.optimizer, options=_TRAINABLE)  # a fresh optimizer's state is initialised here
     optimizer_tensors, _ = _split_optimizer(osd)
     state = {"model": msd, "optimizer": optimizer_tensors}
     reader = _SafeReader(folder)
@@ -411,8 +425,10 @@ def _load_part(folder: Path, part: Trainable, saved: dict, world: int) -> None:
     with _single_process_quiet():
         dcp.load(state, storage_reader=reader, no_dist=world == 1)
     merged = {fqn: {**state["optimizer"].get(fqn, {}), **saved["scalars"].get(fqn, {})} for fqn in saved["scalars"]}
+    frozen = any(not p.requires_grad for p in part.model.parameters())  # LoRA's base: not in the checkpoint
     set_state_dict(part.model, part.optimizer, model_state_dict=state["model"],
-                   optim_state_dict={"state": merged, "param_groups": saved["param_groups"]})
+                   optim_state_dict={"state": merged, "param_groups": saved["param_groups"]},
+                   options=StateDictOptions(ignore_frozen_params=True, strict=not frozen))
 
 
 # ----------------------------------------------------------------------------------------------- resume

@@ -16,7 +16,8 @@ log-probs differ by about 1e-6; docs/rollout.md):
   column, so the attention mask is always materialised (no switch to the mask-free causal kernel);
 - a row floor: every forward has at least ``min_rows`` rows (filler copies of a live row, their output
   discarded). BLAS picks different matrix kernels for 1–15 rows than for more, and those round
-  differently; above the floor a row's product does not depend on how many rows share it.
+  differently; the model's linear layers also run in fixed blocks of rows (``engine.row_invariant``),
+  since on AVX2 the rows past the last full tile of 4 round differently at any row count.
 
 Finished sequences stop costing compute: live rows are compacted (``index_select`` of the KV cache)
 whenever that shrinks the decode batch by an eighth or more.
@@ -35,6 +36,7 @@ from torch import Tensor, nn
 from splitproof.batch import RolloutBatch
 from splitproof.loss_config import ConfigError
 from splitproof.engine.logprobs import _logits_of, _param_dtype, _takes_logits_to_keep
+from splitproof.engine.row_invariant import row_invariant
 from splitproof.hf_models import unwrap, vocab_size_of
 from splitproof.rl.rollout.sampling import sample_tokens, stream_keys, stream_uniforms
 
@@ -232,7 +234,7 @@ class HFRollout:
         model.eval()
         samples: list[Sample] = []
         try:
-            with torch.no_grad():
+            with torch.no_grad(), row_invariant(model):  # fixed-row products: engine.row_invariant
                 for start in range(0, len(requests), self.max_num_seqs):
                     chunk = requests[start:start + self.max_num_seqs]
                     samples.extend(self._generate_chunk(model, chunk, params, step, stream))

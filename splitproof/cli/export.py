@@ -1,0 +1,35 @@
+"""``splitproof export``: a saved LoRA adapter merged into its base model, written as a Hugging Face
+directory (W + s·B·A; log-probs equal to the adapter model's). Bad input is one line, exit 2, before
+any model is loaded where it can be."""
+
+from __future__ import annotations
+
+from .arguments import EXIT_PASS, UsageError
+
+DTYPES = ("float32", "float64", "bfloat16")
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("export", help="merge a saved LoRA adapter into its base model (a Hugging Face directory)",
+                              description=__doc__.split("\n\n")[0].replace("``", "'"))
+    p.add_argument("adapter", metavar="ADAPTER", help="the adapter directory (adapter_config.json + "
+                   "adapter_model.safetensors, PEFT's format)")
+    p.add_argument("--out", required=True, metavar="DIR", help="where the merged model is written (new or empty)")
+    p.add_argument("--model", metavar="PATH", help="the base model (default: the adapter's base_model_name_or_path)")
+    p.add_argument("--dtype", choices=DTYPES, help="load the base model in this dtype (default: as saved)")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import torch
+
+    from splitproof.loss_config import ConfigError
+    from splitproof.lora import merge_adapter
+
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    try:
+        path = merge_adapter(args.adapter, args.out, model_path=args.model, dtype=dtype)
+    except (ConfigError, ImportError, FileNotFoundError) as exc:
+        raise UsageError(str(exc)) from None
+    print(f"wrote {path}")
+    return EXIT_PASS

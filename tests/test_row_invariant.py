@@ -1,0 +1,110 @@
+"""Fixed-row block products: a row's output does not depend on how many rows share its product, so the
+no-grad passes (log-probs, values, the hf rollout) give the same bits in every layout — on AVX2 too, where
+a plain product's rows past its last full tile of 4 round differently."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from splitproof.engine import compute_log_probs, compute_values
+from splitproof.engine.row_invariant import ROWS, blocked_linear, row_invariant
+from splitproof.hf_models import tiny_causal_lm
+from splitproof.rl.rollout import HFRollout, SamplingParams, requests_for
+from splitproof.value_model import value_model_from_pretrained
+
+from .test_logprobs import make_batch
+
+pytestmark = pytest.mark.invariance
+ROW_COUNTS = (1, 2, 3, 5, 16, 17, 30, 48)
+LAYOUTS = [dict(micro_batch_size=1), dict(micro_batch_size=3), dict(micro_batch_size=5),
+           dict(max_token_len=60), dict(max_token_len=60, packed=True), dict(max_token_len=400, packed=True)]
+
+
+def _operands(dtype, bias=True, n_out=80):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(60, 96, generator=g, dtype=dtype)
+    w = torch.randn(n_out, 96, generator=g, dtype=dtype)
+    return x, w, (torch.randn(n_out, generator=g, dtype=dtype) if bias else None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("n_out", [80, 1])  # 1: a value head
+def test_a_row_is_the_same_in_every_product(dtype, bias, n_out):
+    x, w, b = _operands(dtype, bias, n_out)
+    whole = blocked_linear(x, w, b)
+    for m in ROW_COUNTS:
+        for start in (0, 1, 3, 12):
+            assert torch.equal(blocked_linear(x[start:start + m], w, b), whole[start:start + m]), (m, start)
+
+
+def test_a_plain_product_is_not():
+    """The control: plain F.linear moves some row with the row count (on AVX2: rows past the last full tile
+    of 4; on AVX-512: a product of 1 row), so the test above can fail."""
+    x, w, b = _operands(torch.float64)
+    whole = F.linear(x[:48], w, b)
+    moved = [m for m in ROW_COUNTS if not torch.equal(F.linear(x[:m], w, b), whole[:m])]
+    assert moved, "no row count moved a row of a plain product"
+
+
+def test_blocked_linear_computes_the_linear_map():
+    x, w, b = _operands(torch.float64)
+    x3 = x.reshape(4, 15, 96)
+    for bias in (b, None):
+        want = F.linear(x3, w, bias)
+        got = blocked_linear(x3, w, bias)
+        assert got.shape == want.shape == (4, 15, 80)
+        assert float((got - want).abs().max()) <= 1e-13 * float(want.abs().max())
+    assert blocked_linear(x[:0], w, b).shape == (0, 80)
+    assert ROWS % 4 == 0
+
+
+def test_the_context_swaps_and_restores_the_linear_layers():
+    model = tiny_causal_lm("llama", dtype=torch.float64)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    with pytest.raises(RuntimeError, match="no-grad"):
+        with row_invariant(model):
+            pass
+    with torch.no_grad(), row_invariant(model):
+        assert all("forward" in vars(m) for m in linears)
+        with row_invariant(model):  # re-entrant: the inner block leaves them to the outer one
+            pass
+        assert all("forward" in vars(m) for m in linears)
+    assert not any("forward" in vars(m) for m in linears)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_log_probs_and_entropy_are_identical_in_every_layout(arch):
+    model = tiny_causal_lm(arch, dtype=torch.float64, seed=1)
+    batch = make_batch(B=24, P=9, T=8, seed=2)
+    want, want_h = compute_log_probs(model, batch, micro_batch_size=24, with_entropy=True)
+    for layout in LAYOUTS:
+        got, got_h = compute_log_probs(model, batch, with_entropy=True, **layout)
+        assert torch.equal(got, want) and torch.equal(got_h, want_h), layout
+
+
+def test_values_are_identical_in_every_layout():
+    critic = value_model_from_pretrained(tiny_causal_lm("qwen2", dtype=torch.float64, seed=1), seed=4)
+    batch = make_batch(B=24, P=9, T=8, seed=5)
+    want = compute_values(critic, batch, micro_batch_size=24)
+    for layout in LAYOUTS:
+        assert torch.equal(compute_values(critic, batch, **layout), want), layout
+
+
+def _rollout(model, requests, params, max_num_seqs):
+    samples = HFRollout(model, eos_token_ids=[2], pad_token_id=0,
+                        max_num_seqs=max_num_seqs).generate(requests, params, step=0)
+    return [(s.response_ids, s.log_probs) for s in samples]
+
+
+def test_rollout_is_identical_above_the_row_floor():
+    """23 sequences in one chunk (rows 20-22 past the last full tile of 4) against chunks of 1 (16 rows with
+    the filler). Without the block products this differed on AVX2 (8.9e-16 on a log-prob)."""
+    model = tiny_causal_lm("llama", dtype=torch.float64, seed=2)
+    g = torch.Generator().manual_seed(3)
+    prompts = [(u, torch.randint(3, 256, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist())
+               for u in range(23)]
+    params = SamplingParams(n=1, temperature=1.0, max_response_length=4, seed=1)
+    requests = requests_for(prompts, params.n)
+    assert _rollout(model, requests, params, 23) == _rollout(model, requests, params, 1)
+
