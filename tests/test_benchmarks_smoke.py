@@ -16,7 +16,7 @@ import torch
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPTS = ("engine_overhead", "cov_strategies", "token_budget", "memory", "scaling", "rollout", "train_stages",
-           "vs_trl")
+           "vs_trl", "refill_round")
 
 
 def _load(name: str):
@@ -236,3 +236,11 @@ def test_revision_names_the_commit_and_ignores_the_docs_it_writes(tmp_path):
     (tmp_path / "code.py").write_text("x = 2\n")
     assert bl.tree_changes(tmp_path, ignore=tmp_path / "bench.md") == ["code.py"]
     assert bl.git_revision(tmp_path, ignore=tmp_path / "bench.md") == f"commit {head} + uncommitted changes"
+
+
+def test_refill_round(results, docs):
+    r = results["refill_round"]
+    assert len(r["dapo"]["rounds"]) == len(r["plain"]["rounds"]) == r["steps"]
+    assert all(k >= 1 for k in r["dapo"]["rounds"]) and set(r["plain"]["rounds"]) == {1}
+    assert all(_positive(x) for x in r["dapo"]["round_cpu"] + r["plain"]["step_cpu"])
+    assert "<!-- bench:refill_round -->" in docs.read_text()

@@ -154,9 +154,9 @@ def test_missing_optional_backend_is_a_named_error(tmp_path, monkeypatch):
 
 
 def test_a_short_runs_curve_has_integer_steps_and_a_sensible_score_axis():
-    from splitproof.rl.evaluate import held_out_metrics
+    from splitproof.rl.tracking.held_out import validation_metrics
 
-    records = [{"step": 0, **held_out_metrics(["", ""], [0.3361, 0.3361], 1)}]
+    records = [{"step": 0, **validation_metrics(["", ""], [0, 1], [0.3361, 0.3361], {})}]
     records += [{"step": s, "critic/score/mean": 0.3361 + 0.0004 * s} for s in range(1, 5)]
     assert set(records[0]) == {"step", "val-core/unknown/reward/mean@1"}  # verl's name for a missing data source
     axes = tracking.curve_figure(records).axes[0]

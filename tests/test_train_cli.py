@@ -147,6 +147,16 @@ MISTAKES = {
     "rollout correction without rollout log-probs": (["algorithm.rollout_correction.rollout_is=token",
                                                        "actor_rollout_ref.rollout.calculate_log_probs=false"],
                                                       ["actor_rollout_ref.rollout.calculate_log_probs"]),
+    "filter metric the reward does not produce": (["algorithm.filter_groups.enable=true",
+                                                   "algorithm.filter_groups.metric=nope"],
+                                                  ["algorithm.filter_groups.metric", "'nope'", "not produced"]),
+    "generation batch smaller than a step": (["algorithm.filter_groups.enable=true", "data.gen_batch_size=2"],
+                                             ["data.gen_batch_size", "smaller than data.train_batch_size"]),
+    "overlong buffer longer than the responses": (
+        ["reward.reward_manager.name=dapo", "+reward.reward_kwargs.overlong_buffer_cfg.enable=true",
+         "+reward.reward_kwargs.overlong_buffer_cfg.len=8", "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1",
+         "+reward.reward_kwargs.max_resp_len=8"], ["overlong_buffer_cfg.len", "longer than data.max_response_length"]),
+    "reward manager not implemented": (["reward_model.reward_manager=prime"], ["reward_model.reward_manager", "prime"]),
     "resume from nothing": (["trainer.resume_mode=resume_path", "trainer.resume_from_path={tmp}/nowhere"],
                             ["trainer.resume_from_path", "does not exist"]),
 }

@@ -130,10 +130,10 @@ def test_unsupported_verl_key_and_off_values():
     assert error.field == "actor_rollout_ref.model.lora.rank"
     assert "verl key is not supported by splitproof" in str(error) and "lora_rank" in str(error)
     assert "ppo_micro_batch_size_per_gpu" in str(error_of("actor_rollout_ref.actor.ppo_micro_batch_size=4"))
-    assert "not supported" in str(error_of("algorithm.filter_groups.enable=true"))
+    assert "not supported" in str(error_of("algorithm.use_pf_ppo=true"))
     # "off" values, and settings inside a feature that stays off, are accepted silently
-    cfg, notices = load("actor_rollout_ref.model.lora_rank=0", "algorithm.filter_groups.enable=false",
-                        "algorithm.filter_groups.metric=acc", "trainer.critic_warmup=0",
+    cfg, notices = load("actor_rollout_ref.model.lora_rank=0", "algorithm.use_pf_ppo=false",
+                        "algorithm.pf_ppo.reweight_method=max_min", "trainer.critic_warmup=0",
                         "actor_rollout_ref.actor.ppo_micro_batch_size=null", "reward_model.enable=False")
     assert notices == [] and cfg == load()[0]
     # the critic is such a feature: off under grpo (the recipe's), on under gae unless critic.enable=false
@@ -141,8 +141,8 @@ def test_unsupported_verl_key_and_off_values():
     assert error_of(USER_MODEL, "critic.model.lora_rank=8").field == "critic.model.lora_rank"  # verl's gae
     assert load("algorithm.adv_estimator=rloo", "critic.enable=false", "critic.model.lora_rank=8")[0].critic.enable is False
     # ... but not once the feature is switched on
-    assert error_of("algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=acc").field in (
-        "algorithm.filter_groups.enable", "algorithm.filter_groups.metric")
+    assert error_of("algorithm.use_pf_ppo=true", "algorithm.pf_ppo.reweight_method=max_min").field in (
+        "algorithm.use_pf_ppo", "algorithm.pf_ppo.reweight_method")
 
 
 def test_no_effect_keys_give_a_notice_and_change_nothing():
@@ -184,7 +184,7 @@ def test_wrong_types_name_the_key():
     (["algorithm.adv_estimator=gae", "critic.model.tokenizer_path=/tok"], "critic.model.tokenizer_path", "actor's tokens"),
     (["critic.enable=true", "critic.model.lora_rank=8"], "critic.model.lora_rank", "not supported"),
     (["data.train_batch_size=60", "actor_rollout_ref.actor.ppo_mini_batch_size=16"], "actor_rollout_ref.actor.ppo_mini_batch_size", "must divide"),
-    (["data.gen_batch_size=96"], "data.gen_batch_size", "over-sampling"),
+    (["data.gen_batch_size=96"], "data.gen_batch_size", "without algorithm.filter_groups.enable"),
     (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0"], "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", ">= 1"),
     (["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=0"], "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", ">= 1"),
     (["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=10"],
@@ -459,7 +459,9 @@ def test_schema_is_verl_tree_plus_documented_additions():
                                               # verl reads these (get_custom_reward_fn); its yaml has no entry
                                               "custom_reward_function.reward_kwargs",
                                               "reward.custom_reward_function.reward_kwargs",
-                                              "actor_rollout_ref.rollout.multi_turn.tool_timeout"}
+                                              "actor_rollout_ref.rollout.multi_turn.tool_timeout",
+                                              # verl's reward managers read these; its scripts add them with +key
+                                              "reward.reward_kwargs", "reward_model.reward_kwargs"}
     for pattern in verl_keys.NO_EFFECT:  # every pattern matches a verl key, none of ours
         assert any(fnmatch.fnmatchcase(k, pattern) for k in verl_keys.verl_keys()), pattern
         assert not any(fnmatch.fnmatchcase(k, pattern) for k in ours), pattern

@@ -1,19 +1,21 @@
 """Held-out evaluation: the validation prompts, generated with ``rollout.val_kwargs``, scored.
 
-Reported per data source as verl does: ``val-core/<data_source>/reward/mean@<n>``, the mean score over
-the source's prompts and their n samples (rows without a data source under ``unknown``, as verl names
-them). Validation draws from its own sampling stream, so it never changes what training samples.
+Reported per data source as verl does (``tracking.held_out``): ``val-core/<data_source>/<var>/mean@<n>``,
+the mean over the source's prompts and their n samples of ``acc`` when the reward reports it, else of the
+reward (rows without a data source under ``unknown``, as verl names them); with n > 1 also ``best@k``, ``worst@k``, ``maj@k`` (with a numeric ``pred``), ``pass@k`` and
+``std@n``, and every extra value under ``val-aux/``. Validation draws from its own sampling stream, so it
+never changes what training samples.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from .run import Run
 from .step import generate, score_samples
+from .parallel import first_rank_only
+from .tracking.generations import generation_rows, write_generations
+from .tracking.held_out import validation_metrics
 
 VALIDATION_STREAM = 1
-UNKNOWN_SOURCE = "unknown"  # verl's data source for rows without one
 
 
 def validate(run: Run, step: int) -> dict[str, float]:
@@ -21,16 +23,10 @@ def validate(run: Run, step: int) -> dict[str, float]:
         return {}
     uids = list(range(len(run.val_data)))
     samples = generate(run, uids, step, run.val_sampling, stream=VALIDATION_STREAM)
-    scores, _ = score_samples(run, samples, step, stream=VALIDATION_STREAM)
-    sources = [run.val_data[sample.uid].data_source for sample in samples]
-    return held_out_metrics(sources, scores.tolist(), run.val_sampling.n)
-
-
-def held_out_metrics(sources: list[str], scores: list[float], n: int) -> dict[str, float]:
-    """``val-core/<data_source>/reward/mean@<n>``: the mean score per data source; a row without one counts
-    as ``unknown``, verl's name for it."""
-    by_source: dict[str, list[float]] = defaultdict(list)
-    for source, value in zip(sources, scores):
-        by_source[source or UNKNOWN_SOURCE].append(value)
-    return {f"val-core/{source}/reward/mean@{n}": sum(values) / len(values)
-            for source, values in sorted(by_source.items())}
+    scores, extra = score_samples(run, samples, step, stream=VALIDATION_STREAM)
+    folder = run.config.trainer.validation_data_dir
+    if folder and first_rank_only(run.collective):
+        write_generations(folder, step, generation_rows(run.tokenizer, run.val_data, samples, scores.tolist(), extra,
+                                                        step))
+    return validation_metrics([run.val_data[s.uid].data_source for s in samples], [s.uid for s in samples],
+                              scores.tolist(), extra)

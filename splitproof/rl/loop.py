@@ -20,7 +20,8 @@ step (a reward function that raises, a rank that fails) is a ``StepFailed``: not
 logged or saved.
 
 Test pause points (``splitproof.rl.pause``): ``step{k}:trained``, ``step{k}:logged``,
-``step{k}:checkpoint:{stage}`` (the stages of ``checkpoint.store.save_checkpoint``), ``step{k}:done``.
+``step{k}:checkpoint:{stage}`` (the stages of ``checkpoint.store.save_checkpoint``), ``step{k}:done``;
+with dynamic sampling ``step{k}:round{r}`` (generation round r of step k scored, nothing updated yet).
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from contextlib import contextmanager
 
 from . import pause
 from .checkpoint import store
-from .parallel import RankFailure
+from .parallel import RankFailure, first_rank_only
+from .tracking.generations import generation_rows, write_generations
 from .rewards.functions import RewardError
+from .data.dynamic_sampling import FilterError
 from .rollout.pipeline import PIPELINE_ERRORS, pipelined
 from .run import Run
 from .checkpoint.run_state import save_run
@@ -81,7 +84,7 @@ def _checkpoint_pauses(step: int):
 def _failing(step: int, fn: Callable, *args):
     try:
         return fn(*args)
-    except (RewardError, RankFailure, *PIPELINE_ERRORS) as e:
+    except (RewardError, RankFailure, FilterError, *PIPELINE_ERRORS) as e:
         raise StepFailed(step, e) from e
 
 
@@ -121,11 +124,17 @@ def _one_step(run: Run, step: int, emit, check_stop, on_step, sync, save_checkpo
     """Step ``step``: train, validate when due, log, checkpoint when due (the order of the module docstring)."""
     cfg = run.config.trainer
     check_stop(step - 1)
-    uids = run.sampler.next_batch() if run.pipeline is None else run.pipeline.uids(step)
+    if run.config.algorithm.filter_groups.enable:
+        uids = None  # dynamic sampling: the step draws its prompts from the stream
+    else:
+        uids = run.sampler.next_batch() if run.pipeline is None else run.pipeline.uids(step)
     output = _failing(step, train_step, run, step, uids)
     pause.pause_point(f"step{step}:trained")
     if on_step is not None:
         on_step(step, output)
+    if cfg.rollout_data_dir and first_rank_only(run.collective):
+        write_generations(cfg.rollout_data_dir, step, generation_rows(
+            run.tokenizer, run.train_data, output.samples, output.scores, output.extra, step))
     check_stop(step - 1)
     metrics = dict(output.metrics)
     if is_due(step, run.total_steps, cfg.test_freq):

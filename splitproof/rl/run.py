@@ -26,7 +26,10 @@ from ..loss_config import ConfigError
 from ..stats import MinibatchStats
 from .config.schema import TrainConfig
 from .config.check import (critic_enabled, dp_strategy, lora_settings, reward_function as reward_function_setting,
-                           reward_kwargs, to_update_config)
+                           reward_kwargs, reward_manager_of, to_update_config)
+from .data.dynamic_sampling import PromptStream
+from .rewards.dapo import RewardManager
+from .rewards.filter_metric import check_filter_metric
 from .models.critic import Critic, build_critic
 from .data.prompts import PromptDataset, PromptSampler, load_prompts
 from .rewards.kl_penalty import make_kl_controller
@@ -54,10 +57,11 @@ class Run:
     ref: nn.Module | None
     sampling: SamplingParams
     val_sampling: SamplingParams
-    sampler: PromptSampler
+    sampler: PromptSampler | PromptStream
     kl_ctrl: Any
     total_steps: int
     float_dtype: torch.dtype
+    reward_manager: RewardManager = field(default_factory=RewardManager)
     inference_copy: nn.Module | None = None  # FSDP2 only
     critic: Critic | None = None  # PPO with a value model (critic.enable, or gae)
     lora: bool = False  # the policy trains a LoRA adapter; its base weights never change
@@ -146,9 +150,10 @@ class RunInputs:
     train_data: PromptDataset
     val_data: PromptDataset | None
     reward_fn: Any
-    sampler: PromptSampler
+    sampler: PromptSampler | PromptStream
     total_steps: int
     tools: dict[str, Tool] = field(default_factory=dict)
+    reward_manager: RewardManager = field(default_factory=RewardManager)
 
 
 def prepare_inputs(cfg: TrainConfig) -> RunInputs:
@@ -175,11 +180,17 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
     for dataset in (train_data, val_data):
         if dataset is not None:
             check_reward_sources(dataset, reward_fn)
-    sampler = PromptSampler(len(train_data), cfg.data.train_batch_size, seed=1 if cfg.data.seed is None else cfg.data.seed,
-                            shuffle=cfg.data.shuffle)
+    seed = 1 if cfg.data.seed is None else cfg.data.seed
+    manager = reward_manager_of(cfg)
+    if cfg.algorithm.filter_groups.enable:
+        check_filter_metric(cfg.algorithm.filter_groups.metric, manager, reward_fn, train_data, tokenizer)
+        sampler = PromptStream(len(train_data), seed=seed, shuffle=cfg.data.shuffle)
+    else:
+        sampler = PromptSampler(len(train_data), cfg.data.train_batch_size, seed=seed, shuffle=cfg.data.shuffle)
     return RunInputs(update_config=update_config, tokenizer=tokenizer, train_data=train_data, val_data=val_data,
                      reward_fn=reward_fn, sampler=sampler, total_steps=total_training_steps(cfg, len(train_data)),
-                     tools=tools)
+                     tools=tools,
+                     reward_manager=manager)
 
 
 def build_run(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None = None) -> Run:
@@ -223,7 +234,7 @@ def build_run(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None = N
                optimizer=optimizer, scheduler=scheduler, rollout=rollout, ref=ref, sampling=train_sampling,
                val_sampling=val_sampling, sampler=inputs.sampler, kl_ctrl=kl_ctrl, total_steps=total,
                float_dtype=float_dtype, inference_copy=inference_copy, critic=critic, lora=lora.enabled,
-               needs_reference=needs_ref)
+               needs_reference=needs_ref, reward_manager=inputs.reward_manager)
 
 
 def _agreed_on(collective, work):

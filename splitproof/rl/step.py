@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -35,9 +35,14 @@ from .parallel import gather_rows, run_on_share
 from .rewards.functions import RewardError, score, token_level_scores as scores_on_last_token
 from .rollout.correction import rollout_correction
 from .rollout.episode import episode_metrics
+from . import pause
+from .config.check import gen_batch_size
+from .data.dynamic_sampling import SCORE_METRICS, FilterError, Round, select_groups
+from .rewards.dapo import apply_manager
 from .run import Run, greedy as greedy_params
 
 BASELINE_STREAM = 2  # remax's greedy baseline (training samples use stream 0, validation 1)
+REPEAT_STREAM = 16  # dynamic sampling: the k-th repeat of a prompt within one step draws from stream 16 + k
 
 
 @dataclass
@@ -46,6 +51,82 @@ class StepOutput:
 
     metrics: dict[str, float]
     samples: list
+    consumed: list[int] | None = None  # the prompts the step consumed, in order (dynamic sampling)
+    scores: list[float] | None = None  # each sample's reward (the reward manager's)
+    extra: dict | None = None  # the reward function's extra values, one per sample
+
+
+@dataclass
+class Rollout:
+    """A step's scored samples in canonical order, each sample's group id, the step's prompts, and
+    (dynamic sampling) the prompts it consumed and its ``train/`` and ``training/filter_groups/`` metrics."""
+
+    samples: list
+    scores: Tensor
+    extra: dict[str, list[float]]
+    uids: list[int]
+    group_ids: list[int]
+    consumed: list[int] | None = None
+    metrics: dict = field(default_factory=dict)
+    pipelined: object = None  # the pipeline's batch (async_training.staleness_steps > 0)
+
+
+def rollout_groups(run: Run, step: int, uids: list[int] | None, timer: StageTimer) -> Rollout:
+    """``rollout.n`` scored samples of each of ``uids``; with ``algorithm.filter_groups.enable`` (``uids``
+    None), the groups dynamic sampling keeps (``data.dynamic_sampling``)."""
+    if not run.config.algorithm.filter_groups.enable:
+        pipelined = None
+        with timer("gen"):
+            if run.pipeline is None:
+                samples = generate(run, uids, step, run.sampling)
+            else:  # generated ahead by the rollout process, from the policy of step - k (rollout/pipeline.py)
+                pipelined = run.pipeline.take(step)
+                samples = pipelined.samples
+        with timer("reward"):
+            scores, extra = score_samples(run, samples, step)
+        return Rollout(samples, scores, extra, list(uids), [s.uid for s in samples], pipelined=pipelined)
+    return filtered_rollout(run, step, timer)
+
+
+def filtered_rollout(run: Run, step: int, timer: StageTimer) -> Rollout:
+    """Dynamic sampling: generation rounds of ``data.gen_batch_size`` prompts until ``train_batch_size``
+    groups are eligible (see ``data.dynamic_sampling``); a group's id is its uid (+ k × rows for the k-th
+    repeat of a prompt within the step)."""
+    cfg, n = run.config, run.sampling.n
+    fg = cfg.algorithm.filter_groups
+    rows = len(run.train_data)
+
+    def generate_round(uids: list[int], repeats: list[int]) -> Round:
+        with timer("gen"):
+            samples = generate_repeats(run, uids, repeats, step)
+        with timer("reward"):
+            scores, extra = score_samples(run, samples, step)
+        pause.pause_point(f"step{step}:round{rounds[0] + 1}")
+        rounds[0] += 1
+        values = scores.tolist() if fg.metric in SCORE_METRICS else extra.get(fg.metric)
+        if values is None:
+            raise FilterError(f"algorithm.filter_groups.metric={fg.metric!r}: the reward function returned no such "
+                              f"value (it returned: {', '.join(sorted(extra)) or 'a number only'})")
+        groups = []
+        for g, (uid, k) in enumerate(zip(uids, repeats)):
+            part = slice(g * n, (g + 1) * n)
+            groups.append((samples[part], scores[part], {name: v[part] for name, v in extra.items()}, uid + k * rows))
+        return Round(groups, [values[g * n:(g + 1) * n] for g in range(len(uids))])
+
+    rounds = [0]
+    selection = select_groups(run.sampler, cfg.data.train_batch_size, gen_batch_size(cfg), fg.max_num_gen_batches,
+                              generate_round, fg.metric)
+    samples = [s for group in selection.groups for s in group[0]]
+    scores = torch.cat([group[1] for group in selection.groups])
+    names = dict.fromkeys(name for group in selection.groups for name in group[2])
+    extra = {name: [v for group in selection.groups for v in group[2].get(name, [math.nan] * n)] for name in names}
+    group_ids = [group[3] for group in selection.groups for _ in range(n)]
+    metrics = {"train/num_gen_batches": float(selection.rounds),
+               "training/filter_groups/evicted_samples": float((selection.consumed - len(selection.groups)) * n),
+               "training/filter_groups/consumed_prompts": float(selection.consumed),
+               "training/filter_groups/returned_prompts": float(selection.generated - selection.consumed)}
+    return Rollout(samples, scores, extra, [group[0][0].uid for group in selection.groups], group_ids,
+                   selection.consumed_uids, metrics)
 
 
 def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
@@ -53,15 +134,9 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
     cfg, timer = run.config, StageTimer()
     start = time.perf_counter()
 
-    pipelined = None
-    with timer("gen"):
-        if run.pipeline is None:
-            samples = generate(run, uids, step, run.sampling)
-        else:  # generated ahead by the rollout process, from the policy of step - k (rollout/pipeline.py)
-            pipelined = run.pipeline.take(step)
-            samples = pipelined.samples
-    with timer("reward"):
-        scores, reward_extra = score_samples(run, samples, step)
+    rollout = rollout_groups(run, step, uids, timer)
+    samples, scores, reward_extra, uids = rollout.samples, rollout.scores, rollout.extra, rollout.uids
+    pipelined = rollout.pipelined
     seqs = pad_samples(samples, response_width=cfg.data.max_response_length, pad_token_id=run.pad_token_id,
                        dtype=run.float_dtype)
 
@@ -90,7 +165,7 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
             token_level_rewards, kl_metrics = apply_kl_penalty(
                 token_level_scores, old_log_probs, ref_log_probs, seqs.response_mask, run.kl_ctrl,
                 kl_penalty=cfg.algorithm.kl_penalty)
-        index = [s.uid for s in samples]
+        index = rollout.group_ids
         advantages, returns = compute_advantage(
             cfg.algorithm.adv_estimator, token_level_rewards, seqs.response_mask, index,
             **advantage_options(run, samples, uids, step, values))
@@ -112,7 +187,7 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
         with timer("weight_sync"):
             run.pipeline.publish(step)
 
-    metrics = {"training/global_step": float(step), "training/epoch": float(run.sampler.epoch)}
+    metrics = {"training/global_step": float(step), "training/epoch": float(run.sampler.epoch), **rollout.metrics}
     metrics.update(data_metrics(
         token_level_scores=token_level_scores, token_level_rewards=token_level_rewards, advantages=advantages,
         returns=returns, response_mask=seqs.response_mask, prompt_lengths=seqs.prompt_lengths,
@@ -131,7 +206,7 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
     seconds = time.perf_counter() - start
     metrics["timing_s/step"] = seconds
     metrics.update(throughput_metrics(int(seqs.attention_mask.sum()), seconds, run.collective.world_size))
-    return StepOutput(metrics, samples)
+    return StepOutput(metrics, samples, rollout.consumed, scores.tolist(), reward_extra)
 
 
 def update_actor(run: Run, batch: RolloutBatch) -> dict[str, float]:
@@ -166,6 +241,18 @@ def advantage_options(run: Run, samples: list, uids: list[int], step: int, value
     return {}
 
 
+def generate_repeats(run: Run, uids: list[int], repeats: list[int], step: int) -> list:
+    """Training samples of ``uids`` in canonical order, the k-th repeat of a prompt within a step drawn from
+    sampling stream ``REPEAT_STREAM + k`` (k = 0: the training stream 0), so that it differs from the
+    first and depends on (step, uid, k) alone."""
+    n, by_candidate = run.sampling.n, {}
+    for k in sorted(set(repeats)):
+        chosen = [i for i, r in enumerate(repeats) if r == k]
+        samples = generate(run, [uids[i] for i in chosen], step, run.sampling, stream=REPEAT_STREAM + k if k else 0)
+        by_candidate.update({i: samples[c * n:(c + 1) * n] for c, i in enumerate(chosen)})
+    return [s for i in range(len(uids)) for s in by_candidate[i]]
+
+
 def generate(run: Run, uids: list[int], step: int, params, *, stream: int = 0) -> list:
     """``params.n`` samples of every prompt, in canonical order (prompt order × sample index); each rank
     generates a share of them and every rank gets them all."""
@@ -187,12 +274,15 @@ def score_samples(run: Run, samples: list, step: int, *, stream: int = 0) -> tup
         result = score(run.reward_fn, [dataset[s.uid] for s in part], part, run.tokenizer, step=step,
                        max_steps=run.total_steps)
         values = result.scores.tolist()  # one conversion, not one tensor index per sample
-        return [(values[k], {name: extra[k] for name, extra in result.extra.items()}) for k in range(len(part))]
+        extras = [{name: extra[k] for name, extra in result.extra.items() if not math.isnan(extra[k])}
+                  for k in range(len(part))]
+        values, extras = apply_manager(run.reward_manager, values, extras, [len(s.response_ids) for s in part])
+        return list(zip(values, extras))
 
     scored = run_on_share(run.collective, len(samples), work, errors=(RewardError,))
     scores = torch.tensor([value for value, _ in scored], dtype=torch.float64)
-    keys = dict.fromkeys(name for _, values in scored for name in values)
-    extra = {name: [values.get(name, math.nan) for _, values in scored] for name in keys}
+    names = dict.fromkeys(name for _, values in scored for name in values)
+    extra = {name: [values.get(name, math.nan) for _, values in scored] for name in names}
     return scores, extra
 
 

@@ -32,6 +32,8 @@ LAYOUT_KEYS = (
     "trainer.max_actor_ckpt_to_keep", "trainer.resume_mode", "trainer.resume_from_path",
     "trainer.resume_allow_config_change", "trainer.default_local_dir", "trainer.project_name",
     "trainer.experiment_name", "trainer.val_before_train", "trainer.val_only", "trainer.cpu_threads",
+    "data.gen_batch_size", "algorithm.filter_groups.max_num_gen_batches", "trainer.rollout_data_dir",
+    "trainer.validation_data_dir",
 )
 # ... except the run length, when the LR schedule is a function of it
 SCHEDULE_LENGTH_KEYS = ("trainer.total_training_steps", "trainer.total_epochs")

@@ -19,6 +19,7 @@ from dataclasses import fields
 from ...loss_config import KL_TYPES, ConfigError, LossConfig
 from ...engine import CriticUpdateConfig, UpdateConfig
 from ...lora_settings import LoraSettings
+from ..rewards.dapo import reward_manager
 from .schema import ActorConfig, MultiTurnConfig, OptimConfig, PolicyLossConfig, TrainConfig
 
 ARR = "actor_rollout_ref"
@@ -113,6 +114,8 @@ def normalize(cfg: TrainConfig) -> TrainConfig:
     cfg.critic.model.path = _expand(cfg.critic.model.path)
     cfg.trainer.default_local_dir = _expand(cfg.trainer.default_local_dir)
     cfg.trainer.resume_from_path = _expand(cfg.trainer.resume_from_path)
+    cfg.trainer.rollout_data_dir = _expand(cfg.trainer.rollout_data_dir)
+    cfg.trainer.validation_data_dir = _expand(cfg.trainer.validation_data_dir)
     for reward in (cfg.custom_reward_function, cfg.reward.custom_reward_function):
         reward.path = _expand(reward.path)
     return cfg
@@ -265,13 +268,47 @@ def _check_data(cfg: TrainConfig) -> None:
     for name in ("max_prompt_length", "max_response_length", "train_batch_size"):
         _positive_int(getattr(data, name), f"data.{name}")
     _optional_positive_int(data.val_batch_size, "data.val_batch_size")
-    _require(data.gen_batch_size is None or data.gen_batch_size == data.train_batch_size, "data.gen_batch_size",
-             f"must be null or equal data.train_batch_size ({data.train_batch_size}): over-sampling is not "
-             f"supported, got {data.gen_batch_size!r}")
+    _check_gen_batch_size(cfg)
     _one_of(data.truncation, TRUNCATIONS, "data.truncation")
     for name in ("train_max_samples", "val_max_samples"):
         value = getattr(data, name)
         _require(value == -1 or value >= 1, f"data.{name}", f"must be -1 (all) or >= 1, got {value!r}")
+
+
+def _check_gen_batch_size(cfg: TrainConfig) -> None:
+    data, key = cfg.data, "data.gen_batch_size"
+    size = data.gen_batch_size
+    if not cfg.algorithm.filter_groups.enable:
+        _require(size is None or size == data.train_batch_size, key,
+                 f"must be null or equal data.train_batch_size ({data.train_batch_size}) without "
+                 f"algorithm.filter_groups.enable (it sizes dynamic sampling's generation rounds), got {size!r}")
+        return
+    _optional_positive_int(size, key)
+    _require(size is None or size >= data.train_batch_size, key,
+             f"{size} is smaller than data.train_batch_size ({data.train_batch_size}): a generation round must be "
+             "able to fill a step")
+
+
+def gen_batch_size(cfg: TrainConfig) -> int:
+    """Prompts per generation round: ``data.gen_batch_size``, or ``train_batch_size`` when null."""
+    return cfg.data.gen_batch_size or cfg.data.train_batch_size
+
+
+def _check_filter_groups(cfg: TrainConfig) -> None:
+    fg, key = cfg.algorithm.filter_groups, "algorithm.filter_groups"
+    _require(isinstance(fg.metric, str) and bool(fg.metric), f"{key}.metric", f"must be a metric name, got {fg.metric!r}")
+    _require(_is_int(fg.max_num_gen_batches), f"{key}.max_num_gen_batches",
+             f"must be an integer (<= 0: no bound), got {fg.max_num_gen_batches!r}")
+    if fg.enable and fg.metric == "seq_final_reward":
+        _require(not cfg.algorithm.use_kl_in_reward, f"{key}.metric",
+                 "seq_final_reward with algorithm.use_kl_in_reward=true is not supported (it would need the KL "
+                 "of every generation round); use reward or seq_reward")
+
+
+def reward_manager_of(cfg: TrainConfig):
+    """The run's reward manager (``rewards.dapo.RewardManager``) from verl's keys, checked."""
+    return reward_manager(cfg.reward.reward_manager.name, cfg.reward_model.reward_manager, cfg.reward.reward_kwargs,
+                          cfg.reward_model.reward_kwargs, cfg.data.max_response_length)
 
 
 def _check_actor(cfg: TrainConfig) -> None:
@@ -377,6 +414,7 @@ def _check_algorithm(cfg: TrainConfig) -> None:
     _require(_finite(ctrl.target_kl) and ctrl.target_kl > 0, "algorithm.kl_ctrl.target_kl",
              f"must be > 0, got {ctrl.target_kl!r}")
     _check_rollout_correction(cfg)
+    _check_filter_groups(cfg)
 
 
 def _check_critic(cfg: TrainConfig) -> None:
@@ -478,6 +516,7 @@ def _check_reward(cfg: TrainConfig) -> None:
     if top.path is not None and nested.reward_kwargs and nested.reward_kwargs != top.reward_kwargs:
         _fail("reward.custom_reward_function.reward_kwargs",
               "is set while custom_reward_function names the function; set reward_kwargs there")
+    reward_manager_of(cfg)
 
 
 def lora_settings(cfg: TrainConfig) -> LoraSettings:
@@ -503,6 +542,9 @@ def _check_async(cfg: TrainConfig) -> None:
         _require(not cfg.actor_rollout_ref.rollout.multi_turn.enable, key,
                  f"= {k} cannot be combined with {ARR}.rollout.multi_turn.enable=true yet: the rollout process "
                  "generates single-turn samples; use 0")
+        _require(not cfg.algorithm.filter_groups.enable, key,
+                 f"= {k} cannot be combined with algorithm.filter_groups.enable: dynamic sampling decides its "
+                 "next generation round from the current round's rewards; use 0")
 
 
 def validate(cfg: TrainConfig) -> None:

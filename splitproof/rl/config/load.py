@@ -55,10 +55,26 @@ def parse_override(arg: str) -> tuple[str, Any]:
         return key, raw
 
 
+BUILTIN_CONFIG = "builtin://"
+
+
+def _builtin_config(path: str):
+    """A config shipped in ``splitproof/recipes`` (``builtin://charlm-dapo``), read as YAML."""
+    name = path[len(BUILTIN_CONFIG):]
+    folder = resources.files("splitproof.recipes")
+    shipped = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+    if name not in shipped:
+        raise ConfigError("--config", f"no built-in config {path!r}; shipped: "
+                                      f"{', '.join(BUILTIN_CONFIG + n for n in shipped)}")
+    return OmegaConf.create(folder.joinpath(f"{name}.yaml").read_text(encoding="utf-8"))
+
+
 def read_config_file(path: str) -> dict:
-    """A YAML config file as a plain (unresolved) mapping."""
+    """A YAML config file (or a shipped one, ``builtin://NAME``) as a plain (unresolved) mapping."""
     try:
-        loaded = OmegaConf.load(path)
+        loaded = _builtin_config(path) if path.startswith(BUILTIN_CONFIG) else OmegaConf.load(path)
+    except ConfigError:
+        raise
     except FileNotFoundError:
         raise ConfigError("--config", f"file not found: {path}") from None
     except OSError as e:

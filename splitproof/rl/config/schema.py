@@ -32,7 +32,7 @@ class DataConfig:
     max_response_length: int = 512  # generated tokens per response, at most
     train_batch_size: int = 1024  # prompts per training step
     val_batch_size: Optional[int] = None  # no effect on results: validation runs in max_num_seqs chunks
-    gen_batch_size: Optional[int] = None  # must be null or equal train_batch_size (no over-sampling)
+    gen_batch_size: Optional[int] = None  # prompts per generation round of dynamic sampling (speed only); null: train_batch_size
     shuffle: bool = True  # a new prompt order every epoch, from (data.seed, epoch)
     validation_shuffle: bool = False  # validation always runs every held-out prompt
     seed: Optional[int] = None  # null -> 1, as verl's sampler does
@@ -202,6 +202,13 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    enable: bool = False  # dynamic sampling: keep the first train_batch_size groups whose metric varies
+    metric: str = "reward"  # reward | seq_reward | seq_final_reward | a reward extra value (e.g. acc)
+    max_num_gen_batches: int = 0  # generation rounds a step may take; 0: no bound
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "gae"  # see docs/advantages.md; gae trains a critic (critic.*)
     gamma: float = 1.0  # discount (REINFORCE++, GAE)
@@ -211,6 +218,7 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"  # the KL estimator in the reward (as kl_loss_type)
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
 
 @dataclass
@@ -267,6 +275,8 @@ class TrainerConfig:
     critic_warmup: int = 0  # the actor is updated from step max(1, critic_warmup) on (verl's rule); the critic every step
     device: str = "cpu"  # ours: cpu, the only device (verl: cuda); cuda is refused
     seed: int = 0  # ours: the model-initialisation and global RNG seed
+    rollout_data_dir: Optional[str] = None  # a folder: each step's samples as <step>.jsonl (input, output, gts, score, step, extras)
+    validation_data_dir: Optional[str] = None  # a folder: each evaluation's samples as <step>.jsonl
     cpu_threads: Optional[int] = None  # ours: torch's CPU threads per process during the run (null: torch's default); speed only
 
 
@@ -283,11 +293,26 @@ class RewardFunctionConfig:
 
 
 @dataclass
+class RewardManagerConfig:
+    name: str = "naive"  # naive | dapo (score + overlong penalty)
+
+
+@dataclass
 class RewardConfig:
     """verl 0.9.1 also reads the reward function from ``reward.custom_reward_function``."""
 
     custom_reward_function: RewardFunctionConfig = field(
         default_factory=lambda: RewardFunctionConfig(name="compute_score"))
+    reward_manager: RewardManagerConfig = field(default_factory=RewardManagerConfig)
+    reward_kwargs: Dict[str, Any] = field(default_factory=dict)  # dapo: overlong_buffer_cfg.{enable,len,penalty_factor,log}, max_resp_len
+
+
+@dataclass
+class LegacyRewardModelConfig:
+    """verl's older spelling of the reward manager, mapped onto ``reward.*``."""
+
+    reward_manager: Optional[str] = None  # null: reward.reward_manager.name
+    reward_kwargs: Dict[str, Any] = field(default_factory=dict)  # as reward.reward_kwargs
 
 
 @dataclass
@@ -300,6 +325,7 @@ class TrainConfig:
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     custom_reward_function: RewardFunctionConfig = field(default_factory=RewardFunctionConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    reward_model: LegacyRewardModelConfig = field(default_factory=LegacyRewardModelConfig)
 
 
 @dataclass(frozen=True)

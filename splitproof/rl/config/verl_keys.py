@@ -130,9 +130,8 @@ SAME_AS_OURS: dict[str, object] = {
     "algorithm.rollout_correction.loss_type": "ppo_clip",
     "reward.reward_manager.name": "naive",
     "reward.reward_manager.source": "register",
-    "reward_model.reward_manager": "naive",
     "trainer.v1.trainer_mode": "sync",
-    "algorithm.filter_groups.metric": "reward",
+    "algorithm.filter_groups.max_inflight_gen_batches": 1,  # generation rounds run one after the other
     "algorithm.pf_ppo.reweight_method": "pow",
     "actor_rollout_ref.rollout.agent.default_agent_loop": "single_turn_agent",
     "actor_rollout_ref.actor.optim.optimizer_impl": "torch.optim",
@@ -153,7 +152,6 @@ HINTS: dict[str, str] = {
     "trainer.max_critic_ckpt_to_keep": "the critic is saved in each global_step_N: use trainer.max_actor_ckpt_to_keep",
     "critic.model.lora_rank": "LoRA is supported for the actor (actor_rollout_ref.model.lora_rank)",
     "actor_rollout_ref.model.lora.rank": "Megatron's LoRA section: use actor_rollout_ref.model.lora_rank",
-    "algorithm.filter_groups.enable": "dynamic sampling (DAPO's filter_groups) is not supported yet",
     "reward_model.enable": "model-based rewards are not supported; name a reward function in custom_reward_function",
     "reward.reward_model.enable":
         "model-based rewards are not supported; name a reward function in custom_reward_function",

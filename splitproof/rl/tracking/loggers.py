@@ -3,7 +3,7 @@
 Backends, chosen by name:
 
 - ``console``: a progress line per step — step/total, training reward (``critic/score/mean``), the
-  last held-out score (``val-core/<source>/reward/mean@1``), mean response length, step time, ETA.
+  last held-out score (``val-core/<source>/<var>/mean@<n>``), mean response length, step time, ETA.
   On a terminal the line is rewritten in place (evaluation steps stay on screen); otherwise one line
   per step.
 - ``file``: ``{default_local_dir}/metrics.jsonl``, one JSON object per step: ``"step"`` and verl's
@@ -83,7 +83,8 @@ def wandb_can_log(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 def is_held_out(key: str) -> bool:
-    return key.startswith("val-core/") and key.endswith("/reward/mean@1")
+    """The held-out score the console and curve.png show: a ``val-core/<source>/<var>/mean@<n>``."""
+    return key.startswith("val-core/") and "/mean@" in key
 
 
 def _number(key: str, value) -> int | float:
