@@ -188,7 +188,8 @@ def _dtype_of(model: nn.Module) -> torch.dtype:
 
 
 def _start_with_zero_gradients(model: nn.Module) -> None:
-    """Give every parameter a zero gradient that takes no memory (an expanded scalar), before DDP wraps it.
+    """Give every trainable parameter a zero gradient that takes no memory (an expanded scalar), before DDP
+    wraps it (a frozen one, LoRA's base weights, keeps none: DDP has no bucket for it).
 
     DDP keeps gradients as views into its communication buckets only for parameters whose gradient
     exists when it is built (or once a synchronised backward has run): a parameter without one gets a
@@ -196,7 +197,8 @@ def _start_with_zero_gradients(model: nn.Module) -> None:
     gradients (a second gradient-sized buffer) live until the last backward copies them into the buckets.
     """
     for p in model.parameters():
-        p.grad = torch.zeros((), dtype=p.dtype, device=p.device).expand_as(p)
+        if p.requires_grad:
+            p.grad = torch.zeros((), dtype=p.dtype, device=p.device).expand_as(p)
 
 
 def _zero_gradients_in_place(optimizer: torch.optim.Optimizer) -> None:
