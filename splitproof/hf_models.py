@@ -26,10 +26,12 @@ def tiny_causal_lm(
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
     attn_implementation: str = "sdpa",
+    tie_word_embeddings: bool = False,
 ) -> nn.Module:
     """A randomly initialised HF causal LM (Llama / Qwen2 / Qwen3), deterministic given ``seed``.
 
-    Dropout is 0, ``use_cache`` off, embeddings untied. The global RNG is left untouched.
+    Dropout is 0, ``use_cache`` off, embeddings untied unless ``tie_word_embeddings`` (the output layer is
+    then the input embedding). The global RNG is left untouched.
     """
     from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                               Qwen3Config, Qwen3ForCausalLM)
@@ -56,7 +58,7 @@ def tiny_causal_lm(
         max_position_embeddings=max_position_embeddings,
         attention_dropout=0.0,
         use_cache=False,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tie_word_embeddings,
     )
     config._attn_implementation = attn_implementation
     with torch.random.fork_rng(devices=[]):

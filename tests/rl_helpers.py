@@ -31,14 +31,15 @@ PPO = ["algorithm.adv_estimator=gae", "algorithm.gamma=0.9", "algorithm.lam=0.8"
        "critic.cliprange_value=0.05", "trainer.critic_warmup=2"]
 
 
-def save_tiny_char_model(folder, *, dtype=torch.float32, arch: str = "llama", seed: int = 0) -> str:
-    """A random tiny causal LM over the built-in character tokenizer, saved as a Hugging Face directory."""
+def save_tiny_char_model(folder, *, dtype=torch.float32, arch: str = "llama", seed: int = 0, tied: bool = False) -> str:
+    """A random tiny causal LM over the built-in character tokenizer, saved as a Hugging Face directory
+    (``tied``: its output layer is its input embedding)."""
     from splitproof.builtin.tokenizer import char_tokenizer
     from splitproof.hf_models import tiny_causal_lm
 
     tokenizer = char_tokenizer()
     model = tiny_causal_lm(arch, vocab_size=len(tokenizer), hidden_size=32, num_layers=2, num_heads=4,
-                           num_kv_heads=2, intermediate_size=64, seed=seed, dtype=dtype)
+                           num_kv_heads=2, intermediate_size=64, seed=seed, dtype=dtype, tie_word_embeddings=tied)
     model.config.eos_token_id = tokenizer.eos_token_id
     model.config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(folder)
@@ -94,18 +95,27 @@ def final_weights(model) -> dict[str, torch.Tensor]:
     return {k: v.detach().double().clone() for k, v in state.items()}
 
 
-def run_trajectory(cfg) -> dict:
+def run_trajectory(cfg, *, versions: bool = False) -> dict:
     """Train ``cfg`` to the end; the records, every step's rollouts, the initial and final weights (the
-    critic's too, when the run has one)."""
+    critic's too, when the run has one); with ``versions``, the policy's weights after every step
+    (``versions[v]``: after step v, 0 the initial ones) and the run itself."""
     from splitproof.rl.loop import fit
     from splitproof.rl.run import build_run
 
     run = build_run(cfg)
     initial = final_weights(run.policy)
     critic_initial = final_weights(run.critic.model) if run.critic is not None else None
-    samples = []
-    records = fit(run, on_step=lambda step, out: samples.append(out.samples))
+    samples, after = [], [initial]
+
+    def on_step(step, out):
+        samples.append(out.samples)
+        if versions:
+            after.append(final_weights(run.policy))
+
+    records = fit(run, on_step=on_step)
     out = {"records": records, "samples": samples, "initial": initial, "weights": final_weights(run.policy)}
+    if versions:
+        out.update(versions=after, run=run)
     if run.critic is not None:
         out.update(critic_initial=critic_initial, critic_weights=final_weights(run.critic.model))
     return out

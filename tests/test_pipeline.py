@@ -2,7 +2,8 @@
 never of timing — identical with random delays in generation and training and with another generation
 batch size; with a policy that does not move, k = 1 generates exactly the synchronous run's tokens; the
 lag is reported; a dead rollout process stops the run, named; a run killed with SIGKILL and resumed
-(resume_mode=auto) continues the uninterrupted trajectory bitwise. float64, the tiny model, few steps."""
+(resume_mode=auto) continues the uninterrupted trajectory bitwise; tied weights travel once and stay tied.
+float64, the tiny model (its output layer tied to its input embedding, as in the built-in model), few steps."""
 
 from __future__ import annotations
 
@@ -31,12 +32,12 @@ K1 = ["async_training.staleness_steps=1"]
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return save_tiny_char_model(tmp_path_factory.mktemp("model"))
+    return save_tiny_char_model(tmp_path_factory.mktemp("model"), tied=True)
 
 
 @pytest.fixture(scope="module")
 def k1(model_dir):
-    return run_trajectory(trajectory_config(model_dir, STEPS, K1))
+    return run_trajectory(trajectory_config(model_dir, STEPS, K1), versions=True)
 
 
 def _tokens(out) -> list:
@@ -63,6 +64,53 @@ def test_the_lag_is_the_config_s(k1):
     assert records[0]["rollout_corr/kl"] == 0.0
     assert all(r["rollout_corr/kl"] != 0.0 for r in records[1:])
     assert k1["weights"].keys() and any(not torch.equal(k1["weights"][k], k1["initial"][k]) for k in k1["initial"])
+
+
+def test_the_rollout_process_generates_with_its_version_s_weights(k1):
+    """Batch 3 comes from the weights after step 1, tied output layer included: generated again here, in
+    the training process, from those weights, its tokens and log-probs are the rollout process's, bitwise."""
+    from splitproof.hf_models import unwrap
+
+    run, batch = k1["run"], k1["samples"][2]
+    assert batch_version(3, 1) == 1
+    policy = unwrap(run.policy)
+    assert policy.lm_head.weight is policy.model.embed_tokens.weight
+    with torch.no_grad():
+        for name, tensor in k1["versions"][1].items():
+            policy.state_dict()[name].copy_(tensor)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the rollout process's
+    try:
+        again = run.rollout.generate([(s.uid, s.index, s.prompt_ids) for s in batch], run.sampling, step=3)
+    finally:
+        torch.set_num_threads(threads)
+    assert [(s.uid, s.index, s.response_ids, s.log_probs) for s in again] == \
+           [(s.uid, s.index, s.response_ids, s.log_probs) for s in batch]
+
+
+def test_tied_weights_travel_once_and_stay_tied(model_dir):
+    """The buffer holds the tied embedding once; the rollout model, loaded untied or tied, ends tied, with
+    the trainer's values."""
+    from splitproof.hf_models import tiny_causal_lm
+    from splitproof.rl.config.schema import ModelConfig
+    from splitproof.rl.models.policy import load_policy
+    from splitproof.rl.rollout.handover import aliases, copy_weights, shared_buffer, tie
+
+    trainer = load_policy(ModelConfig(path=model_dir), dtype=torch.float64)
+    with torch.no_grad():
+        trainer.model.embed_tokens.weight.add_(1.0)  # an update: the output layer moves with it
+    weights = trainer.state_dict()
+    tied = aliases(weights)
+    assert tied == {"lm_head.weight": "model.embed_tokens.weight"}
+    buffer = shared_buffer(weights, tied)
+    assert buffer.keys() == weights.keys() - {"lm_head.weight"}
+    untied = tiny_causal_lm(vocab_size=trainer.config.vocab_size, hidden_size=32, num_heads=4, num_kv_heads=2,
+                            intermediate_size=64, dtype=torch.float64)
+    for rollout in (load_policy(ModelConfig(path=model_dir), dtype=torch.float64), untied):
+        tie(rollout, tied)
+        copy_weights(rollout.state_dict(), buffer)
+        assert rollout.lm_head.weight is rollout.model.embed_tokens.weight
+        assert all(torch.equal(t, weights[n]) for n, t in rollout.state_dict().items())
 
 
 def test_random_delays_and_generation_batch_size_change_nothing(model_dir, k1, monkeypatch):

@@ -49,15 +49,18 @@ class WorkerSpec:
     threads: int
     parent_pid: int
     rank: int
+    tied: dict  # alias name -> the name it repeats (tied weights, sent once)
 
 
 def rollout_process(spec: WorkerSpec, buffers: list, requests, results) -> None:
     """The rollout process's main loop (``torch.multiprocessing`` spawn target)."""
     torch.set_num_threads(spec.threads)
     from ..models.policy import load_policy  # the architecture; every weight is then copied from ``buffers``
+    from .handover import copy_weights, tie
     from .hf import HFRollout
 
     model = load_policy(spec.model_config, dtype=spec.dtype, vocab_size=spec.vocab_size).eval()
+    tie(model, spec.tied)  # the trainer's ties, whatever the loaded model had
     params = model.state_dict()
     rollout = HFRollout(model, eos_token_ids=spec.eos_token_ids, pad_token_id=spec.pad_token_id,
                         max_num_seqs=spec.max_num_seqs)
@@ -77,9 +80,7 @@ def rollout_process(spec: WorkerSpec, buffers: list, requests, results) -> None:
         try:
             if slot is not None:
                 random_delay()
-                with torch.no_grad():
-                    for name, tensor in buffers[slot].items():
-                        params[name].copy_(tensor)
+                copy_weights(params, buffers[slot])
                 version = new_version
                 results.put(("loaded", step))
             random_delay()
