@@ -99,7 +99,14 @@ def plot(curves: dict[int, list], metric: str, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for seed, points in curves.items():
         ax.plot([s for s, _ in points], [v for _, v in points], marker="o", ms=3, label=f"seed {seed}")
-    ax.set_xlabel("training step")
+    save_figure(fig, ax, "training step", metric, path)
+
+
+def save_figure(fig, ax, xlabel: str, metric: str, path: Path) -> None:
+    """Label the axes (the score's name from ``metric``), add a grid and the legend, write ``path``."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(metric.split("/", 1)[1])
     ax.grid(alpha=0.3)
     ax.legend()
