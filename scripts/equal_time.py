@@ -7,7 +7,8 @@ Each ``LABEL=FOLDER`` is a group: every ``FOLDER/*/metrics.jsonl`` (e.g. ``scrip
 ``seedK/``) is one run. A run's training wall time at step s is the sum of ``timing_s/step`` over steps
 1..s — start-up, evaluations (``timing_s/testing``) and checkpoint saving are left out, so that they cost
 the groups the same (nothing). A pipelined run's checkpoint waits for the rollouts in flight, time no
-step counts: compare pipelined runs made with ``trainer.save_freq=-1``.
+step counts: compare pipelined runs made with ``trainer.save_freq=-1``. (Its first batch is generated
+during the evaluation at step 0: at most one generation that no step counts.)
 
 The held-out score (``val-core/<source>/<var>/mean@1``) at time t is read off each run's curve by linear
 interpolation between its evaluations (the evaluation at step 0 sits at t = 0); a group's score is the
