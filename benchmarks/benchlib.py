@@ -425,13 +425,15 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def run_script(name: str, args: argparse.Namespace, argv: list[str] | None, run, render) -> dict:
-    """A script's main: set up, measure, render its docs section, write it; returns the results."""
+def run_script(name: str, args: argparse.Namespace, argv: list[str] | None, run, render, *,
+               section: str | None = None) -> dict:
+    """A script's main: set up, measure, render its docs section (``section``, default ``name``), write
+    it; returns the results."""
     env = setup(args)
     load_before = load_average()
     result = run(env)
     text = render(env, result, load_before,
                   " ".join([command_line(name)] + (argv if argv is not None else sys.argv[1:])))
-    emit(env, name, text)
+    emit(env, section or name, text)
     result["markdown"] = text
     return result
