@@ -120,11 +120,20 @@ def one_run(k: int, steps: int, overrides: list[str]) -> dict:
             records = fit(run)
     finally:
         step_mod.generate, loop_mod.train_step = generate, original
-    keep = slice(2, steps - 2) if steps >= 5 else slice(0, None)  # steps 3..N-2: those that hand weights over
+    keep = slice(2, steps - 2) if steps >= 5 else slice(0, None)  # as kept() says
     return {"wall": bl.median([w for w, _ in marks[keep]]), "cpu": bl.median([c for _, c in marks[keep]]),
             "gen_cpu": bl.median(gen_cpu[keep]) if gen_cpu else None,
             "sync": bl.median([r["timing_s/weight_sync"] for r in records[keep]]) if k else None,
             "kl": [r.get("rollout_corr/kl") for r in records]}
+
+
+def kept(steps: int) -> str:
+    """Which steps the medians are taken over: 3..N-2 (step 1 starts the rollout process, step 2 still
+    holds warm-up, the last two steps of a pipelined run hand no weights over); every step of a short run."""
+    if steps >= 5:
+        return (f"steps 3..{steps - 2} (step 1 starts the rollout process; the last two steps hand no weights "
+                "over)")
+    return f"steps 1..{steps} (a short run: warm-up included)"
 
 
 def transfer_cost(model, repeats: int) -> dict:
@@ -208,8 +217,7 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
     body = [
         f"{setup}, evaluation and checkpoints off, {result['steps']} steps, one torch thread in the trainer and one in "
         f"the rollout process; k = 0 and k = 1 runs interleaved, {env.repeats} of each. Per step: the median over "
-        f"steps 3..{result['steps'] - 2} (step 1 starts the rollout process; the last two steps hand no weights "
-        "over). Generation is "
+        f"{kept(result['steps'])}. Generation is "
         f"{gen0 / cpu0:.0%} of the synchronous step's CPU time.",
         bl.table(["", "k = 0", "k = 1", "k = 1 / k = 0"], rows),
         bl.table(["goal", "clock", "measured", "verdict"], [
