@@ -18,10 +18,10 @@ still holds warm-up, the last two steps of a pipelined run hand no weights over)
 ``--model DIR`` runs the same comparison on a Hugging Face model directory instead (e.g. SmolLM2-135M,
 docs/train.md) with a tiny batch of docs/train.md's SmolLM2 task — single-digit sums asked as a chat
 message, written to a temporary folder — 4 prompts × 4 samples, 12 new tokens at most, one optimizer
-step per step, float32; it writes the section ``pipeline-model``.
+step per step, float32, 6 steps, one run of each k; it writes the section ``pipeline-model``.
 
     python benchmarks/pipeline.py [--quick] [--steps N] [--smollm2 DIR]
-    python benchmarks/pipeline.py --model DIR [--steps N] [--repeats R]
+    python benchmarks/pipeline.py --model DIR [--steps N] [--repeats R]   (default: 6 steps, 1 repeat)
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ import benchlib as bl  # noqa: E402
 
 NAME, MODEL_NAME = "pipeline", "pipeline-model"
 GOAL = 0.7
-STEPS, MODEL_STEPS = 12, 7
+STEPS, MODEL_STEPS = 12, 6
 QUICK_OVERRIDES = ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=4"]
 SUM_REWARD = '''import re
 
@@ -236,13 +236,15 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = bl.parser(__doc__.splitlines()[0], repeats=2, quick_repeats=1)
+    p = bl.parser(__doc__.splitlines()[0], repeats=2, quick_repeats=1)  # with --model: 1 (a run takes minutes)
     p.add_argument("--steps", type=int, default=None,
                    help=f"steps per run (default {STEPS}; {MODEL_STEPS} with --model)")
     p.add_argument("--smollm2", default=None, help="a converted SmolLM2-135M directory (transfer cost)")
     p.add_argument("--model", default=None,
                    help="a Hugging Face model directory: the comparison on it, with a tiny batch of sums")
     args = p.parse_args(argv)
+    if args.model and not args.repeats:
+        args.repeats = 1
     if args.model and args.smollm2:
         p.error("--smollm2 adds a transfer row to the embedded default's section; with --model, the model's own "
                 "transfer is measured: give one of them")
