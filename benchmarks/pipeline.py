@@ -230,8 +230,8 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
         bl.table(["model", "weights sent (float32)", "tied names not sent", "into shared memory ms",
                   "out into the rollout model ms"], transfer),
     ]
-    title = f"on {Path(env.args.model).name}" if env.args.model else "on the embedded default"
-    return bl.section(NAME, f"Pipelined rollouts {title}: step time at k = 1 against k = 0", command, env,
+    on = f" on {Path(env.args.model).name}" if env.args.model else ""  # the default's title is linked to
+    return bl.section(NAME, f"Pipelined rollouts{on}: step time at k = 1 against k = 0", command, env,
                       load_before, body)
 
 
