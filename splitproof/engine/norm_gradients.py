@@ -18,7 +18,9 @@ forward's fl32(x · r) and n = x · r in float64, g = w · ∂L/∂y:
     ∂L/∂x = r · (g − n · mean(g · n)),    ∂L/∂w = Σ_tokens ∂L/∂y · h
 
 So a gradient is a continuous function of its inputs again and layouts differ by round-off alone. A norm
-is swapped only if a probe reproduces its own forward to the bit (others keep their autograd).
+is swapped only if a probe reproduces its own forward to the bit (others keep their autograd). Cost,
+measured on one update of a tiny float64 Llama (16 sequences, process CPU time, one thread, load average
+10): median per-repeat ratio 1.04 against Hugging Face's autograd. Float32 and bf16 models are untouched.
 """
 
 from __future__ import annotations
