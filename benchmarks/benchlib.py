@@ -425,6 +425,15 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def steps_script(doc: str, name: str, default_steps: int, argv: list[str] | None, run, render) -> dict:
+    """The main of a one-repeat script of training runs whose knob is ``--steps`` (its ``run`` reads
+    ``env.args.steps``: default ``default_steps``, 2 with --quick)."""
+    p = parser(doc.splitlines()[0], repeats=1, quick_repeats=1)
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"training steps (default {default_steps}, 2 with --quick)")
+    return run_script(name, p.parse_args(argv), argv, run, render)
+
+
 def run_script(name: str, args: argparse.Namespace, argv: list[str] | None, run, render, *,
                section: str | None = None) -> dict:
     """A script's main: set up, measure, render its docs section (``section``, default ``name``), write

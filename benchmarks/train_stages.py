@@ -179,10 +179,7 @@ def sides_steady(values: list[float]) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = bl.parser(__doc__.splitlines()[0], repeats=1, quick_repeats=1)
-    p.add_argument("--steps", type=int, default=None, help=f"training steps (default {STEPS}, 2 with --quick)")
-    args = p.parse_args(argv)
-    return bl.run_script(NAME, args, argv, run, render)
+    return bl.steps_script(__doc__, NAME, STEPS, argv, run, render)
 
 
 if __name__ == "__main__":

@@ -40,11 +40,9 @@ _EXACT_CLASSES: dict[type, type] = {}
 def with_exact_norms(model):
     """Make the model's RMSNorms compute in the input dtype (in place).
 
-    Hugging Face's Llama/Qwen2 RMSNorm casts to float32 and back even in a float64 model, so the
-    backward rounds every upstream gradient to float32 there: J^T(g1) + J^T(g2) != J^T(g1 + g2) beyond
-    ~1e-8 relative. Splits are unaffected (each token's upstream gradient is the same whatever the split),
-    but the `deferred` strategy backpropagates a token's base loss and its correction in two passes. With
-    these norms the model is float64 throughout and the two strategies can be compared to 1e-10.
+    Hugging Face's Llama/Qwen2 RMSNorm casts to float32 and back even in a float64 model: its forward
+    values are float32-rounded (the engine's update backpropagates through it in float64 already,
+    ``engine/norm_gradients.py``). With these norms the model is float64 throughout, forward included.
     """
     for module in model.modules():
         cls = type(module)

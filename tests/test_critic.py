@@ -11,6 +11,7 @@ import torch
 
 from splitproof.loss_config import AGG_MODES, ValueLossConfig
 from splitproof.engine import CriticUpdateConfig, compute_values, response_values
+from splitproof.engine.norm_gradients import float64_norm_gradients
 from splitproof.losses.value import value_loss
 from splitproof.reference import reference_value_objective
 from splitproof.stats import MinibatchStats
@@ -147,20 +148,21 @@ def test_values_are_differentiable(models, batch):
 def _reference_step(critic, batch, config: CriticUpdateConfig, lr: float):
     """An independent SGD step: per-sequence plain forwards, the float64 reference objective, backward."""
     critic = copy.deepcopy(critic)
-    rows = []
-    for row in range(len(batch)):
-        P = batch.prompt_width
-        att = batch.attention_mask[row].bool()
-        n_prompt, n_resp = int(att[:P].sum()), int(att[P:].sum())
-        out = critic(input_ids=batch.input_ids[row][att][None]).logits[0, :, 0]
-        v = torch.zeros(batch.response_width, dtype=torch.float64)
-        v = torch.cat([out[n_prompt - 1:n_prompt - 1 + n_resp], v[n_resp:]])
-        rows.append(v)
-    vpreds = torch.stack(rows)
-    loss, metrics = reference_value_objective(vpreds, batch.values, batch.returns, batch.response_mask,
-                                              cliprange_value=config.cliprange_value,
-                                              loss_agg_mode=config.loss_agg_mode, index=batch.index)
-    loss.backward()
+    with float64_norm_gradients(critic):  # the float64 gradient, as the engine's
+        rows = []
+        for row in range(len(batch)):
+            P = batch.prompt_width
+            att = batch.attention_mask[row].bool()
+            n_prompt, n_resp = int(att[:P].sum()), int(att[P:].sum())
+            out = critic(input_ids=batch.input_ids[row][att][None]).logits[0, :, 0]
+            v = torch.zeros(batch.response_width, dtype=torch.float64)
+            v = torch.cat([out[n_prompt - 1:n_prompt - 1 + n_resp], v[n_resp:]])
+            rows.append(v)
+        vpreds = torch.stack(rows)
+        loss, metrics = reference_value_objective(vpreds, batch.values, batch.returns, batch.response_mask,
+                                                  cliprange_value=config.cliprange_value,
+                                                  loss_agg_mode=config.loss_agg_mode, index=batch.index)
+        loss.backward()
     with torch.no_grad():
         for p in critic.parameters():
             p -= lr * p.grad
@@ -233,12 +235,13 @@ def test_per_microbatch_scope_is_verl_before_its_pr_6957(models, batch):
     params, steps = run_critic(critic, batch, config)
     model = copy.deepcopy(critic)
     total = 0.0
-    for rows in ([0, 1, 2], [3, 4, 5], [6, 7]):
-        sub = batch.select(rows)
-        loss, _ = reference_value_objective(response_values(model, sub), sub.values, sub.returns, sub.response_mask,
-                                            cliprange_value=0.2)
-        loss.backward()
-        total += float(loss.detach())
+    with float64_norm_gradients(model):
+        for rows in ([0, 1, 2], [3, 4, 5], [6, 7]):
+            sub = batch.select(rows)
+            loss, _ = reference_value_objective(response_values(model, sub), sub.values, sub.returns,
+                                                sub.response_mask, cliprange_value=0.2)
+            loss.backward()
+            total += float(loss.detach())
     with torch.no_grad():
         for p in model.parameters():
             p -= 0.02 * p.grad

@@ -1,7 +1,7 @@
 """One optimizer step over one minibatch, for any objective: the loop the actor and the critic share.
 
 Statistics over the whole minibatch (all ranks) → the objective's preparation → forward/backward of each
-microbatch's share of J(ℬ) → the objective's closing pass → one gradient reduction over ranks (a sum) →
+microbatch's share of J(ℬ) (float64 RMSNorm gradients: ``norm_gradients``) → the objective's closing pass → one gradient reduction over ranks (a sum) →
 metrics summed over ranks → clip by total norm → step, or skip on a non-finite norm. A failed step leaves
 weights and optimizer state as they were.
 
@@ -23,6 +23,7 @@ from ..batch import RolloutBatch
 from ..objective import merge_metric_shares
 from ..stats import MinibatchStats
 from .distributed import gradient_sync, needs_lockstep, reduce_gradients_as_sum
+from .norm_gradients import float64_norm_gradients
 from .plan import MinibatchPlan
 
 
@@ -83,17 +84,18 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Ro
     optimizer.zero_grad(set_to_none=True)
     metric_sums: dict[str, Tensor] = {}
     try:
-        objective.before(model)
-        last = len(plan.microbatches) - 1
-        for i, rows in enumerate(plan.microbatches):
-            part = part_of(batch, rows, plan, model)
-            if part is None:
-                continue
-            with gradient_sync(model, enabled=(i == last and objective.syncs_in_loop)):
-                share, shares = objective.share(model, part, stats)
-                share.backward()  # the wrapper sums the ranks' gradients
-            merge_metric_shares(metric_sums, shares)
-        objective.after(model, stats, metric_sums)
+        with float64_norm_gradients(model):  # no float32 rounding in a float64 model's backward
+            objective.before(model)
+            last = len(plan.microbatches) - 1
+            for i, rows in enumerate(plan.microbatches):
+                part = part_of(batch, rows, plan, model)
+                if part is None:
+                    continue
+                with gradient_sync(model, enabled=(i == last and objective.syncs_in_loop)):
+                    share, shares = objective.share(model, part, stats)
+                    share.backward()  # the wrapper sums the ranks' gradients
+                merge_metric_shares(metric_sums, shares)
+            objective.after(model, stats, metric_sums)
         metrics = reduce_metrics(metric_sums, objective.metric_names(), collective)
         if on_gradients is not None:
             on_gradients(model)

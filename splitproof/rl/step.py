@@ -16,6 +16,7 @@ are handed to it at once, for batch s + 1 + k; everything between is this same s
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -37,7 +38,7 @@ from .rollout.correction import rollout_correction
 from .rollout.episode import episode_metrics
 from . import pause
 from .config.check import gen_batch_size
-from .data.dynamic_sampling import SCORE_METRICS, FilterError, Round, select_groups
+from .data.dynamic_sampling import filtered_batch
 from .rewards.dapo import apply_manager
 from .run import Run, greedy as greedy_params
 
@@ -89,44 +90,22 @@ def rollout_groups(run: Run, step: int, uids: list[int] | None, timer: StageTime
 
 
 def filtered_rollout(run: Run, step: int, timer: StageTimer) -> Rollout:
-    """Dynamic sampling: generation rounds of ``data.gen_batch_size`` prompts until ``train_batch_size``
-    groups are eligible (see ``data.dynamic_sampling``); a group's id is its uid (+ k × rows for the k-th
-    repeat of a prompt within the step)."""
-    cfg, n = run.config, run.sampling.n
-    fg = cfg.algorithm.filter_groups
-    rows = len(run.train_data)
+    """Dynamic sampling (``data.dynamic_sampling``): rounds of ``data.gen_batch_size`` prompts, each generated
+    and scored here, until ``train_batch_size`` groups are eligible."""
+    cfg, fg, rounds = run.config, run.config.algorithm.filter_groups, itertools.count(1)
 
-    def generate_round(uids: list[int], repeats: list[int]) -> Round:
+    def generate_scored(uids: list[int], repeats: list[int]):
         with timer("gen"):
             samples = generate_repeats(run, uids, repeats, step)
         with timer("reward"):
             scores, extra = score_samples(run, samples, step)
-        pause.pause_point(f"step{step}:round{rounds[0] + 1}")
-        rounds[0] += 1
-        values = scores.tolist() if fg.metric in SCORE_METRICS else extra.get(fg.metric)
-        if values is None:
-            raise FilterError(f"algorithm.filter_groups.metric={fg.metric!r}: the reward function returned no such "
-                              f"value (it returned: {', '.join(sorted(extra)) or 'a number only'})")
-        groups = []
-        for g, (uid, k) in enumerate(zip(uids, repeats)):
-            part = slice(g * n, (g + 1) * n)
-            groups.append((samples[part], scores[part], {name: v[part] for name, v in extra.items()}, uid + k * rows))
-        return Round(groups, [values[g * n:(g + 1) * n] for g in range(len(uids))])
+        pause.pause_point(f"step{step}:round{next(rounds)}")
+        return samples, scores, extra
 
-    rounds = [0]
-    selection = select_groups(run.sampler, cfg.data.train_batch_size, gen_batch_size(cfg), fg.max_num_gen_batches,
-                              generate_round, fg.metric)
-    samples = [s for group in selection.groups for s in group[0]]
-    scores = torch.cat([group[1] for group in selection.groups])
-    names = dict.fromkeys(name for group in selection.groups for name in group[2])
-    extra = {name: [v for group in selection.groups for v in group[2].get(name, [math.nan] * n)] for name in names}
-    group_ids = [group[3] for group in selection.groups for _ in range(n)]
-    metrics = {"train/num_gen_batches": float(selection.rounds),
-               "training/filter_groups/evicted_samples": float((selection.consumed - len(selection.groups)) * n),
-               "training/filter_groups/consumed_prompts": float(selection.consumed),
-               "training/filter_groups/returned_prompts": float(selection.generated - selection.consumed)}
-    return Rollout(samples, scores, extra, [group[0][0].uid for group in selection.groups], group_ids,
-                   selection.consumed_uids, metrics)
+    kept = filtered_batch(run.sampler, batch_size=cfg.data.train_batch_size, gen_batch_size=gen_batch_size(cfg),
+                          max_rounds=fg.max_num_gen_batches, metric=fg.metric, n=run.sampling.n,
+                          rows=len(run.train_data), generate_scored=generate_scored)
+    return Rollout(kept.samples, kept.scores, kept.extra, kept.uids, kept.group_ids, kept.consumed, kept.metrics)
 
 
 def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
