@@ -50,6 +50,25 @@ def sleeping_mul(latency_s: float):
     return mul
 
 
+WAITS: list[float] = []  # seconds the episodes blocked on tool results, one entry per call read
+
+
+def watch_waits() -> None:
+    """Make the episode's tool runner record how long reading each result blocked (the tool time that
+    generation did not hide)."""
+    from splitproof.rl.rollout import episode
+    from splitproof.rl.rollout.tools import ToolRunner
+
+    class TimedRunner(ToolRunner):
+        def result(self, handle):
+            start = time.perf_counter()
+            out = super().result(handle)
+            WAITS.append(time.perf_counter() - start)
+            return out
+
+    episode.ToolRunner = TimedRunner
+
+
 def every_turn_calls(tokenizer, tools):
     """The ``simple`` format, except that any turn is read as the call ``mul(123,456)``."""
     from splitproof.rl.rollout.tool_format import SimpleFormat
@@ -113,6 +132,12 @@ def run(env: bl.Env) -> dict:
     }
     bl.log(f"[{NAME}] {len(requests)} requests, {model_tokens} model tokens, {calls} calls")
     times = bl.interleaved(variants, repeats=env.repeats, env=env)
+    watch_waits()
+    blocked = {}
+    for name, rollout in (("instant", instant), ("slow", slow)):
+        WAITS.clear()
+        rollout.generate(requests, params, step=1)
+        blocked[name] = sum(WAITS)
     tokens = {"single-turn": len(requests) * length}
     rows_out = []
     for name in variants:
@@ -123,7 +148,7 @@ def run(env: bl.Env) -> dict:
     return dict(rows=rows_out, requests=len(requests), prompts=prompts_n, n=n, max_num_seqs=requests_total // chunks,
                 model_tokens=model_tokens, tool_tokens=tool_tokens, calls=calls, latency_s=latency_s,
                 workers=slow.settings.num_workers, turns=sum(e.assistant_turns for e in episodes),
-                budget=budget, repeats=env.repeats)
+                budget=budget, repeats=env.repeats, blocked=blocked)
 
 
 def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
@@ -141,18 +166,16 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
              f"requests without EOS, {rows[0]['tokens'] // result['requests']} tokens each. "
              f"{result['repeats']} interleaved repeats; tokens/s counts the model's tokens only.")
     instant, slow = rows[1], rows[2]
-    rounds = result["calls"] // result["requests"]  # tool turns per episode: every turn but the last calls
-    chunks = result["requests"] // result["max_num_seqs"]
-    waves = -(-result["max_num_seqs"] // result["workers"])  # a chunk's calls on the pool, in waves
-    serial = rounds * chunks * waves * result["latency_s"]  # every chunk's calls waited for in turn
-    floor = rounds * waves * result["latency_s"]  # only the last chunk's calls of each turn
-    added = slow["wall_s"] - instant["wall_s"]
-    note = (f"Slow tools: {result['calls']} calls of {result['latency_s'] * 1000:g} ms on {result['workers']} "
-            f"threads. Waiting for each chunk's calls in turn would add {serial:.2f} s per rollout; overlapping "
-            f"all but the last chunk's calls of each turn with generation, as designed, {floor:.2f} s; measured: "
-            f"{added:+.2f} s of wall time against instant tools (the calls of a chunk of `max_num_seqs` episodes "
-            "run while the next chunk generates; the last chunk's calls, and the wait for every response "
-            "before the next turn, are not overlapped).")
+    tool_s = result["calls"] * result["latency_s"]
+    blocked = result["blocked"]
+    note = (f"Slow tools: {result['calls']} calls × {result['latency_s'] * 1000:g} ms = {tool_s:.2f} s of tool time "
+            f"per rollout, on {result['workers']} threads. Time the episodes blocked reading tool results (one "
+            f"more rollout of each, timed around every read): {blocked['slow']:.3f} s with the slow tools, "
+            f"{blocked['instant']:.3f} s with instant ones; the rest of the tool time ran in parallel on the pool "
+            "or while later chunks generated (the calls of a chunk of `max_num_seqs` episodes start as soon as it is generated; the "
+            "last chunk's calls, and the wait for every response before the next turn, are not overlapped). "
+            f"Wall / CPU time of the instant-tool rollouts: {instant['wall_s'] / instant['cpu_s']:.1f} (above 1: "
+            "the process waited for a core; the wall columns then measure the machine's load more than the code).")
     return bl.section(NAME, "Multi-turn rollouts: tokens per second against single-turn", command, env, load_before,
                       [intro, table, note])
 

@@ -5,11 +5,12 @@
 1. Warm-up (supervised, the built-in model's recipe pattern): from ``builtin://charlm``, a few steps of
    tool-use transcripts of the *train* split — prompt, the call ``mul(a,b)<eos>``, the tool response
    ``=a*b\\n`` exactly as the ``simple`` format appends it (no loss there), the answer and ``<eos>`` —
-   stopped early so that much is left to learn: every ``--check-every`` steps the warm-up measures the
-   greedy success of 256 fixed *train* transcripts under teacher forcing (the argmax is the transcript's
-   token at every model position, which is exactly "greedy decoding with the tool writes this call and
-   this answer") and stops when it reaches ``--warmup-target`` (or at ``--warmup-steps``). A criterion,
-   not a step count: seeds then start RL from comparable models. The test split is never trained on.
+   stopped early so that much is left to learn: every ``--check-every`` steps the warm-up computes, on
+   256 fixed *train* transcripts, the probability that sampling at T = 1 writes the transcript's call
+   and answer (the product of the model's probabilities of its tokens, the tool's given: no sampling)
+   and stops when its mean reaches ``--warmup-target`` (or at ``--warmup-steps``). A criterion in the
+   measure RL improves, not a step count: every seed starts RL from the same sampled success. The test
+   split is never trained on.
 2. ``splitproof train`` from the warmed model, with the calculator (``multi_turn.enable=true``, format
    ``simple``, ``function_tool_path=pkg://splitproof.builtin.calculator``) and without it (same model, same
    settings, single turn), for ``--steps`` steps; held-out success is ``val-core/product/reward/mean@4``
@@ -59,18 +60,21 @@ def batch_of(pairs, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def greedy_success(model, input_ids: torch.Tensor, labels: torch.Tensor) -> float:
-    """Share of transcripts with argmax p(· | prefix) = label at every labelled position."""
+def sampled_success(model, input_ids: torch.Tensor, labels: torch.Tensor) -> float:
+    """Mean over transcripts of ∏ p(label | prefix) over the labelled positions: the probability that
+    sampling at T = 1 writes this call and this answer (the tool's tokens are given), with no sampling."""
     model.eval()
-    predicted = model(input_ids=input_ids).logits[:, :-1].argmax(-1)
+    log_probs = torch.log_softmax(model(input_ids=input_ids).logits[:, :-1].double(), dim=-1)
     model.train()
     target = labels[:, 1:]
-    return ((predicted == target) | (target == -100)).all(dim=1).float().mean().item()
+    picked = log_probs.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return picked.masked_fill(target == -100, 0.0).sum(dim=1).exp().mean().item()
 
 
 def warm_up(out: Path, max_steps: int, seed: int, target: float, check_every: int,
             lr: float = 1e-3, batch: int = 64) -> tuple[int, float]:
-    """SFT until teacher-forced greedy success on 256 train transcripts reaches ``target``: (steps, success)."""
+    """SFT until the T = 1 success of 256 train transcripts (``sampled_success``) reaches ``target``:
+    (steps, success)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -91,7 +95,7 @@ def warm_up(out: Path, max_steps: int, seed: int, target: float, check_every: in
         optimizer.step()
         step += 1
         if step % check_every == 0 or step == max_steps:
-            success = greedy_success(model, *probe)
+            success = sampled_success(model, *probe)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return step, success
@@ -129,8 +133,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--warmup-target", type=float, default=0.85,
-                        help="stop the warm-up when teacher-forced greedy train success reaches this")
+    parser.add_argument("--warmup-target", type=float, default=0.45,
+                        help="stop the warm-up when the T = 1 success of train transcripts reaches this")
     parser.add_argument("--check-every", type=int, default=10)
     parser.add_argument("--warmup-steps", type=int, default=600, help="at most this many warm-up steps")
     parser.add_argument("--steps", type=int, default=60)
@@ -143,8 +147,8 @@ def main() -> int:
         model_dir = args.out / f"warm_{seed}"
         start = time.perf_counter()
         steps, success = warm_up(model_dir, args.warmup_steps, seed, args.warmup_target, args.check_every)
-        warm = {"steps": steps, "train_greedy_success": success, "wall_s": time.perf_counter() - start}
-        print(f"seed {seed}: warm-up {steps} steps, train greedy success {success:.3f}, "
+        warm = {"steps": steps, "train_sampled_success": success, "wall_s": time.perf_counter() - start}
+        print(f"seed {seed}: warm-up {steps} steps, train T=1 success {success:.3f}, "
               f"{warm['wall_s']:.0f} s", flush=True)
         for tool in (True, False) if not args.no_baseline else (True,):
             name = f"{'tool' if tool else 'no_tool'}_{seed}"

@@ -170,12 +170,13 @@ def test_vs_trl(results):
 def test_multi_turn(results):
     r = results["multi_turn"]
     assert [row["variant"].split(",")[0] for row in r["rows"]] == ["single-turn", "multi-turn", "multi-turn"]
-    assert r["turns"] == 3 * r["requests"] and r["calls"] == 2 * r["requests"]  # every turn but the last calls
+    assert r["requests"] < r["turns"] <= 3 * r["requests"] and 0 < r["calls"] <= 2 * r["requests"]
     single, instant, slow = r["rows"]
     assert instant["tokens"] == slow["tokens"] == r["model_tokens"] > 0
     assert abs(single["tokens"] - r["model_tokens"]) <= r["requests"] / 2  # the same total, to the rounding
     for row in r["rows"]:
         assert all(_positive(row[k]) for k in ("wall_s", "cpu_s", "wall_tps", "cpu_tps"))
+    assert 0 <= r["blocked"]["instant"] and 0 <= r["blocked"]["slow"]
 
 
 def test_docs_sections(results, docs):
