@@ -4,7 +4,9 @@ call parsed from it, the tool response appended, and the next turn.
     python scripts/hermes_episode.py --model smollm2 [--sample]
 
 The tools' schemas go to the chat template as ``tools=`` (as the run renders prompts); a template that
-ignores them (SmolLM2's) gets them described in a system message instead.
+ignores them (SmolLM2's) gets them described in a system message instead. With ``--few-shot`` a
+short system message and two worked exchanges (a question, the assistant's ``<tool_call>``, the tool's
+answer, the bare result) come first: that is what makes SmolLM2-135M-Instruct write a call.
 """
 
 from __future__ import annotations
@@ -25,11 +27,37 @@ SYSTEM = ("You are a function calling AI model. You may call the function below.
           "Functions: {schemas}")
 
 
+
+
+SHORT_SYSTEM = ("You are a calculator assistant. You cannot multiply by yourself. To multiply a and b, reply only "
+                'with <tool_call>{"name": "mul", "arguments": {"a": a, "b": b}}</tool_call> and wait for the result.')
+
+
+def worked(a: int, b: int) -> list[dict]:
+    """One worked hermes exchange: the question, the call, the tool's answer, the bare result."""
+    call = json.dumps({"name": "mul", "arguments": {"a": a, "b": b}})
+    return [{"role": "user", "content": f"What is {a} times {b}?"},
+            {"role": "assistant", "content": f"<tool_call>{call}</tool_call>"},
+            {"role": "tool", "content": str(a * b)},
+            {"role": "assistant", "content": str(a * b)}]
+
+
+def messages_for(question: str, schemas: list[dict], shots: bool) -> list[dict]:
+    """Without shots: the system message with the schemas, then the question. With them: a short system
+    message, two worked exchanges (12×34, 25×17), then the question."""
+    if not shots:
+        return [{"role": "system", "content": SYSTEM.format(schemas=json.dumps(schemas))},
+                {"role": "user", "content": question}]
+    return [{"role": "system", "content": SHORT_SYSTEM}, *worked(12, 34), *worked(25, 17),
+            {"role": "user", "content": question}]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--question", default="What is 123 times 456? Use the mul function.")
     parser.add_argument("--sample", action="store_true", help="sample (seed 0) instead of greedy")
+    parser.add_argument("--few-shot", action="store_true", help="open with one worked tool-call exchange")
     parser.add_argument("--max-response-length", type=int, default=160)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -37,8 +65,7 @@ def main() -> int:
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     tools = load_tools("pkg://splitproof.builtin.calculator", None)
     schemas = [t.schema for t in tools.values()]
-    messages = [{"role": "system", "content": SYSTEM.format(schemas=json.dumps(schemas))},
-                {"role": "user", "content": args.question}]
+    messages = messages_for(args.question, schemas, args.few_shot)
     prompt = tokenizer.apply_chat_template(messages, tools=schemas, add_generation_prompt=True, tokenize=False)
     ids = tokenizer.encode(prompt, add_special_tokens=False)
     rollout = EpisodeRollout(HFRollout(model, eos_token_ids=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,

@@ -5,7 +5,12 @@
 1. Warm-up (supervised, the built-in model's recipe pattern): from ``builtin://charlm``, a few steps of
    tool-use transcripts of the *train* split — prompt, the call ``mul(a,b)<eos>``, the tool response
    ``=a*b\\n`` exactly as the ``simple`` format appends it (no loss there), the answer and ``<eos>`` —
-   stopped early (``--warmup-steps``) so that much is left to learn. The test split is never trained on.
+   stopped early so that much is left to learn: every ``--check-every`` steps the warm-up computes, on
+   256 fixed *train* transcripts, the probability that sampling at T = 1 writes the transcript's call
+   and answer (the product of the model's probabilities of its tokens, the tool's given: no sampling)
+   and stops when its mean reaches ``--warmup-target`` (or at ``--warmup-steps``). A criterion in the
+   measure RL improves, not a step count: every seed starts RL from the same sampled success. The test
+   split is never trained on.
 2. ``splitproof train`` from the warmed model, with the calculator (``multi_turn.enable=true``, format
    ``simple``, ``function_tool_path=pkg://splitproof.builtin.calculator``) and without it (same model, same
    settings, single turn), for ``--steps`` steps; held-out success is ``val-core/product/reward/mean@4``
@@ -46,7 +51,30 @@ def transcript(tokenizer, row) -> tuple[list[int], list[int]]:
     return ids, labels
 
 
-def warm_up(out: Path, steps: int, seed: int, lr: float = 1e-3, batch: int = 64) -> None:
+def batch_of(pairs, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded (input ids, labels) of (ids, labels) pairs."""
+    width = max(len(ids) for ids, _ in pairs)
+    input_ids = torch.tensor([ids + [pad_id] * (width - len(ids)) for ids, _ in pairs])
+    labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in pairs])
+    return input_ids, labels
+
+
+@torch.no_grad()
+def sampled_success(model, input_ids: torch.Tensor, labels: torch.Tensor) -> float:
+    """Mean over transcripts of ∏ p(label | prefix) over the labelled positions: the probability that
+    sampling at T = 1 writes this call and this answer (the tool's tokens are given), with no sampling."""
+    model.eval()
+    log_probs = torch.log_softmax(model(input_ids=input_ids).logits[:, :-1].double(), dim=-1)
+    model.train()
+    target = labels[:, 1:]
+    picked = log_probs.gather(-1, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    return picked.masked_fill(target == -100, 0.0).sum(dim=1).exp().mean().item()
+
+
+def warm_up(out: Path, max_steps: int, seed: int, target: float, check_every: int,
+            lr: float = 1e-3, batch: int = 64) -> tuple[int, float]:
+    """SFT until the T = 1 success of 256 train transcripts (``sampled_success``) reaches ``target``:
+    (steps, success)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
@@ -56,18 +84,21 @@ def warm_up(out: Path, steps: int, seed: int, lr: float = 1e-3, batch: int = 64)
     pairs = [transcript(tokenizer, r) for r in task_rows(TRAIN)]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     generator = torch.Generator().manual_seed(seed)
+    probe = batch_of(pairs[:256], tokenizer.pad_token_id)
     model.train()
-    for _ in range(steps):
+    step, success = 0, 0.0
+    while step < max_steps and success < target:
         chosen = [pairs[i] for i in torch.randint(len(pairs), (batch,), generator=generator).tolist()]
-        width = max(len(ids) for ids, _ in chosen)
-        input_ids = torch.tensor([ids + [tokenizer.pad_token_id] * (width - len(ids)) for ids, _ in chosen])
-        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in chosen])
-        loss = sft_loss(model, input_ids, labels)
+        loss = sft_loss(model, *batch_of(chosen, tokenizer.pad_token_id))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        step += 1
+        if step % check_every == 0 or step == max_steps:
+            success = sampled_success(model, *probe)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    return step, success
 
 
 def train(model_dir: Path, out: Path, seed: int, steps: int, test_freq: int, tool: bool, extra: list[str]) -> list:
@@ -102,7 +133,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--warmup-steps", type=int, default=250)
+    parser.add_argument("--warmup-target", type=float, default=0.45,
+                        help="stop the warm-up when the T = 1 success of train transcripts reaches this")
+    parser.add_argument("--check-every", type=int, default=10)
+    parser.add_argument("--warmup-steps", type=int, default=600, help="at most this many warm-up steps")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--test-freq", type=int, default=10)
     parser.add_argument("--no-baseline", action="store_true", help="skip the run without the tool")
@@ -112,15 +146,18 @@ def main() -> int:
     for seed in args.seeds:
         model_dir = args.out / f"warm_{seed}"
         start = time.perf_counter()
-        warm_up(model_dir, args.warmup_steps, seed)
-        print(f"seed {seed}: warm-up {args.warmup_steps} steps in {time.perf_counter() - start:.0f} s", flush=True)
+        steps, success = warm_up(model_dir, args.warmup_steps, seed, args.warmup_target, args.check_every)
+        warm = {"steps": steps, "train_sampled_success": success, "wall_s": time.perf_counter() - start}
+        print(f"seed {seed}: warm-up {steps} steps, train T=1 success {success:.3f}, "
+              f"{warm['wall_s']:.0f} s", flush=True)
         for tool in (True, False) if not args.no_baseline else (True,):
             name = f"{'tool' if tool else 'no_tool'}_{seed}"
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             curve = train(model_dir, args.out / name, seed, args.steps, args.test_freq, tool, args.extra)
-            seconds = time.perf_counter() - start
-            results[name] = {"curve": curve, "wall_s": seconds}
-            print(f"{name}: {' '.join(f'{s}:{v:.3f}' for s, v in curve)}  ({seconds:.0f} s wall)", flush=True)
+            seconds, cpu = time.perf_counter() - start, time.process_time() - cpu  # one thread: CPU ≈ idle wall
+            results[name] = {"curve": curve, "wall_s": seconds, "cpu_s": cpu, "warm_up": warm}
+            print(f"{name}: {' '.join(f'{s}:{v:.3f}' for s, v in curve)}  ({seconds:.0f} s wall, {cpu:.0f} s CPU)",
+                  flush=True)
     (args.out / "curve.json").write_text(json.dumps(results, indent=1))
     return 0
 

@@ -16,7 +16,7 @@ import torch
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPTS = ("engine_overhead", "cov_strategies", "token_budget", "memory", "scaling", "rollout", "train_stages",
-           "vs_trl", "refill_round")
+           "vs_trl", "refill_round", "multi_turn")
 
 
 def _load(name: str):
@@ -165,6 +165,18 @@ def test_vs_trl(results):
     assert ours[0]["max_rel"] <= 1e-5 and ours[0]["norm_rel"] <= 1e-5  # the split leaves our update alone
     if r["trl_python"] is None:  # no TRL here: only our side ran
         assert r["summaries"]["trl"] == [] and {row["side"] for row in r["split_rows"]} == {"splitproof"}
+
+
+def test_multi_turn(results):
+    r = results["multi_turn"]
+    assert [row["variant"].split(",")[0] for row in r["rows"]] == ["single-turn", "multi-turn", "multi-turn"]
+    assert r["requests"] < r["turns"] <= 3 * r["requests"] and 0 < r["calls"] <= 2 * r["requests"]
+    single, instant, slow = r["rows"]
+    assert instant["tokens"] == slow["tokens"] == r["model_tokens"] > 0
+    assert abs(single["tokens"] - r["model_tokens"]) <= r["requests"] / 2  # the same total, to the rounding
+    for row in r["rows"]:
+        assert all(_positive(row[k]) for k in ("wall_s", "cpu_s", "wall_tps", "cpu_tps"))
+    assert 0 <= r["blocked"]["instant"] and 0 <= r["blocked"]["slow"]
 
 
 def test_docs_sections(results, docs):
