@@ -21,7 +21,7 @@ import benchlib as bl  # noqa: E402
 
 NAME = "run_all"
 SCRIPTS = ("engine_overhead", "cov_strategies", "token_budget", "memory", "scaling", "rollout", "train_stages",
-           "vs_trl", "refill_round", "multi_turn")
+           "vs_trl", "refill_round", "multi_turn", "lora")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -16,7 +16,7 @@ import torch
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPTS = ("engine_overhead", "cov_strategies", "token_budget", "memory", "scaling", "rollout", "train_stages",
-           "vs_trl", "refill_round", "multi_turn")
+           "vs_trl", "refill_round", "multi_turn", "lora")
 
 
 def _load(name: str):
@@ -256,3 +256,16 @@ def test_refill_round(results, docs):
     assert all(k >= 1 for k in r["dapo"]["rounds"]) and set(r["plain"]["rounds"]) == {1}
     assert all(_positive(x) for x in r["dapo"]["round_cpu"] + r["plain"]["step_cpu"])
     assert "<!-- bench:refill_round -->" in docs.read_text()
+
+
+def test_lora(results):
+    r = results["lora"]
+    (cell,) = r["cells"]
+    full, lora = cell["full"], cell["lora"]
+    assert lora["trainable"] < full["trainable"] == full["parameters"] and lora["parameters"] > full["parameters"]
+    for v in (full, lora):
+        assert all(_positive(v[k]) for k in ("peak_rss_mb", "loaded_rss_mb", "step_s", "step_cpu_s", "state_mb"))
+        assert 0 < v["saved_vocab_mb"] < v["saved_mb"]  # the logits are a part of what the backward keeps
+    assert 3 <= full["state_mb"] / full["weights_mb"] < 3.01  # a gradient and two AdamW moments per weight
+    assert lora["state_mb"] < full["state_mb"] and 0 < lora["adapter_share"] < 1
+    assert _positive(cell["rss_ratio"]) and r["best_rss_ratio"] == cell["rss_ratio"]

@@ -92,8 +92,9 @@ class Run:
             yield base
 
     def after_update(self) -> None:
-        """Refresh the FSDP2 inference copy from the sharded policy (every rank takes part)."""
-        refresh_copy(self.policy, self.inference_copy)
+        """Refresh the FSDP2 inference copy from the sharded policy (every rank takes part); with LoRA,
+        the adapter alone (the base weights never change)."""
+        refresh_copy(self.policy, self.inference_copy, trainable_only=self.lora)
 
     @property
     def old_log_prob_split(self) -> dict:

@@ -84,9 +84,18 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     return clone
 
 
-def refresh_copy(model: nn.Module, copy: nn.Module | None) -> None:
-    """Load a wrapped model's full weights into its plain inference copy (FSDP2: every rank takes part)."""
+def refresh_copy(model: nn.Module, copy: nn.Module | None, *, trainable_only: bool = False) -> None:
+    """Load a wrapped model's full weights into its plain inference copy (FSDP2: every rank takes part).
+    ``trainable_only`` (LoRA) gathers and copies the trainable parameters alone: the copy's frozen base
+    was copied from the model before sharding and neither is ever written, so it is already equal."""
     if copy is None:
+        return
+    if trainable_only:
+        targets = dict(copy.named_parameters())
+        with torch.no_grad():
+            for name, p in model.named_parameters():  # the same order on every rank: one gather each
+                if p.requires_grad:
+                    targets[name].copy_(p.full_tensor() if hasattr(p, "full_tensor") else p)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
