@@ -2,10 +2,11 @@
 
 Every run needed by any scenario is a *case* (context, loss, settings, split), deduplicated, so that the
 sweep's shared controls run once. Cases are grouped by their baseline: the baseline runs, then its
-single-process cases here, then its ``dp:D`` cases — one :func:`run_data_parallel` call per (D, wrapper),
-whose workers compare against the baseline they inherit — and the baseline is released. So the process
-holds the template model and one baseline (two model-sized vectors) between runs, whatever the number of
-splits and scenarios, and DP workers are forked from a process that holds no more.
+single-process cases here, then its ``dp:D`` cases — one :func:`run_data_parallel` call each, whose
+forked workers train their inherited template in place and compare against the baseline they inherit —
+and the baseline is released. So the process holds the template model and one baseline (two model-sized
+vectors) between runs, whatever the number of splits and scenarios, and DP workers are forked from a
+process that holds no more.
 """
 
 from __future__ import annotations
@@ -40,17 +41,16 @@ def _outcome(result: RunResult) -> dict:
     return out
 
 
-def _dp_worker(jobs: list[tuple], baseline: Baseline) -> list[dict | None]:
-    """On each rank: run every job (all ranks in lockstep); rank 0 returns the comparisons."""
+def _dp_worker(job: tuple, baseline: Baseline) -> dict | None:
+    """On each rank of a fresh fork: run the job on the rank's own copy-on-write template, in place (its
+    pages stay shared with the parent until the optimizer step writes them); rank 0 returns the comparison."""
     import torch.distributed as dist
 
-    outcomes = []
-    for model, batch, loss, settings, plan in jobs:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            result = run_compared(model, batch, loss, plan, settings, baseline)
-        outcomes.append(_outcome(result) if dist.get_rank() == 0 else None)
-    return outcomes
+    model, batch, loss, settings, plan = job
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = run_compared(model, batch, loss, plan, settings, baseline, in_place=True)
+    return _outcome(result) if dist.get_rank() == 0 else None
 
 
 class Diagnosis:
@@ -135,18 +135,12 @@ class Diagnosis:
                         result = run_compared(template, ctx.batch, case.loss, plan, case.settings, baseline)
                         self.outcomes[case] = _outcome(result)
                         tick(f"{describe_loss(case.loss)} {case.split}")
-            groups: dict[tuple[int, str], list[Case]] = {}
             for case in cases:
-                ranks = self.plans[(case.batch, case.split)].ranks
-                if ranks > 1:
-                    groups.setdefault((ranks, case.settings.wrapper), []).append(case)
-            for (ranks, wrapper), group in groups.items():
-                jobs = [(template, ctx.batch, case.loss, case.settings, self.plans[(case.batch, case.split)])
-                        for case in group]
-                per_rank = run_data_parallel(_dp_worker, ranks, jobs, baseline, timeout=1800.0)
-                for case, outcome in zip(group, per_rank[0]):
-                    self.outcomes[case] = outcome
-                tick(f"{len(group)} dp:{ranks} runs ({wrapper})", len(group))
+                plan = self.plans[(case.batch, case.split)]
+                if plan.ranks > 1:
+                    job = (template, ctx.batch, case.loss, case.settings, plan)
+                    self.outcomes[case] = run_data_parallel(_dp_worker, plan.ranks, job, baseline, timeout=1800.0)[0]
+                    tick(f"{describe_loss(case.loss)} {case.split} ({case.settings.wrapper})")
             baseline.release()
             del baseline
         return self

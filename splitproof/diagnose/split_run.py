@@ -28,6 +28,7 @@ from splitproof.batch import RolloutBatch
 from splitproof.collective import default_collective
 from splitproof.loss_config import LossConfig, ValueLossConfig
 from splitproof.engine import CriticUpdateConfig, UpdateConfig, train_critic_minibatch, train_minibatch, wrap_model
+from splitproof.engine.launch import release_free_memory
 from splitproof.hf_models import unwrap, vocab_size_of
 
 from .compare import CHUNK, Difference
@@ -209,20 +210,23 @@ def _zero_gradients_in_place(optimizer: torch.optim.Optimizer) -> None:
 
 
 def _run(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: SplitPlan, settings: RunSettings,
-         on_gradients, on_parameters) -> RunResult:
+         on_gradients, on_parameters, in_place: bool = False) -> RunResult:
     """One optimizer step of ``template``'s copy over ``batch`` split as ``plan``; ``on_gradients(model)``
     sees the accumulated gradient, ``on_parameters(model)`` the parameters after the step.
 
     With ``plan.ranks > 1`` this must run on every rank of an initialised process group of that size.
+    ``in_place=True`` trains ``template`` itself (a forked worker's own copy-on-write template, which
+    nothing reads afterwards: its pages stay shared with the parent until the optimizer writes them).
     """
-    model = copy.deepcopy(template)
+    model = template if in_place else copy.deepcopy(template)
     collective = default_collective(settings.device)
     if plan.ranks > 1:
         if collective.world_size != plan.ranks:
             raise RuntimeError(f"{plan.split.spec}: needs {plan.ranks} ranks, running on {collective.world_size}")
         if settings.wrapper == "ddp":
             _start_with_zero_gradients(model)
-        model = wrap_model(model, settings.wrapper, device=settings.device)
+        # forked ranks hold the template's parameters already: no broadcast (it would write every page)
+        model = wrap_model(model, settings.wrapper, device=settings.device, init_sync=not in_place)
     rank = collective.rank
     optimizer = make_optimizer(settings.optimizer, model.parameters(), settings.lr)
     if plan.ranks > 1 and settings.wrapper == "ddp":
@@ -231,14 +235,22 @@ def _run(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: SplitPlan, 
     data = plan.batch_for(batch).validate(vocab_size_of(model)).to(settings.device)
     recorder = SelectionRecorder()
     minibatch = plan.minibatch_plan(rank, data)
+
+    def gradients_ready(model: nn.Module) -> None:
+        # the backward's freed activations go back to the system before the step writes the parameters
+        # (in a forked worker, copy-on-write pages): glibc would otherwise keep them, ~0.4 model sizes
+        release_free_memory()
+        on_gradients(model)
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the microbatch strategy's warning is the point of a legacy run
         if is_value(loss):
             result = train_critic_minibatch(model, optimizer, data, minibatch, config, collective=collective, step=0,
-                                            on_gradients=on_gradients)
+                                            on_gradients=gradients_ready)
         else:
             result = train_minibatch(model, optimizer, data, minibatch, config, collective=collective, step=0,
-                                     on_gradients=on_gradients, on_selection=recorder)
+                                     on_gradients=gradients_ready, on_selection=recorder)
+    release_free_memory()
     on_parameters(model)
     del optimizer, model
     selected = None
@@ -266,7 +278,7 @@ def run_baseline(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: Spl
 
 
 def run_compared(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: SplitPlan,
-                 settings: RunSettings, baseline: Baseline) -> RunResult:
+                 settings: RunSettings, baseline: Baseline, in_place: bool = False) -> RunResult:
     """A split's run, compared with ``baseline`` as it goes: nothing model-sized is kept."""
     figures: dict[str, float] = {}
 
@@ -278,6 +290,6 @@ def run_compared(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: Spl
         diff = _compare_with(model, _value_of, baseline.store, "after")
         figures.update(update_max_abs_diff=diff.max_abs, update_rel_diff=diff.relative_to(baseline.update_norm))
 
-    result = _run(template, batch, loss, plan, settings, on_gradients, on_parameters)
+    result = _run(template, batch, loss, plan, settings, on_gradients, on_parameters, in_place)
     result.differences = figures
     return result

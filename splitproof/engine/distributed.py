@@ -32,9 +32,14 @@ def is_fsdp2(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def wrap_model(model: nn.Module, strategy: str, *, device: torch.device | str = "cpu") -> nn.Module:
+def wrap_model(model: nn.Module, strategy: str, *, device: torch.device | str = "cpu",
+               init_sync: bool = True) -> nn.Module:
     """DDP: ``DistributedDataParallel``; FSDP2: ``fully_shard`` each decoder layer, then the root. Either
-    way gradients are reduced as a sum (:func:`reduce_gradients_as_sum`)."""
+    way gradients are reduced as a sum (:func:`reduce_gradients_as_sum`).
+
+    ``init_sync=False`` skips DDP's broadcast of rank 0's parameters, for ranks that hold the same
+    parameters by construction (forked from one process): the broadcast writes every parameter, which
+    would give each forked rank a private copy of pages it could otherwise keep sharing."""
     if strategy not in DP_STRATEGIES:
         raise ValueError(f"strategy: unknown {strategy!r}; expected one of {', '.join(DP_STRATEGIES)}")
     if strategy == "none":
@@ -45,7 +50,8 @@ def wrap_model(model: nn.Module, strategy: str, *, device: torch.device | str = 
     if strategy == "ddp":
         ids = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else None
         # gradients as views into DDP's communication buckets: one gradient-sized buffer, not two
-        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True,
+                                                  init_sync=init_sync)
         return reduce_gradients_as_sum(ddp)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
