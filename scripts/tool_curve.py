@@ -137,7 +137,7 @@ def main() -> int:
                         help="stop the warm-up when the T = 1 success of train transcripts reaches this")
     parser.add_argument("--check-every", type=int, default=10)
     parser.add_argument("--warmup-steps", type=int, default=600, help="at most this many warm-up steps")
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--test-freq", type=int, default=10)
     parser.add_argument("--no-baseline", action="store_true", help="skip the run without the tool")
     parser.add_argument("extra", nargs="*", help="more key=value overrides for both runs")
