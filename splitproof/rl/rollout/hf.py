@@ -37,7 +37,7 @@ from splitproof.batch import RolloutBatch
 from splitproof.loss_config import ConfigError
 from splitproof.engine.logprobs import _logits_of, _param_dtype, _takes_logits_to_keep
 from splitproof.engine.row_invariant import row_invariant
-from splitproof.hf_models import unwrap, vocab_size_of
+from splitproof.hf_models import base_model_of, unwrap, vocab_size_of
 from splitproof.rl.rollout.sampling import sample_tokens, shift_keys, stream_keys, stream_uniforms
 
 _INT64_MAX = (1 << 63) - 1
@@ -149,8 +149,9 @@ def _log_prob_dtype(model: nn.Module) -> torch.dtype:
 
 
 def _cache_keyword(model: nn.Module) -> str:
-    """``cache`` (transformers >= 5.2x) or ``past_key_values`` (earlier, and remote-code models)."""
-    params = inspect.signature(type(model).forward).parameters
+    """``cache`` (transformers >= 5.2x) or ``past_key_values`` (earlier, and remote-code models); asked of
+    the Hugging Face model inside a LoRA wrapper, whose forward passes keywords through."""
+    params = inspect.signature(type(base_model_of(model)).forward).parameters
     return "cache" if "cache" in params else "past_key_values"
 
 
