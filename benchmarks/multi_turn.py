@@ -165,7 +165,7 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
              f"{result['model_tokens']} model and {result['tool_tokens']} tool tokens. Single-turn: the same "
              f"requests without EOS, {rows[0]['tokens'] // result['requests']} tokens each. "
              f"{result['repeats']} interleaved repeats; tokens/s counts the model's tokens only.")
-    instant, slow = rows[1], rows[2]
+    instant = rows[1]
     tool_s = result["calls"] * result["latency_s"]
     blocked = result["blocked"]
     note = (f"Slow tools: {result['calls']} calls × {result['latency_s'] * 1000:g} ms = {tool_s:.2f} s of tool time "
