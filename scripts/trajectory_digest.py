@@ -78,7 +78,8 @@ def main() -> int:
     parser.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
     parser.add_argument("out", nargs="?", type=Path)
     parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
+    args, extra = parser.parse_known_args()  # --config FILE passes through to `splitproof train`
+    args.overrides += extra
     if args.compare:
         return compare(*args.compare)
     if args.out is None:
