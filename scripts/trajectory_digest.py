@@ -26,7 +26,9 @@ TIMING_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/")
 def record(out: Path, overrides: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        command = [sys.executable, "-m", "splitproof", "train", "actor_rollout_ref.actor.fsdp_config.model_dtype=fp64",
+        options = [a for i, a in enumerate(overrides) if a.startswith("--") or (i and overrides[i - 1] == "--config")]
+        overrides = [a for a in overrides if a not in options]
+        command = [sys.executable, "-m", "splitproof", "train", *options, "actor_rollout_ref.actor.fsdp_config.model_dtype=fp64",
                    f"trainer.default_local_dir={run_dir}", f"trainer.rollout_data_dir={run_dir / 'generations'}",
                    "trainer.logger=[file]", "trainer.max_actor_ckpt_to_keep=1", *overrides]
         subprocess.run(command, check=True)
