@@ -88,31 +88,65 @@ def evaluate(rollout, dataset, tokenizer, step: int) -> dict[str, float]:
     return {f"val-core/{source}/reward/mean@1": sum(v) / len(v) for source, v in by_source.items()}
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
+def step_metrics(scores, advantages, entropy, response_mask, results, lr: float) -> dict[str, float]:
+    """The step's metrics under verl's names; ``actor/*`` are means over the step's optimizer steps."""
+    mask, lengths = response_mask, response_mask.sum(dim=1).double()
+    metrics = {"critic/score/mean": float(scores.double().mean()),
+               "critic/advantages/mean": float(advantages[mask].double().mean()),
+               "critic/advantages/max": float(advantages[mask].double().max()),
+               "critic/advantages/min": float(advantages[mask].double().min()),
+               "response_length/mean": float(lengths.mean()),
+               "response_length/clip_ratio": float((lengths >= MAX_RESPONSE_LENGTH).double().mean())}
+    for name in ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "grad_norm"):
+        metrics[f"actor/{name}"] = sum(r.metrics[name] for r in results) / len(results)
+    metrics["actor/lr"] = lr
+    metrics["actor/entropy"] = float((mask.double() / mask.sum() * entropy.double()).sum())  # token-mean, as the loss
+    return metrics
+
+
+def log(records: list[dict], metrics: dict, step: int, out: Path | None) -> None:
+    """Print the step's record and append it to ``records`` (and to ``out/metrics.jsonl``)."""
+    records.append({"step": step, **metrics})
+    print(f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if not k.startswith("training/")))
+    if out:
+        with open(out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(records[-1]) + "\n")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=TOTAL_STEPS, help="training steps")
     parser.add_argument("--dtype", default="fp32", choices=DTYPES, help="the model's dtype")
     parser.add_argument("--seed", type=int, default=ROLLOUT_SEED, help="the sampling seed")
     parser.add_argument("--output", help="write metrics.jsonl and global_step_K/ (the policy) here")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    # ---- setup: threads, tokenizer, prompts, model, rollout engine, optimizer ----
+
+def is_due(step: int, freq: int, last: int) -> bool:
+    """verl's rule for ``test_freq`` and ``save_freq``: every ``freq`` steps and at the last; never if ``freq`` <= 0."""
+    return freq > 0 and (step % freq == 0 or step == last)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = parse_args(argv)
+
+    # ---- setup: threads, tokenizer, prompts, model, rollout engine, optimizer, the update's settings ----
     torch.set_num_threads(CPU_THREADS)
     dtype = DTYPES[args.dtype]
-    float_dtype = torch.float64 if dtype == torch.float64 else torch.float32  # log-probs, advantages
+    float_dtype = torch.float64 if dtype == torch.float64 else torch.float32  # log-probs, rewards, advantages
     tokenizer = AutoTokenizer.from_pretrained(charlm_directory(), local_files_only=True)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     train = load_prompts(TRAIN_FILES, tokenizer, max_prompt_length=MAX_PROMPT_LENGTH)
     val = load_prompts(VAL_FILES, tokenizer, max_prompt_length=MAX_PROMPT_LENGTH)
-    sampler = PromptSampler(len(train), TRAIN_BATCH_SIZE, seed=DATA_SEED)  # shuffled each epoch
+    sampler = PromptSampler(len(train), TRAIN_BATCH_SIZE, seed=DATA_SEED)  # each epoch shuffled by (seed, epoch)
     torch.manual_seed(TRAINER_SEED)
     model = load_causal_lm(charlm_directory(), dtype=dtype)
     rollout = HFRollout(model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=pad_id, max_num_seqs=MAX_NUM_SEQS)
     sampling = SamplingParams(n=N, temperature=TEMPERATURE, top_p=TOP_P, top_k=TOP_K,
                               max_response_length=MAX_RESPONSE_LENGTH, seed=args.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
-    warmup = lambda s: min(1.0, s / LR_WARMUP_STEPS) if LR_WARMUP_STEPS else 1.0  # noqa: E731 (×LR at step s)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup)
+    schedule = torch.optim.lr_scheduler.LambdaLR(  # the rate × min(1, s / warm-up) at training step s
+        optimizer, lambda s: min(1.0, s / LR_WARMUP_STEPS) if LR_WARMUP_STEPS else 1.0)
     loss = LossConfig(loss_mode="vanilla", loss_agg_mode=LOSS_AGG_MODE, clip_ratio=CLIP_RATIO,
                       clip_ratio_c=CLIP_RATIO_C, entropy_coeff=ENTROPY_COEFF, seed=DATA_LOADER_SEED)
     update = UpdateConfig(loss=loss, ppo_mini_batch_size=PPO_MINI_BATCH_SIZE, rollout_n=N, ppo_epochs=PPO_EPOCHS,
@@ -124,18 +158,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         (out / "metrics.jsonl").write_text("")
     records, optimizer_steps = [], 0
 
-    def log(metrics: dict, step: int) -> None:
-        records.append({"step": step, **metrics})
-        print(f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items() if "/" in k))
-        if out:
-            with open(out / "metrics.jsonl", "a") as f:
-                f.write(json.dumps(records[-1]) + "\n")
-
-    def due(step: int, freq: int) -> bool:
-        return freq > 0 and (step % freq == 0 or step == args.steps)
-
     if VAL_BEFORE_TRAIN and TEST_FREQ > 0:
-        log(evaluate(rollout, val, tokenizer, 0), 0)
+        log(records, evaluate(rollout, val, tokenizer, 0), 0, out)
     for step in range(1, args.steps + 1):
         start = time.perf_counter()
         # 1. generate: N samples of each prompt; token t of sample j of prompt uid draws from the counter-based
@@ -144,9 +168,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         samples = rollout.generate(requests_for([(u, train[u].prompt_ids) for u in uids], N), sampling, step=step,
                                    stream=TRAIN_STREAM)
         prompts, responses, attention_mask, response_mask = pad(samples, MAX_RESPONSE_LENGTH, pad_id)
-        group = torch.tensor([s.uid for s in samples])  # the samples of one prompt form a group (verl's uid)
+        group_ids = torch.tensor([s.uid for s in samples])  # the samples of one prompt form a group (verl's uid)
 
-        # 2. score: each row's built-in rule (by its data_source), the reward on the response's last token
+        # 2. score: each row's built-in rule (by its data_source); the reward sits on the response's last token
         scores = score(None, [train[u] for u in uids], samples, tokenizer, step=step, max_steps=args.steps).scores
         rewards = torch.zeros(response_mask.shape, dtype=float_dtype)
         rewards[torch.arange(len(samples)), response_mask.sum(dim=1) - 1] = scores.to(float_dtype)
@@ -154,14 +178,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         # 3. old log-probs: the policy's own, recomputed (no grad, eval mode), and its entropy
         batch = RolloutBatch(prompts=prompts, responses=responses, attention_mask=attention_mask,
                              response_mask=response_mask, old_log_probs=torch.zeros(rewards.shape, dtype=float_dtype),
-                             advantages=torch.zeros(len(samples), dtype=float_dtype), index=group)
+                             advantages=torch.zeros(len(samples), dtype=float_dtype), index=group_ids)
         model.eval()
         old_log_probs, entropy = compute_log_probs(model, batch, micro_batch_size=LOG_PROB_MICRO_BATCH_SIZE,
                                                    temperature=TEMPERATURE, with_entropy=True)
 
         # 4. advantages: GRPO, (reward - group mean) / (group std + eps) on every response token
-        advantages, returns = compute_advantage("grpo", rewards, response_mask, group.tolist(),
-                                                norm_adv_by_std_in_grpo=NORM_ADV_BY_STD)
+        advantages, _ = compute_advantage("grpo", rewards, response_mask, group_ids.tolist(),
+                                          norm_adv_by_std_in_grpo=NORM_ADV_BY_STD)
 
         # 5. update: the clipped policy loss, PPO_MINI_BATCH_SIZE prompts per optimizer step; then the schedule
         model.train()
@@ -171,24 +195,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
         lr = optimizer.param_groups[0]["lr"]
         schedule.step()
 
-        # 6. log (verl's names): actor metrics are means over the step's optimizer steps
-        mask, lengths = response_mask, response_mask.sum(dim=1).double()
+        # 6. log; held-out evaluation and the policy saved when due
         metrics = {"training/global_step": float(step), "training/epoch": float(sampler.epoch),
-                   "critic/score/mean": float(scores.double().mean()),
-                   "critic/advantages/mean": float(advantages[mask].double().mean()),
-                   "critic/advantages/max": float(advantages[mask].double().max()),
-                   "critic/advantages/min": float(advantages[mask].double().min()),
-                   "response_length/mean": float(lengths.mean()),
-                   "response_length/clip_ratio": float((lengths >= MAX_RESPONSE_LENGTH).double().mean())}
-        for name in ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "grad_norm"):
-            metrics[f"actor/{name}"] = sum(r.metrics[name] for r in results) / len(results)
-        metrics["actor/lr"] = lr
-        metrics["actor/entropy"] = float((mask.double() / mask.sum() * entropy.double()).sum())  # token-mean
-        metrics["timing_s/step"] = time.perf_counter() - start
-        if due(step, TEST_FREQ):  # after the update, as verl validates
+                   **step_metrics(scores, advantages, entropy, response_mask, results, lr),
+                   "timing_s/step": time.perf_counter() - start}
+        if is_due(step, TEST_FREQ, args.steps):  # after the update, as verl validates
             metrics.update(evaluate(rollout, val, tokenizer, step))
-        log(metrics, step)
-        if out and due(step, SAVE_FREQ):
+        log(records, metrics, step, out)
+        if out and is_due(step, SAVE_FREQ, args.steps):
             model.save_pretrained(out / f"global_step_{step}")
     return records
 
