@@ -75,13 +75,14 @@ def pad(samples, width: int, pad_id: int):
     return prompts, responses, attention_mask, response_mask
 
 
-def evaluate(rollout, dataset, tokenizer, step: int) -> dict[str, float]:
+def evaluate(rollout, dataset, tokenizer, step: int, total: int) -> dict[str, float]:
     """A greedy response to every held-out prompt (from its own sampling stream), scored by the rule: the
     mean reward per data source, verl's ``val-core/<source>/reward/mean@1``."""
-    greedy = SamplingParams(n=1, do_sample=False, max_response_length=MAX_RESPONSE_LENGTH, seed=ROLLOUT_SEED)
+    greedy = SamplingParams(n=1, temperature=0.0, do_sample=False, max_response_length=MAX_RESPONSE_LENGTH,
+                            seed=ROLLOUT_SEED)  # rollout.val_kwargs
     samples = rollout.generate(requests_for([(r.uid, r.prompt_ids) for r in dataset], 1), greedy, step=step,
                                stream=VAL_STREAM)
-    scores = score(None, dataset, samples, tokenizer, step=step, max_steps=TOTAL_STEPS).scores.tolist()
+    scores = score(None, dataset, samples, tokenizer, step=step, max_steps=total).scores.tolist()
     by_source: dict[str, list[float]] = {}
     for sample, value in zip(samples, scores):
         by_source.setdefault(dataset[sample.uid].data_source, []).append(value)
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     records, optimizer_steps = [], 0
 
     if VAL_BEFORE_TRAIN and TEST_FREQ > 0:
-        log(records, evaluate(rollout, val, tokenizer, 0), 0, out)
+        log(records, evaluate(rollout, val, tokenizer, 0, args.steps), 0, out)
     for step in range(1, args.steps + 1):
         start = time.perf_counter()
         # 1. generate: N samples of each prompt; token t of sample j of prompt uid draws from the counter-based
@@ -200,7 +201,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                    **step_metrics(scores, advantages, entropy, response_mask, results, lr),
                    "timing_s/step": time.perf_counter() - start}
         if is_due(step, TEST_FREQ, args.steps):  # after the update, as verl validates
-            metrics.update(evaluate(rollout, val, tokenizer, step))
+            metrics.update(evaluate(rollout, val, tokenizer, step, args.steps))
         log(records, metrics, step, out)
         if out and is_due(step, SAVE_FREQ, args.steps):
             model.save_pretrained(out / f"global_step_{step}")
