@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The formatter and the linter (ruff, configured in pyproject.toml), the test suite, then the tests marked `invariance` (results identical to the bit across layouts) a second
-# time with ATen's CPU kernels forced to another family than this machine's: what holds on one kernel
-# family must hold on the others. Extra arguments go to the first pass (e.g. -m "not slow").
+# The formatter's check and the linter (ruff, configured in pyproject.toml), the test suite, then the tests
+# marked `invariance` (results identical to the bit across layouts) a second time with ATen's CPU kernels
+# forced to another family than this machine's: what holds on one kernel family must hold on the others.
+# Extra arguments go to the first pytest pass (e.g. -m "not slow").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-.venv/bin/python}
