@@ -26,9 +26,11 @@ TIMING_PREFIXES = ("timing_s/", "timing_per_token_ms/", "perf/")
 def record(out: Path, overrides: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
-        command = [sys.executable, "-m", "splitproof", "train", "actor_rollout_ref.actor.fsdp_config.model_dtype=fp64",
+        options = [a for i, a in enumerate(overrides) if a.startswith("--") or (i and overrides[i - 1] == "--config")]
+        keys = [a for a in overrides if a not in options]
+        command = [sys.executable, "-m", "splitproof", "train", *options, "actor_rollout_ref.actor.fsdp_config.model_dtype=fp64",
                    f"trainer.default_local_dir={run_dir}", f"trainer.rollout_data_dir={run_dir / 'generations'}",
-                   "trainer.logger=[file]", "trainer.max_actor_ckpt_to_keep=1", *overrides]
+                   "trainer.logger=[file]", "trainer.max_actor_ckpt_to_keep=1", *keys]
         subprocess.run(command, check=True)
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
         steps = {str(r["step"]): {k: v for k, v in sorted(r.items()) if not k.startswith(TIMING_PREFIXES)}
