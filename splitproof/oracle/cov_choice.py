@@ -75,8 +75,9 @@ def select_tokens(seqs: list[Seq], config: LossConfig, step: int) -> list[Tensor
     return selected
 
 
-def oracle_selection(log_prob, old_log_prob, advantages, response_mask, config: LossConfig, *,
-                     seq_ids=None, step: int = 0) -> Tensor:
+def oracle_selection(
+    log_prob, old_log_prob, advantages, response_mask, config: LossConfig, *, seq_ids=None, step: int = 0
+) -> Tensor:
     """The [B, T] bool mask of the tokens KL-Cov / Clip-Cov select over the whole minibatch passed in."""
     if not config.is_cov:
         raise ValueError(f"loss_mode: {config.loss_mode!r} has no token selection (only clip_cov, kl_cov)")

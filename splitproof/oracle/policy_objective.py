@@ -8,8 +8,7 @@ from torch import Tensor
 
 from splitproof.loss_config import LossConfig
 from splitproof.oracle.cov_choice import select_tokens
-from splitproof.oracle.policy_terms import (POLICY_AGG, TOKEN_LOSSES, policy_clip_cov, policy_geo_mean_seq,
-                                             policy_kl_cov)
+from splitproof.oracle.policy_terms import POLICY_AGG, TOKEN_LOSSES, policy_clip_cov, policy_geo_mean_seq, policy_kl_cov
 from splitproof.oracle.rows import LOG_RATIO_CLAMP, Norm, Seq, aggregate, prepare, token_mean
 
 
@@ -67,9 +66,20 @@ def _policy_term(seqs: list[Seq], config: LossConfig, norm: Norm, step: int):
     return pg_loss, clipfracs, lowers, kls, n_selected
 
 
-def oracle_objective(log_prob, old_log_prob, advantages, response_mask, config: LossConfig, *,
-                     ref_log_prob=None, rollout_is_weights=None, entropy=None, seq_ids=None, index=None,
-                     step: int = 0) -> tuple[Tensor, dict[str, float]]:
+def oracle_objective(
+    log_prob,
+    old_log_prob,
+    advantages,
+    response_mask,
+    config: LossConfig,
+    *,
+    ref_log_prob=None,
+    rollout_is_weights=None,
+    entropy=None,
+    seq_ids=None,
+    index=None,
+    step: int = 0,
+) -> tuple[Tensor, dict[str, float]]:
     """The minibatch objective J (float64 scalar, differentiable w.r.t. log_prob and entropy) and its metrics.
 
     ``index``: a group id per sequence, required by group-mean-token-mean."""
@@ -77,8 +87,17 @@ def oracle_objective(log_prob, old_log_prob, advantages, response_mask, config: 
         raise ValueError("ref_log_prob: required when use_kl_loss is set")
     if config.loss_agg_mode == "group-mean-token-mean" and index is None:
         raise ValueError("index: group-mean-token-mean needs a group id per sequence")
-    seqs, _, width = prepare(log_prob, old_log_prob, advantages, response_mask, ref_log_prob=ref_log_prob,
-                             rollout_is_weights=rollout_is_weights, entropy=entropy, seq_ids=seq_ids, index=index)
+    seqs, _, width = prepare(
+        log_prob,
+        old_log_prob,
+        advantages,
+        response_mask,
+        ref_log_prob=ref_log_prob,
+        rollout_is_weights=rollout_is_weights,
+        entropy=entropy,
+        seq_ids=seq_ids,
+        index=index,
+    )
     norm = Norm(seqs, width, config)
     metrics: dict[str, float] = {}
     pg_loss, clipfracs, lowers, kls, n_selected = _policy_term(seqs, config, norm, step)

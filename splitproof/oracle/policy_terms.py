@@ -85,13 +85,15 @@ def policy_dppo(s: Seq, c: LossConfig):
             diff = p - p_old
             valid = torch.where(a > 0, diff <= c.eps_high, diff >= -c.eps_low)
         else:
-            d_bin = p_old * (s.old - s.lp) + (1.0 - p_old) * torch.log((1.0 - p_old + _DPPO_EPS) / (1.0 - p + _DPPO_EPS))
+            d_bin = p_old * (s.old - s.lp) + (1.0 - p_old) * torch.log(
+                (1.0 - p_old + _DPPO_EPS) / (1.0 - p + _DPPO_EPS)
+            )
             valid = torch.where(a > 0, (d_bin <= c.eps_high) | (p <= p_old), (d_bin <= c.eps_low) | (p >= p_old))
     trunc = torch.clamp(ratio, max=c.clip_ratio_c).detach()
     loss = torch.zeros_like(s.lp)
     if bool(valid.any()):
         loss = loss.index_put((valid.nonzero().flatten(),), -s.adv[valid] * trunc[valid] * s.lp[valid])
-    lower = (valid & (ratio.detach() > c.clip_ratio_c))
+    lower = valid & (ratio.detach() > c.clip_ratio_c)
     return loss, ~valid, lower, -delta
 
 

@@ -21,8 +21,19 @@ LOG_RATIO_CLAMP = 20.0  # δ̂ = clamp(δ, ±20) where a loss asks for the clamp
 class Seq:
     """The valid tokens of one non-empty sequence, float64, in response order."""
 
-    def __init__(self, row: int, seq_id: int, group: int | None, positions: list[int], lp: Tensor, old: Tensor,
-                 adv: Tensor, ref: Tensor | None, w: Tensor | None, ent: Tensor | None):
+    def __init__(
+        self,
+        row: int,
+        seq_id: int,
+        group: int | None,
+        positions: list[int],
+        lp: Tensor,
+        old: Tensor,
+        adv: Tensor,
+        ref: Tensor | None,
+        w: Tensor | None,
+        ent: Tensor | None,
+    ):
         self.row = row
         self.seq_id = seq_id
         self.group = group  # prompt-group id (group-mean-token-mean), None if not given
@@ -36,8 +47,18 @@ class Seq:
         self.ent = ent
 
 
-def prepare(log_prob, old_log_prob, advantages, response_mask, *, ref_log_prob=None,
-             rollout_is_weights=None, entropy=None, seq_ids=None, index=None):
+def prepare(
+    log_prob,
+    old_log_prob,
+    advantages,
+    response_mask,
+    *,
+    ref_log_prob=None,
+    rollout_is_weights=None,
+    entropy=None,
+    seq_ids=None,
+    index=None,
+):
     if response_mask.dim() != 2:
         raise ValueError(f"response_mask: must be [B, T], got shape {tuple(response_mask.shape)}")
     batch, width = response_mask.shape
@@ -46,9 +67,14 @@ def prepare(log_prob, old_log_prob, advantages, response_mask, *, ref_log_prob=N
         if advantages.shape[0] != batch:
             raise ValueError(f"advantages: shape {tuple(advantages.shape)} must be [B] or [B, T]")
         advantages = advantages[:, None].expand(batch, width)
-    for name, value in (("log_prob", log_prob), ("old_log_prob", old_log_prob), ("advantages", advantages),
-                        ("ref_log_prob", ref_log_prob), ("rollout_is_weights", rollout_is_weights),
-                        ("entropy", entropy)):
+    for name, value in (
+        ("log_prob", log_prob),
+        ("old_log_prob", old_log_prob),
+        ("advantages", advantages),
+        ("ref_log_prob", ref_log_prob),
+        ("rollout_is_weights", rollout_is_weights),
+        ("entropy", entropy),
+    ):
         if value is not None and tuple(value.shape) != (batch, width):
             raise ValueError(f"{name}: shape {tuple(value.shape)} does not match response_mask {(batch, width)}")
     if seq_ids is None:
@@ -73,9 +99,20 @@ def prepare(log_prob, old_log_prob, advantages, response_mask, *, ref_log_prob=N
         if n == 0:
             continue  # an empty sequence contributes nothing and counts nowhere
         positions = [int(t) for t in valid.nonzero().flatten().tolist()]
-        seqs.append(Seq(row, ids[row], groups[row], positions, pick(log_prob, row, valid), pick(old_log_prob, row, valid),
-                         pick(advantages, row, valid), pick(ref_log_prob, row, valid),
-                         pick(rollout_is_weights, row, valid), pick(entropy, row, valid)))
+        seqs.append(
+            Seq(
+                row,
+                ids[row],
+                groups[row],
+                positions,
+                pick(log_prob, row, valid),
+                pick(old_log_prob, row, valid),
+                pick(advantages, row, valid),
+                pick(ref_log_prob, row, valid),
+                pick(rollout_is_weights, row, valid),
+                pick(entropy, row, valid),
+            )
+        )
     if not seqs:
         raise ValueError("response_mask: empty minibatch: no valid response token (N = 0)")
     return seqs, mask, width

@@ -9,9 +9,17 @@ from splitproof.loss_config import LossConfig
 from splitproof.oracle.rows import Norm, Seq, aggregate, token_mean
 
 
-def oracle_value_objective(vpreds, values, returns, response_mask, *, cliprange_value: float,
-                           loss_agg_mode: str = "token-mean", loss_scale_factor: float | None = None,
-                           index=None) -> tuple[Tensor, dict[str, float]]:
+def oracle_value_objective(
+    vpreds,
+    values,
+    returns,
+    response_mask,
+    *,
+    cliprange_value: float,
+    loss_agg_mode: str = "token-mean",
+    loss_scale_factor: float | None = None,
+    index=None,
+) -> tuple[Tensor, dict[str, float]]:
     """The critic's minibatch objective J_V (float64, differentiable w.r.t. ``vpreds``) and its metrics.
 
     Per valid token: lo = V_old − c, hi = V_old + c, v̂ = lo if v < lo, hi if v > hi, else v;
@@ -45,6 +53,9 @@ def oracle_value_objective(vpreds, values, returns, response_mask, *, cliprange_
         raise ValueError("response_mask: empty minibatch: no valid response token (N = 0)")
     norm = Norm(seqs, mask.shape[1], LossConfig(loss_scale_factor=loss_scale_factor))
     total = aggregate(losses, seqs, loss_agg_mode, norm)
-    metrics = {"critic/vf_loss": float(total.detach()), "critic/vf_clipfrac": token_mean(clipped, norm),
-               "critic/vpred_mean": token_mean(preds, norm)}
+    metrics = {
+        "critic/vf_loss": float(total.detach()),
+        "critic/vf_clipfrac": token_mean(clipped, norm),
+        "critic/vpred_mean": token_mean(preds, norm),
+    }
     return total, metrics
