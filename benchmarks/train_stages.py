@@ -142,8 +142,8 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
              "Wall times of the stages are `timing_s/*` from metrics.jsonl; the loop's parts (record, checkpoint, "
              "the iteration) and every CPU time come from wrappers around the same functions. Per step: the median "
              f"over steps 2–{steps} (step 1 holds warm-up); per run: the sum over all steps. The held-out evaluation "
-             f"runs on {evaluations} of the {steps} steps; the per-run columns carry its whole cost. The machine is shared (2 cores): the wall column includes waiting for a core, the CPU "
-             "column does not.")
+             f"runs on {evaluations} of the {steps} steps; the per-run columns carry its whole cost. The machine is "
+             "shared (2 cores): the wall column includes waiting for a core, the CPU column does not.")
     wall, cpu = result["per_step"]["wall"], result["per_step"]["cpu"]
     total_wall, total_cpu = sum(wall["total"]), sum(cpu["total"])
     rows = []

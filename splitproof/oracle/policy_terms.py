@@ -90,7 +90,7 @@ def policy_dppo(s: Seq, c: LossConfig):
             )
             valid = torch.where(a > 0, (d_bin <= c.eps_high) | (p <= p_old), (d_bin <= c.eps_low) | (p >= p_old))
     trunc = torch.clamp(ratio, max=c.clip_ratio_c).detach()
-    loss = torch.zeros_like(s.lp)
+    loss = 0.0 * s.lp  # zero, and still a function of log_prob: a sequence with no valid token has zero gradient
     if bool(valid.any()):
         loss = loss.index_put((valid.nonzero().flatten(),), -s.adv[valid] * trunc[valid] * s.lp[valid])
     lower = valid & (ratio.detach() > c.clip_ratio_c)
@@ -115,7 +115,7 @@ def policy_clip_cov(s: Seq, c: LossConfig, sel: Tensor):
         ratio_d = torch.exp(delta)
         clipfrac = (-a * clip_ratio(ratio_d, c)) > (-a * ratio_d)
     keep = ~sel
-    loss = torch.zeros_like(s.lp)
+    loss = 0.0 * s.lp  # zero, and still a function of log_prob (zero gradient where every token is selected)
     if bool(keep.any()):
         ratio = torch.exp(delta[keep])  # computed on kept tokens only: selected ones get no loss, no gradient
         kept = torch.maximum(-a[keep] * ratio, -a[keep] * clip_ratio(ratio, c))
