@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
+import bench_models as bm  # noqa: E402
 import benchlib as bl  # noqa: E402
 
 NAME = "cov_strategies"
@@ -59,10 +60,10 @@ def run(env: bl.Env) -> dict:
     from splitproof.engine.update import update_policy
 
     B, P, T, micro = (16, 8, 16, 4) if env.quick else (64, 16, 128, 8)
-    model = bl.bench_model(env)
+    model = bm.bench_model(env)
     batch = synthetic_rollout(model, B, P, T, seed=1, full_length=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    snapshot = bl.WeightSnapshot(model)
+    snapshot = bm.WeightSnapshot(model)
     rows = []
     first = True
     for loss in LOSSES:
@@ -72,7 +73,7 @@ def run(env: bl.Env) -> dict:
                                        cov_strategy=s) for s in STRATEGIES}
             chosen = {}
 
-            def call(strategy, c=configs):
+            def call(strategy, c=configs, chosen=chosen):
                 result = update_policy(model, optimizer, batch, c[strategy])
                 chosen[strategy] = result[0].cov_strategy
 
@@ -102,7 +103,7 @@ def run(env: bl.Env) -> dict:
                 deferred_ok=(ratios["deferred"].median <= GOAL_DEFERRED) if ratio == RATIOS[0] else None,
                 clock=times.clock,
             ))
-    return dict(rows=rows, model=bl.describe_model(model), sequences=B, prompt=P, response=T, micro=micro,
+    return dict(rows=rows, model=bm.describe_model(model), sequences=B, prompt=P, response=T, micro=micro,
                 valid_tokens=int(batch.response_mask.sum()), clock=rows[0]["clock"])
 
 

@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
+import bench_models as bm  # noqa: E402
 import benchlib as bl  # noqa: E402
 
 NAME = "engine_overhead"
@@ -79,7 +80,7 @@ def head_timings(env: bl.Env, part) -> dict:
 
     t1 = int(part.response_mask.any(0).nonzero()[-1]) + 1
     g = torch.Generator(device="cpu").manual_seed(7)
-    vocab = bl.bench_model_sizes(env)["vocab_size"]
+    vocab = bm.bench_model_sizes(env)["vocab_size"]
     logits = torch.randn(len(part), t1 + 1, vocab, generator=g).to(device=env.device, dtype=env.dtype)
     fake = _LogitsOnly(logits)
     tokens = part.responses[:, :t1].unsqueeze(-1)
@@ -108,10 +109,10 @@ def run(env: bl.Env) -> dict:
 
     B, P, T, micro = (16, 8, 16, 4) if env.quick else (64, 32, 160, 8)
     budget = micro * (P + T)
-    model = bl.bench_model(env)
+    model = bm.bench_model(env)
     batch = synthetic_rollout(model, B, P, T, seed=1)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    snapshot = bl.WeightSnapshot(model)
+    snapshot = bm.WeightSnapshot(model)
     valid = batch.validate()
     splits = {
         f"fixed, {micro} sequences": dict(ppo_micro_batch_size_per_gpu=micro),
@@ -138,7 +139,7 @@ def run(env: bl.Env) -> dict:
     head = head_timings(env, valid.select(list(range(micro))))
     fixed = [r for r in rows if r["split"].startswith("fixed")]
     head["step_share"] = bl.median([(head["engine_s"] - head["plain_s"]) * r["microbatches"] / r["plain_s"] for r in fixed])
-    return dict(rows=rows, head=head, model=bl.describe_model(model), sequences=B, prompt=P, response=T,
+    return dict(rows=rows, head=head, model=bm.describe_model(model), sequences=B, prompt=P, response=T,
                 valid_tokens=int(valid.response_mask.sum()), clock=rows[0]["clock"])
 
 

@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
+import bench_models as bm  # noqa: E402
 import benchlib as bl  # noqa: E402
 
 NAME = "lora"
@@ -121,7 +122,7 @@ def child(variant: str, model_dir: str | None, rank: int, repeats: int, quick: b
     if model_dir:
         model = load_causal_lm(model_dir, dtype=torch.float32)
     else:
-        model = tiny_causal_lm("llama", **{k: v for k, v in bl.MODEL_QUICK.items()}, dtype=torch.float32)
+        model = tiny_causal_lm("llama", **bm.MODEL_QUICK, dtype=torch.float32)
     if checkpointing:  # before the adapter, as splitproof train does
         model.activation_checkpointing_enable()
     clock = None

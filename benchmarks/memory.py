@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
+import bench_models as bm  # noqa: E402
 import benchlib as bl  # noqa: E402
 
 NAME = "memory"
@@ -203,10 +204,10 @@ def run(env: bl.Env) -> dict:
         P, T, micro_sizes, mini_fixed, mini_sizes, micro_fixed = 8, 16, (2, 4), 8, (4, 8), 2
     else:
         P, T, micro_sizes, mini_fixed, mini_sizes, micro_fixed = 32, 128, (4, 8, 16, 32), 64, (16, 32, 64, 128), 8
-    model = bl.bench_model(env)
+    model = bm.bench_model(env)
     batch = synthetic_rollout(model, max(mini_sizes + (mini_fixed,)), P, T, seed=1, vary_lengths=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    snapshot = bl.WeightSnapshot(model)
+    snapshot = bm.WeightSnapshot(model)
     losses = {"vanilla": LossConfig(), "kl_cov (auto)": LossConfig(loss_mode="kl_cov", kl_cov_ratio=2e-4)}
     settings = [("microbatch size", "vanilla", mini_fixed, m) for m in micro_sizes]
     settings += [("minibatch size", loss, b, micro_fixed) for loss in losses for b in mini_sizes]
@@ -238,8 +239,8 @@ def run(env: bl.Env) -> dict:
     for r in rows:
         first = next(x for x in rows if x["sweep"] == r["sweep"] and x["loss"] == r["loss"])
         r["relative"] = r["peak"] / first["peak"]
-    description = bl.describe_model(model)
-    del model, optimizer, snapshot, batch
+    description = bm.describe_model(model)
+    model = optimizer = snapshot = batch = None  # free them before the diagnosis measures its own peak
     return dict(rows=rows, flat=flat, flat_ok=all(v <= GOAL_FLAT for v in flat.values()), param_bytes=param_bytes,
                 model=description, prompt=P, response=T, method=rows[0]["method"],
                 mini_sizes=mini_sizes, micro_sizes=micro_sizes, diagnosis=diagnosis_memory(env))

@@ -172,8 +172,9 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
             f"per rollout, on {result['workers']} threads. Time the episodes blocked reading tool results (one "
             f"more rollout of each, timed around every read): {blocked['slow']:.3f} s with the slow tools, "
             f"{blocked['instant']:.3f} s with instant ones; the rest of the tool time ran in parallel on the pool "
-            "or while later chunks generated (the calls of a chunk of `max_num_seqs` episodes start as soon as it is generated; the "
-            "last chunk's calls, and the wait for every response before the next turn, are not overlapped). "
+            "or while later chunks generated (the calls of a chunk of `max_num_seqs` episodes start as soon as it "
+            "is generated; the last chunk's calls, and the wait for every response before the next turn, are not "
+            "overlapped). "
             f"Wall / CPU time of the instant-tool rollouts: {instant['wall_s'] / instant['cpu_s']:.1f} (above 1: "
             "the process waited for a core; the wall columns then measure the machine's load more than the code).")
     return bl.section(NAME, "Multi-turn rollouts: tokens per second against single-turn", command, env, load_before,

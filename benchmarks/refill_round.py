@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchlib as bl  # noqa: E402
-import vs_trl_sides as sides  # noqa: E402
+import stage_clock  # noqa: E402
 
 NAME = "refill_round"
 STEPS = 10
@@ -34,13 +34,13 @@ def measure(overrides: list[str], steps: int) -> dict:
 
     cfg = load_train_config("builtin://charlm-dapo", [f"trainer.total_training_steps={steps}", "data.val_files=null",
                                                        "trainer.logger=[]", *overrides], on_notice=lambda m: None)
-    clock, saved = sides.Clock(), {}
-    patches = [(step_mod, "generate", sides.timed_call(clock, "round")),
-               (step_mod, "score_samples", sides.timed_call(clock, "round")),
-               (loop_mod, "train_step", sides.starts_step(clock))]
+    clock, saved = stage_clock.Clock(), {}
+    patches = [(step_mod, "generate", stage_clock.timed_call(clock, "round")),
+               (step_mod, "score_samples", stage_clock.timed_call(clock, "round")),
+               (loop_mod, "train_step", stage_clock.starts_step(clock))]
     try:
         for owner, name, make in patches:
-            saved[owner, name] = sides.wrap(owner, name, make)
+            saved[owner, name] = stage_clock.wrap(owner, name, make)
         run = build_run(cfg)
         records = loop_mod.fit(run)
         clock.finish()

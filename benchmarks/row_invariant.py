@@ -29,7 +29,10 @@ MODELS = {"tiny (h 32, 2 layers, V 64)": dict(hidden_size=32, num_layers=2, num_
 
 def rollout_batch(n: int, vocab: int, seed: int = 0) -> RolloutBatch:
     g = torch.Generator().manual_seed(seed)
-    draw = lambda lo, hi: torch.randint(3, vocab, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
+
+    def draw(lo: int, hi: int) -> list[int]:
+        return torch.randint(3, vocab, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
+
     prompts, responses = [draw(16, 64) for _ in range(n)], [draw(8, 48) for _ in range(n)]
     return RolloutBatch.from_sequences(prompt_ids=prompts, response_ids=responses,
                                        old_log_probs=[[0.0] * len(r) for r in responses], advantages=[0.0] * n)
@@ -58,7 +61,9 @@ def main(argv=None) -> None:
             model = tiny_causal_lm("llama", dtype=dtype, **shape).eval()
             batch = rollout_batch(16, shape["vocab_size"])
             for layout in (dict(micro_batch_size=8), dict(micro_batch_size=1)):
-                run = lambda: logprobs.compute_log_probs(model, batch, **layout)  # noqa: E731
+                def run(model=model, batch=batch, layout=layout):
+                    return logprobs.compute_log_probs(model, batch, **layout)
+
                 times = {"plain": [], "blocks": []}
                 for repeat in range(args.repeats + 1):
                     for variant, context in (("plain", plain), ("blocks", shipped)):

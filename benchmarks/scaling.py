@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
+import bench_models as bm  # noqa: E402
 import benchlib as bl  # noqa: E402
 
 NAME = "scaling"
@@ -81,10 +82,10 @@ def run(env: bl.Env) -> dict:
         P, T, micro, sizes = 8, 16, 2, (2, 4, 6, 8)
     else:
         P, T, micro, sizes = 32, 128, 8, (16, 32, 64, 128)
-    model = bl.bench_model(env)
+    model = bm.bench_model(env)
     batch = synthetic_rollout(model, max(sizes), P, T, seed=1, vary_lengths=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    snapshot = bl.WeightSnapshot(model)
+    snapshot = bm.WeightSnapshot(model)
     parts = {n: batch.select(list(range(n))) for n in sizes}
     configs = {n: UpdateConfig(loss=LossConfig(), ppo_mini_batch_size=n, ppo_micro_batch_size_per_gpu=micro)
                for n in sizes}
@@ -101,7 +102,7 @@ def run(env: bl.Env) -> dict:
     bl.log(f"[{NAME}] splitproof diagnose (default run)")
     diagnose = run_diagnose(env)
     return dict(rows=rows, intercept=a, slope=b, r2=r2, micro=micro, prompt=P, response=T,
-                model=bl.describe_model(model), diagnose=diagnose, clock=times.clock)
+                model=bm.describe_model(model), diagnose=diagnose, clock=times.clock)
 
 
 def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:

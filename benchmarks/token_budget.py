@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
+import bench_models as bm  # noqa: E402
 import benchlib as bl  # noqa: E402
 
 NAME = "token_budget"
@@ -103,6 +104,26 @@ def packed_tokens(batch, microbatches) -> dict:
 BUDGET_FRACTIONS = (1.0, 0.5, 0.25)
 
 
+def split_rows(configs: dict, stats: dict, times, micro: int) -> list[dict]:
+    """One row per split: its microbatches and tokens (``stats``), its step time and throughput against the
+    fixed split (``times``, interleaved)."""
+    rows = []
+    for name, config in configs.items():
+        s = stats[name]
+        ratio = bl.Ratio.paired(times["fixed"], times[name])  # t_fixed / t_variant = throughput ratio
+        label = (f"fixed, {micro} sequences" if name == "fixed" else
+                 f"{'packed, ' if config.use_remove_padding else ''}token budget {config.ppo_max_token_len_per_gpu}")
+        rows.append(dict(split=name, label=label, packed=config.use_remove_padding,
+                         budget=None if name == "fixed" else config.ppo_max_token_len_per_gpu,
+                         microbatches=s["microbatches"], computed=s["computed"], real=s["real"],
+                         prompt_padding=s["prompt_padding"], response_padding=s["response_padding"],
+                         padding_share=s["padding_share"], largest=s["largest_microbatch"],
+                         contiguous_share=s["contiguous_share"], step_s=bl.median(times[name]), wall_s=bl.median(times.wall[name]),
+                         tokens_per_s=s["real"] / bl.median(times[name]),
+                         throughput_ratio=ratio.median, q1=ratio.q1, q3=ratio.q3))
+    return rows
+
+
 def run(env: bl.Env) -> dict:
     from splitproof.loss_config import LossConfig
     from splitproof.engine.update_config import UpdateConfig
@@ -115,11 +136,11 @@ def run(env: bl.Env) -> dict:
         B, P, T, micro, median, sigma = 64, 32, 256, 8, 48.0, 1.0
     worst = micro * (P + T)
     budgets = [max(P + T, int(worst * f)) for f in BUDGET_FRACTIONS]
-    model = bl.bench_model(env)
+    model = bm.bench_model(env)
     batch = long_tailed_rollout(model, B, P, T, median=median, sigma=sigma, seed=3)
     valid = batch.validate()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    snapshot = bl.WeightSnapshot(model)
+    snapshot = bm.WeightSnapshot(model)
     loss = LossConfig()
     configs = {"fixed": UpdateConfig(loss=loss, ppo_mini_batch_size=B, ppo_micro_batch_size_per_gpu=micro)}
     for budget in budgets:
@@ -136,24 +157,11 @@ def run(env: bl.Env) -> dict:
     bl.log(f"[{NAME}] microbatches: " + ", ".join(f"{n} {s['microbatches']}" for n, s in stats.items()))
     variants = {name: (lambda c=config: update_policy(model, optimizer, batch, c)) for name, config in configs.items()}
     times = bl.interleaved(variants, repeats=env.repeats, env=env, prepare=snapshot.restore)
-    rows = []
-    for name, config in configs.items():
-        s = stats[name]
-        ratio = bl.Ratio.paired(times["fixed"], times[name])  # t_fixed / t_variant = throughput ratio
-        label = (f"fixed, {micro} sequences" if name == "fixed" else
-                 f"{'packed, ' if config.use_remove_padding else ''}token budget {config.ppo_max_token_len_per_gpu}")
-        rows.append(dict(split=name, label=label, packed=config.use_remove_padding,
-                         budget=None if name == "fixed" else config.ppo_max_token_len_per_gpu,
-                         microbatches=s["microbatches"], computed=s["computed"], real=s["real"],
-                         prompt_padding=s["prompt_padding"], response_padding=s["response_padding"],
-                         padding_share=s["padding_share"], largest=s["largest_microbatch"],
-                         contiguous_share=s["contiguous_share"], step_s=bl.median(times[name]), wall_s=bl.median(times.wall[name]),
-                         tokens_per_s=s["real"] / bl.median(times[name]),
-                         throughput_ratio=ratio.median, q1=ratio.q1, q3=ratio.q3))
+    rows = split_rows(configs, stats, times, micro)
     same = rows[1]  # the padded budget with the fixed split's worst case
     packed = rows[1 + len(budgets)]  # the packed budget with the same worst case
     lengths = valid.response_mask.sum(1).float()
-    return dict(rows=rows, worst=worst, micro=micro, model=bl.describe_model(model), sequences=B, prompt=P,
+    return dict(rows=rows, worst=worst, micro=micro, model=bm.describe_model(model), sequences=B, prompt=P,
                 response=T, median=median, sigma=sigma,
                 length_stats=dict(mean=float(lengths.mean()), median=float(lengths.median()),
                                   p90=float(lengths.quantile(0.9)), max=int(lengths.max()),

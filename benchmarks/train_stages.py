@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchlib as bl  # noqa: E402
-import vs_trl_sides as sides  # noqa: E402
+import stage_clock  # noqa: E402
 
 NAME = "train_stages"
 GOAL = 0.05
@@ -54,14 +54,14 @@ def run(env: bl.Env) -> dict:
     overrides = [f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={work / 'run'}",
                  "trainer.resume_mode=disable"] + (QUICK_OVERRIDES if env.quick else [])
     cfg = load_train_config(None, overrides)
-    clock = sides.Clock()
+    clock = stage_clock.Clock()
     saved = {}
-    patches = [(step_mod, "generate", sides.timed_call(clock, "gen")),
-               (step_mod, "score_samples", sides.timed_call(clock, "reward")),
-               (step_mod, "update_policy", sides.timed_call(clock, "update")),
-               (loop_mod, "validate", sides.timed_call(clock, "testing")),
-               (loop_mod, "save_run", sides.timed_call(clock, "checkpoint")),
-               (tracking.Tracker, "log", sides.timed_call(clock, "logging"))]
+    patches = [(step_mod, "generate", stage_clock.timed_call(clock, "gen")),
+               (step_mod, "score_samples", stage_clock.timed_call(clock, "reward")),
+               (step_mod, "update_policy", stage_clock.timed_call(clock, "update")),
+               (loop_mod, "validate", stage_clock.timed_call(clock, "testing")),
+               (loop_mod, "save_run", stage_clock.timed_call(clock, "checkpoint")),
+               (tracking.Tracker, "log", stage_clock.timed_call(clock, "logging"))]
 
     def log_probs(original):  # the old and the reference pass share a function: told apart by the model
         def call(run, model, *args, **kwargs):
@@ -69,11 +69,11 @@ def run(env: bl.Env) -> dict:
                 return original(run, model, *args, **kwargs)
         return call
 
-    patches += [(step_mod, "no_grad_log_probs", log_probs), (loop_mod, "train_step", sides.starts_step(clock, "step")),
-                (train_mod, "fit", sides.finishes(clock))]
+    patches += [(step_mod, "no_grad_log_probs", log_probs), (loop_mod, "train_step", stage_clock.starts_step(clock, "step")),
+                (train_mod, "fit", stage_clock.finishes(clock))]
     try:
         for owner, name, make in patches:
-            saved[owner, name] = sides.wrap(owner, name, make)
+            saved[owner, name] = stage_clock.wrap(owner, name, make)
         with open(os.devnull, "w") as console:
             train_mod.train(cfg, console=console)
     finally:
@@ -142,8 +142,8 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
              "Wall times of the stages are `timing_s/*` from metrics.jsonl; the loop's parts (record, checkpoint, "
              "the iteration) and every CPU time come from wrappers around the same functions. Per step: the median "
              f"over steps 2–{steps} (step 1 holds warm-up); per run: the sum over all steps. The held-out evaluation "
-             f"runs on {evaluations} of the {steps} steps; the per-run columns carry its whole cost. The machine is shared (2 cores): the wall column includes waiting for a core, the CPU "
-             "column does not.")
+             f"runs on {evaluations} of the {steps} steps; the per-run columns carry its whole cost. The machine is "
+             "shared (2 cores): the wall column includes waiting for a core, the CPU column does not.")
     wall, cpu = result["per_step"]["wall"], result["per_step"]["cpu"]
     total_wall, total_cpu = sum(wall["total"]), sum(cpu["total"])
     rows = []

@@ -38,7 +38,8 @@ from splitproof.rl.data.tasks import score, task_rows  # noqa: E402
 TRAIN_TASK = "builtin://addition/train?digits=2"
 TEST_TASK = "builtin://addition/test?digits=2"
 MAX_ANSWER_TOKENS = 4  # up to three answer digits, then <eos>
-# transformers 5.x names the KV-cache argument ``cache`` (``past_key_values`` is deprecated); 4.x only knows the old name
+# transformers 5.x names the KV-cache argument ``cache`` (``past_key_values`` is deprecated); 4.x only knows the
+# old name
 CACHE_KWARG = "cache" if "cache" in inspect.signature(LlamaForCausalLM.forward).parameters else "past_key_values"
 
 

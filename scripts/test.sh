@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# The test suite, then the tests marked `invariance` (results identical to the bit across layouts) a second
-# time with ATen's CPU kernels forced to another family than this machine's: what holds on one kernel
-# family must hold on the others. Extra arguments go to the first pass (e.g. -m "not slow").
+# The formatter's check and the linter (ruff, configured in pyproject.toml), the test suite, then the tests
+# marked `invariance` (results identical to the bit across layouts) a second time with ATen's CPU kernels
+# forced to another family than this machine's: what holds on one kernel family must hold on the others.
+# Extra arguments go to the first pytest pass (e.g. -m "not slow").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-.venv/bin/python}
+lint_paths=(splitproof tests benchmarks scripts examples)
+"$python" -m ruff format --check "${lint_paths[@]}"
+"$python" -m ruff check "${lint_paths[@]}"
 "$python" -m pytest "$@"
 capability=$("$python" -c "import torch; print(torch.backends.cpu.get_cpu_capability())")
 case "$capability" in

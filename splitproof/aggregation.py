@@ -1,8 +1,8 @@
 """Aggregation modes (docs/semantics.md, "Aggregation") as per-token weights over the whole minibatch.
 
 Every mode is linear in the per-token loss: J = Σ_{i,t} c_{i,t} ℓ_{i,t}, where c depends only on the
-token's own sequence (and its prompt group) and the minibatch statistics. A part's share is the same sum over its own tokens,
-so shares of any split add up to J exactly (up to float re-association).
+token's own sequence (and its prompt group) and the minibatch statistics. A part's share is the same sum over its
+own tokens, so shares of any split add up to J exactly (up to float re-association).
 """
 
 from __future__ import annotations

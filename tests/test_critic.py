@@ -13,7 +13,7 @@ from splitproof.loss_config import AGG_MODES, ValueLossConfig
 from splitproof.engine import CriticUpdateConfig, compute_values, response_values
 from splitproof.engine.norm_gradients import float64_norm_gradients
 from splitproof.losses.value import value_loss
-from splitproof.reference import reference_value_objective
+from splitproof.oracle import oracle_value_objective
 from splitproof.stats import MinibatchStats
 from splitproof.value_objective import explained_variance, value_objective, value_share
 
@@ -73,7 +73,7 @@ def test_objective_matches_reference(agg_mode, seed):
     v1 = vpreds.clone().requires_grad_(True)
     v2 = vpreds.clone().requires_grad_(True)
     loss, metrics = value_objective(v1, old, returns, mask, config, index=index)
-    ref, ref_metrics = reference_value_objective(v2, old, returns, mask, cliprange_value=0.4, loss_agg_mode=agg_mode,
+    ref, ref_metrics = oracle_value_objective(v2, old, returns, mask, cliprange_value=0.4, loss_agg_mode=agg_mode,
                                                  loss_scale_factor=config.loss_scale_factor, index=index)
     loss.backward()
     ref.backward()
@@ -159,7 +159,7 @@ def _reference_step(critic, batch, config: CriticUpdateConfig, lr: float):
             v = torch.cat([out[n_prompt - 1:n_prompt - 1 + n_resp], v[n_resp:]])
             rows.append(v)
         vpreds = torch.stack(rows)
-        loss, metrics = reference_value_objective(vpreds, batch.values, batch.returns, batch.response_mask,
+        loss, metrics = oracle_value_objective(vpreds, batch.values, batch.returns, batch.response_mask,
                                                   cliprange_value=config.cliprange_value,
                                                   loss_agg_mode=config.loss_agg_mode, index=batch.index)
         loss.backward()
@@ -238,7 +238,7 @@ def test_per_microbatch_scope_is_verl_before_its_pr_6957(models, batch):
     with float64_norm_gradients(model):
         for rows in ([0, 1, 2], [3, 4, 5], [6, 7]):
             sub = batch.select(rows)
-            loss, _ = reference_value_objective(response_values(model, sub), sub.values, sub.returns,
+            loss, _ = oracle_value_objective(response_values(model, sub), sub.values, sub.returns,
                                                 sub.response_mask, cliprange_value=0.2)
             loss.backward()
             total += float(loss.detach())

@@ -21,7 +21,7 @@ from splitproof.loss_config import AGG_MODES, LossConfig
 from splitproof.engine import UpdateConfig, response_log_probs, update_policy
 from splitproof.engine.microbatch import minibatch_schedule
 from splitproof.engine.plan import plan_update
-from splitproof.reference import reference_objective
+from splitproof.oracle import oracle_objective
 
 from .engine_helpers import (BUDGET, NO_CLIP, REL, assert_metrics_close, flat, grouped_rollout, loss_config,
                              make_model, make_optimizer, rel_diff, run_update)
@@ -47,7 +47,7 @@ def test_hand_computed_value_and_gradient():
     # group 7: tokens 1, 2, 4, 5, 6 (n = 5, mean 18/5); group 9: token 3 (mean 3); G_groups = 2
     expected = (18 / 5 + 3) / 2
     grad_expected = torch.tensor([[0.1, 0.1, 0.0], [0.5, 0.0, 0.0], [0.1, 0.1, 0.1], [0.0, 0.0, 0.0]], dtype=D)
-    for fn in (objective, reference_objective):
+    for fn in (objective, oracle_objective):
         lp = leaf(values)
         loss, metrics = fn(lp, torch.zeros(4, 3, dtype=D), adv, mask, config, index=index)
         loss.backward()
@@ -125,7 +125,7 @@ def test_missing_or_bad_index_is_a_named_error():
         objective(*args)
     assert info.value.field == "index" and "group-mean-token-mean" in str(info.value)
     with pytest.raises(ValueError, match="^index"):
-        reference_objective(*args)
+        oracle_objective(*args)
     bad_float = mb.index.double()
     bad_float[2] = float("nan")
     for bad, sequence in ((mb.index[:3], None), (mb.index.bool(), None), (mb.index.double(), None),
@@ -208,7 +208,7 @@ def reference_update(model, batch: RolloutBatch, loss: LossConfig, minibatch: in
         part = batch.select(rows)
         log_prob, entropy = response_log_probs(model, part, with_entropy=loss.entropy_coeff != 0)
         optimizer.zero_grad()
-        total, metrics = reference_objective(
+        total, metrics = oracle_objective(
             log_prob, part.old_log_probs, part.advantages, part.response_mask, loss,
             ref_log_prob=part.ref_log_probs if loss.use_kl_loss else None,
             rollout_is_weights=part.rollout_is_weights, entropy=entropy, seq_ids=part.seq_ids, index=part.index,

@@ -2,11 +2,11 @@
 
 The model is the embedded tiny random Llama (no download) or a local Hugging Face checkpoint; it runs in
 eval mode so that two runs see the same deterministic forward. The reference objective is
-:func:`splitproof.reference.reference_objective` — a separate, plain float64 implementation — on the
+:func:`splitproof.oracle.oracle_objective` — a separate, plain float64 implementation — on the
 log-probs of a float64 copy of the model before the update (the baseline's pre-update log-probs).
 Value-loss scenarios update a critic — the model's body with a value head drawn from the seed
 (:mod:`splitproof.value_model`) — and their reference is
-:func:`splitproof.reference.reference_value_objective` on a float64 copy's value predictions.
+:func:`splitproof.oracle.oracle_value_objective` on a float64 copy's value predictions.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from splitproof.batch import RolloutBatch
 from splitproof.loss_config import LossConfig, ValueLossConfig
 from splitproof.engine import compute_log_probs, compute_values
 from splitproof.hf_models import load_causal_lm, tiny_causal_lm
-from splitproof.reference import reference_objective, reference_value_objective
+from splitproof.oracle import oracle_objective, oracle_value_objective
 
 from .synthetic import synthetic_rollout, with_critic_targets
 
@@ -187,7 +187,7 @@ class Context:
         def f64(x):
             return None if x is None else x.double()
 
-        total, _ = reference_objective(
+        total, _ = oracle_objective(
             logp, f64(b.old_log_probs), f64(b.advantages), b.response_mask, loss,
             ref_log_prob=f64(b.ref_log_probs) if loss.use_kl_loss else None,
             rollout_is_weights=f64(b.rollout_is_weights),
@@ -196,9 +196,9 @@ class Context:
 
     def _value_reference_at(self, loss: ValueLossConfig, vpreds: Tensor) -> Tensor:
         b = self.batch
-        total, _ = reference_value_objective(vpreds, b.values.double(), b.returns.double(), b.response_mask,
-                                             cliprange_value=loss.cliprange_value, loss_agg_mode=loss.loss_agg_mode,
-                                             loss_scale_factor=loss.loss_scale_factor)
+        total, _ = oracle_value_objective(vpreds, b.values.double(), b.returns.double(), b.response_mask,
+                                          cliprange_value=loss.cliprange_value, loss_agg_mode=loss.loss_agg_mode,
+                                          loss_scale_factor=loss.loss_scale_factor)
         return total
 
     def reference(self, loss: LossConfig | ValueLossConfig) -> ReferenceObjective:

@@ -1,4 +1,4 @@
-"""Hand-checkable tests of the float64 reference objective alone (splitproof.reference)."""
+"""Hand-checkable tests of the float64 oracle objective alone (splitproof.oracle)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from splitproof.loss_config import AGG_MODES, LOSS_MODES, LossConfig
-from splitproof.reference import priority_hash, reference_objective, reference_selection
+from splitproof.oracle import oracle_objective, oracle_selection, priority_hash
 
 D = torch.float64
 
@@ -27,7 +27,7 @@ def leaf(values, dtype=D) -> torch.Tensor:
 def one_token(ratio: float, adv: float, **kw):
     """A single valid token with ρ = ratio; returns (loss, metrics, d loss / d log_prob)."""
     lp = leaf([[math.log(ratio)]])
-    loss, metrics = reference_objective(lp, torch.zeros(1, 1, dtype=D), torch.tensor([adv], dtype=D),
+    loss, metrics = oracle_objective(lp, torch.zeros(1, 1, dtype=D), torch.tensor([adv], dtype=D),
                                         torch.ones(1, 1, dtype=torch.bool), cfg(**kw))
     loss.backward()
     return loss.item(), metrics, float(lp.grad[0, 0])
@@ -68,7 +68,7 @@ def test_vanilla_dual_clip():
 
 def test_vanilla_log_ratio_clamped_at_20():
     lp = leaf([[100.0]])
-    loss, m = reference_objective(lp, torch.zeros(1, 1, dtype=D), torch.tensor([-1.0], dtype=D),
+    loss, m = oracle_objective(lp, torch.zeros(1, 1, dtype=D), torch.tensor([-1.0], dtype=D),
                                   torch.ones(1, 1), cfg(clip_ratio_c=1e12))
     assert loss.item() == pytest.approx(math.exp(20.0))
     assert m["ppo_kl"] == pytest.approx(-20.0)
@@ -92,14 +92,14 @@ def _gpg_identity_batch():
 ])
 def test_aggregation_normalisers(mode, expected):
     lp, mask = _gpg_identity_batch()
-    loss, m = reference_objective(lp, lp.clone(), -torch.ones(3, dtype=D), mask, cfg(loss_mode="gpg", loss_agg_mode=mode))
+    loss, m = oracle_objective(lp, lp.clone(), -torch.ones(3, dtype=D), mask, cfg(loss_mode="gpg", loss_agg_mode=mode))
     assert loss.item() == pytest.approx(expected)
     assert m["pg_loss"] == pytest.approx(expected)
 
 
 def test_loss_scale_factor_overrides_width():
     lp, mask = _gpg_identity_batch()
-    loss, _ = reference_objective(lp, lp.clone(), -torch.ones(3, dtype=D), mask,
+    loss, _ = oracle_objective(lp, lp.clone(), -torch.ones(3, dtype=D), mask,
                                   cfg(loss_mode="gpg", loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=10.0))
     assert loss.item() == pytest.approx(11 / 20)
 
@@ -108,7 +108,7 @@ def test_rollout_weights_multiply_token_loss():
     lp, mask = _gpg_identity_batch()
     w = torch.full((3, 4), 2.0, dtype=D)
     w[1, 2] = 0.5
-    loss, _ = reference_objective(lp, lp.clone(), -torch.ones(3, dtype=D), mask, cfg(loss_mode="gpg", loss_agg_mode="token-sum"),
+    loss, _ = oracle_objective(lp, lp.clone(), -torch.ones(3, dtype=D), mask, cfg(loss_mode="gpg", loss_agg_mode="token-sum"),
                                   rollout_is_weights=w)
     assert loss.item() == pytest.approx(2 * 2 + 2 * 1 + 2 * 2 + 0.5 * 6)
 
@@ -117,8 +117,8 @@ def test_scalar_advantages_broadcast():
     torch.manual_seed(0)
     lp, old, mask = -torch.rand(3, 5, dtype=D), -torch.rand(3, 5, dtype=D), torch.rand(3, 5) > 0.3
     adv = torch.randn(3, dtype=D)
-    a, _ = reference_objective(lp, old, adv, mask, cfg())
-    b, _ = reference_objective(lp, old, adv[:, None].expand(3, 5).clone(), mask, cfg())
+    a, _ = oracle_objective(lp, old, adv, mask, cfg())
+    b, _ = oracle_objective(lp, old, adv[:, None].expand(3, 5).clone(), mask, cfg())
     assert a.item() == b.item()
 
 
@@ -144,7 +144,7 @@ def test_non_finite_padding_never_propagates(mode):
     adv = torch.where(mask, torch.randn(B, T, dtype=D), torch.full((B, T), float("nan"), dtype=D))
     c = cfg(loss_mode=mode, dro_beta=0.1, use_kl_loss=True, entropy_coeff=0.01, kl_cov_ratio=0.2, clip_cov_ratio=0.2,
             clip_cov_lb=-100.0, clip_cov_ub=100.0)
-    loss, metrics = reference_objective(lp, old, adv, mask, c, ref_log_prob=ref, rollout_is_weights=w, entropy=ent)
+    loss, metrics = oracle_objective(lp, old, adv, mask, c, ref_log_prob=ref, rollout_is_weights=w, entropy=ent)
     loss.backward()
     assert math.isfinite(loss.item())
     assert all(math.isfinite(v) for v in metrics.values())
@@ -154,7 +154,7 @@ def test_non_finite_padding_never_propagates(mode):
 
 def test_empty_minibatch_raises():
     with pytest.raises(ValueError, match="response_mask"):
-        reference_objective(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.zeros(2, 3), cfg())
+        oracle_objective(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), torch.zeros(2, 3), cfg())
 
 
 # ---------------------------------------------------------------------------------------------- GMPO
@@ -168,7 +168,7 @@ def _gmpo_batch():
 
 def test_gmpo_two_sequences_by_hand():
     lp, old, adv, mask = _gmpo_batch()
-    loss, m = reference_objective(lp, old, adv, mask, cfg(loss_mode="geo_mean"))
+    loss, m = oracle_objective(lp, old, adv, mask, cfg(loss_mode="geo_mean"))
     # A>0 caps δ at +0.2: δ̃ = [0.1, 0.2]; A<0 floors δ at −0.2: δ̃ = [−0.2, 0.1, 0.0].
     l0 = -1.0 * math.exp((0.1 + 0.2) / 2)
     l1 = +1.0 * math.exp((-0.2 + 0.1 + 0.0) / 3)
@@ -183,13 +183,13 @@ def test_gmpo_two_sequences_by_hand():
 
 def test_gmpo_ignores_token_agg_mode_and_uses_geometric_weight():
     lp, old, adv, mask = _gmpo_batch()
-    base, _ = reference_objective(lp, old, adv, mask, cfg(loss_mode="geo_mean"))
+    base, _ = oracle_objective(lp, old, adv, mask, cfg(loss_mode="geo_mean"))
     for mode in AGG_MODES:
-        other, _ = reference_objective(lp, old, adv, mask, cfg(loss_mode="geo_mean", loss_agg_mode=mode),
+        other, _ = oracle_objective(lp, old, adv, mask, cfg(loss_mode="geo_mean", loss_agg_mode=mode),
                                        index=[0, 0, 1])
         assert other.item() == pytest.approx(base.item())
     w = torch.tensor([[2.0, 8.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], dtype=D)
-    weighted, _ = reference_objective(lp, old, adv, mask, cfg(loss_mode="geo_mean"), rollout_is_weights=w)
+    weighted, _ = oracle_objective(lp, old, adv, mask, cfg(loss_mode="geo_mean"), rollout_is_weights=w)
     l0 = -math.exp(0.15) * 4.0  # geometric mean of [2, 8] is 4
     l1 = math.exp(-0.1 / 3)
     assert weighted.item() == pytest.approx((l0 + l1) / 2, rel=1e-8)
@@ -201,7 +201,7 @@ def test_gspo_sequence_ratio_value_and_gradient():
     lp = leaf([[0.3, -0.1, 0.0], [0.05, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
     adv = torch.tensor([1.0, -2.0], dtype=D)
-    loss, m = reference_objective(lp, torch.zeros(2, 3, dtype=D), adv, mask, cfg(loss_mode="gspo", loss_agg_mode="token-sum"))
+    loss, m = oracle_objective(lp, torch.zeros(2, 3, dtype=D), adv, mask, cfg(loss_mode="gspo", loss_agg_mode="token-sum"))
     s0, s1 = math.exp(0.1), math.exp(0.05)  # both inside [0.8, 1.2]
     assert loss.item() == pytest.approx((-1.0 * s0 + 2.0 * s1) / 2)  # forced seq-mean-token-mean
     loss.backward()
@@ -232,7 +232,7 @@ def test_dppo_tv_trust_region():
     # p_old = 0.5. A>0: p = 0.6 is inside (0.1 ≤ 0.2), p = 0.8 is outside (0.3 > 0.2).
     old = torch.full((1, 2), math.log(0.5), dtype=D)
     lp = leaf([[math.log(0.6), math.log(0.8)]])
-    loss, m = reference_objective(lp, old, torch.tensor([1.0], dtype=D), torch.ones(1, 2), cfg(loss_mode="dppo_tv", loss_agg_mode="token-sum"))
+    loss, m = oracle_objective(lp, old, torch.tensor([1.0], dtype=D), torch.ones(1, 2), cfg(loss_mode="dppo_tv", loss_agg_mode="token-sum"))
     assert loss.item() == pytest.approx(-1.2 * math.log(0.6))  # r̄ = 1.2 on the valid token, 0 elsewhere
     loss.backward()
     assert lp.grad[0, 0] == pytest.approx(-1.2) and lp.grad[0, 1] == 0.0
@@ -246,11 +246,11 @@ def test_kl_estimators_and_straight_through():
     expected = {"k1": 0.5, "abs": 0.5, "k2": 0.125, "k3": math.exp(x) - x - 1}
     for kind, value in expected.items():
         c = cfg(loss_mode="gpg", use_kl_loss=True, kl_loss_type=kind, kl_loss_coef=1.0)
-        _, m = reference_objective(lp, lp.detach(), torch.zeros(1, dtype=D), torch.ones(1, 1), c, ref_log_prob=ref)
+        _, m = oracle_objective(lp, lp.detach(), torch.zeros(1, dtype=D), torch.ones(1, 1), c, ref_log_prob=ref)
         assert m["kl_loss"] == pytest.approx(value)
         plus = cfg(loss_mode="gpg", use_kl_loss=True, kl_loss_type=kind + "+", kl_loss_coef=1.0)
         lp.grad = None
-        loss, m = reference_objective(lp, lp.detach(), torch.zeros(1, dtype=D), torch.ones(1, 1), plus, ref_log_prob=ref)
+        loss, m = oracle_objective(lp, lp.detach(), torch.zeros(1, dtype=D), torch.ones(1, 1), plus, ref_log_prob=ref)
         loss.backward()
         assert m["kl_loss"] == pytest.approx(value)
         assert float(lp.grad) == pytest.approx(0.5)  # gradient of ½(logπ − ref)² is logπ − ref
@@ -258,7 +258,7 @@ def test_kl_estimators_and_straight_through():
 
 def test_kl_loss_requires_ref():
     with pytest.raises(ValueError, match="ref_log_prob"):
-        reference_objective(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1), cfg(use_kl_loss=True))
+        oracle_objective(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1), cfg(use_kl_loss=True))
 
 
 def test_total_combines_entropy_and_kl_and_metric_keys():
@@ -267,14 +267,14 @@ def test_total_combines_entropy_and_kl_and_metric_keys():
     ref = lp - 1.0  # k1 = 1 on every token
     c = cfg(loss_mode="gpg", loss_agg_mode="seq-mean-token-mean", entropy_coeff=0.1, use_kl_loss=True,
             kl_loss_type="k1", kl_loss_coef=0.5)
-    loss, m = reference_objective(lp, lp.clone(), -torch.ones(3, dtype=D), mask, c, ref_log_prob=ref, entropy=ent)
+    loss, m = oracle_objective(lp, lp.clone(), -torch.ones(3, dtype=D), mask, c, ref_log_prob=ref, entropy=ent)
     pg = (2.0 + 3.0) / 2
     ent_loss = (1.0 + 3.0) / 2
     assert loss.item() == pytest.approx(pg - 0.1 * ent_loss + 0.5 * 1.0)
     assert m["entropy"] == pytest.approx(10.0 / 4)  # token mean, not the agg mode
     assert m["entropy_loss"] == pytest.approx(ent_loss) and m["kl_loss"] == pytest.approx(1.0)
     assert set(m) == {"loss", "pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "entropy_loss", "kl_loss"}
-    _, m = reference_objective(lp, lp.clone(), -torch.ones(3, dtype=D), mask, cfg(loss_mode="kl_cov"))
+    _, m = oracle_objective(lp, lp.clone(), -torch.ones(3, dtype=D), mask, cfg(loss_mode="kl_cov"))
     assert set(m) == {"loss", "pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "cov_selected"}
 
 
@@ -310,11 +310,11 @@ def _tied_cov_batch():
 
 def test_kl_cov_ties_broken_by_canonical_key():
     lp, adv, mask, ids = _tied_cov_batch()
-    sel = reference_selection(lp, lp, adv, mask, cfg(loss_mode="kl_cov", kl_cov_ratio=0.25), seq_ids=ids)
+    sel = oracle_selection(lp, lp, adv, mask, cfg(loss_mode="kl_cov", kl_cov_ratio=0.25), seq_ids=ids)
     assert sel[:, 0].tolist() == [False, True, False, False]  # smallest key: sequence id 3
-    sel = reference_selection(lp, lp, adv, mask, cfg(loss_mode="kl_cov", kl_cov_ratio=0.5), seq_ids=ids)
+    sel = oracle_selection(lp, lp, adv, mask, cfg(loss_mode="kl_cov", kl_cov_ratio=0.5), seq_ids=ids)
     assert sel[:, 0].tolist() == [False, True, True, False]  # ids 3 and 5
-    sel = reference_selection(lp, lp, adv, mask, cfg(loss_mode="kl_cov", kl_cov_ratio=0.01))
+    sel = oracle_selection(lp, lp, adv, mask, cfg(loss_mode="kl_cov", kl_cov_ratio=0.01))
     assert sel[:, 0].tolist() == [True, False, False, False]  # k = max(1, ⌊0.04⌋) = 1; default keys = rows
 
 
@@ -324,8 +324,8 @@ def test_kl_cov_picks_top_covariance_and_penalises_it():
     old = torch.tensor([[-1.2, -2.0, -0.5, -3.0]], dtype=D)
     adv = torch.tensor([[0.0, 0.0, 0.0, -2.0]], dtype=D)
     c = cfg(loss_mode="kl_cov", kl_cov_ratio=0.25, loss_agg_mode="token-sum")
-    assert reference_selection(lp, old, adv, torch.ones(1, 4), c).tolist() == [[False, False, False, True]]
-    loss, m = reference_objective(lp, old, adv, torch.ones(1, 4), c)
+    assert oracle_selection(lp, old, adv, torch.ones(1, 4), c).tolist() == [[False, False, False, True]]
+    loss, m = oracle_objective(lp, old, adv, torch.ones(1, 4), c)
     assert loss.item() == pytest.approx(2.0 * math.exp(-1.0) + 0.1 * 1.0)
     assert m["cov_selected"] == 1.0
     assert m["ppo_kl"] == pytest.approx(-(0.2 - 1.0) / 4)  # k1 mean, not mean |δ|
@@ -335,7 +335,7 @@ def test_kl_cov_selection_ignores_padding_and_empty_rows():
     lp, adv, mask, ids = _tied_cov_batch()
     lp2 = torch.cat([lp, torch.full((4, 1), float("nan"), dtype=D)], dim=1)
     mask2 = torch.cat([mask, torch.zeros(4, 1, dtype=torch.bool)], dim=1)
-    sel = reference_selection(lp2, lp2, adv, mask2, cfg(loss_mode="kl_cov", kl_cov_ratio=0.25), seq_ids=ids)
+    sel = oracle_selection(lp2, lp2, adv, mask2, cfg(loss_mode="kl_cov", kl_cov_ratio=0.25), seq_ids=ids)
     assert sel.tolist() == [[False, False], [True, False], [False, False], [False, False]]
 
 
@@ -343,16 +343,16 @@ def test_clip_cov_candidates_and_hash_order():
     # c = 1 on every token (see _tied_cov_batch); a tiny ratio keeps the quota at 1.
     lp, adv, mask, ids = _tied_cov_batch()
     c = cfg(loss_mode="clip_cov", clip_cov_lb=0.5, clip_cov_ub=2.0, seed=123)
-    sel = reference_selection(lp, lp, adv, mask, c, seq_ids=ids, step=4)
+    sel = oracle_selection(lp, lp, adv, mask, c, seq_ids=ids, step=4)
     winner = min(range(4), key=lambda r: (priority_hash(123, 4, int(ids[r]), 0), int(ids[r])))
     assert sel[:, 0].tolist() == [r == winner for r in range(4)]
     # strict bounds: c = 1 is not inside (1, 5) -> no candidate, nothing selected
-    sel = reference_selection(lp, lp, adv, mask, cfg(loss_mode="clip_cov", clip_cov_lb=1.0), seq_ids=ids)
+    sel = oracle_selection(lp, lp, adv, mask, cfg(loss_mode="clip_cov", clip_cov_lb=1.0), seq_ids=ids)
     assert not sel.any()
     # a token already clipped by PPO is not a candidate: push the winner's ratio outside the clip range
     old = lp.clone()
     old[winner, 0] -= 1.0 if adv[winner] > 0 else -1.0
-    sel = reference_selection(lp, old, adv, mask, c, seq_ids=ids, step=4)
+    sel = oracle_selection(lp, old, adv, mask, c, seq_ids=ids, step=4)
     assert sel.sum() == 1 and not sel[winner, 0]
 
 
@@ -361,8 +361,8 @@ def test_clip_cov_selected_token_loses_loss_and_gradient():
     lp = lp0.clone().requires_grad_()
     old = lp0 - 0.05  # ρ = e^0.05, inside the clip range
     c = cfg(loss_mode="clip_cov", clip_cov_lb=0.5, clip_cov_ub=2.0, seed=123, loss_agg_mode="token-sum")
-    sel = reference_selection(lp, old, adv, mask, c, seq_ids=ids, step=4)
-    loss, m = reference_objective(lp, old, adv, mask, c, seq_ids=ids, step=4)
+    sel = oracle_selection(lp, old, adv, mask, c, seq_ids=ids, step=4)
+    loss, m = oracle_objective(lp, old, adv, mask, c, seq_ids=ids, step=4)
     loss.backward()
     rho = math.exp(0.05)
     kept = [r for r in range(4) if not sel[r, 0]]
@@ -373,4 +373,4 @@ def test_clip_cov_selected_token_loses_loss_and_gradient():
 
 def test_selection_only_for_cov_modes():
     with pytest.raises(ValueError, match="loss_mode"):
-        reference_selection(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1), cfg())
+        oracle_selection(torch.zeros(1, 1), torch.zeros(1, 1), torch.zeros(1), torch.ones(1, 1), cfg())

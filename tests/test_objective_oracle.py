@@ -1,4 +1,4 @@
-"""`objective` equals the independent plain float64 reference, in value, gradient and metrics (1e-12)."""
+"""`objective` equals the independent plain float64 oracle, in value, gradient and metrics (1e-12)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splitproof import objective
-from splitproof.reference import priority_hash as reference_hash
-from splitproof.reference import reference_objective, reference_selection
+from splitproof.oracle import priority_hash as oracle_hash
+from splitproof.oracle import oracle_objective, oracle_selection
 from splitproof.selection import priority_hash
 
 from .factories import ALL_MODES, config_for, random_minibatch
@@ -33,13 +33,13 @@ def evaluate(fn, mb, config, step):
 @given(seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 6), width=st.integers(1, 8), use_kl=st.booleans(),
        weights=st.booleans(), entropy=st.booleans(), kl_type=st.sampled_from(["k1", "abs", "k2", "low_var_kl", "k3+", "abs+"]),
        ratio=st.sampled_from([2e-4, 0.1, 0.4]))
-def test_objective_matches_reference(loss_mode, agg_mode, seed, batch, width, use_kl, weights, entropy, kl_type, ratio):
+def test_objective_matches_oracle(loss_mode, agg_mode, seed, batch, width, use_kl, weights, entropy, kl_type, ratio):
     mb = random_minibatch(seed, batch, width, with_weights=weights, with_entropy=entropy, quantized=seed % 3 == 0)
     config = config_for(loss_mode, agg_mode, use_kl_loss=use_kl, kl_loss_type=kl_type,
                         entropy_coeff=0.02 if entropy else 0.0, kl_cov_ratio=ratio, clip_cov_ratio=ratio,
                         clip_ratio_low=0.15, clip_ratio_high=0.28)
     loss_a, metrics_a, grads_a = evaluate(objective, mb, config, step=5)
-    loss_b, metrics_b, grads_b = evaluate(reference_objective, mb, config, step=5)
+    loss_b, metrics_b, grads_b = evaluate(oracle_objective, mb, config, step=5)
     assert abs(loss_a - loss_b) <= REL * max(1.0, abs(loss_b))
     assert metrics_a.keys() == metrics_b.keys()
     for name in metrics_a:
@@ -56,13 +56,13 @@ def test_objective_matches_reference(loss_mode, agg_mode, seed, batch, width, us
         adv = mb.advantages if mb.advantages.dim() == 2 else mb.advantages[:, None].expand(mask.shape)
         x = policy_inputs(mb.log_prob, mb.old_log_prob, adv, mask)
         ours = select_tokens(x, config, mb.seq_ids, step=5)
-        theirs = reference_selection(mb.log_prob, mb.old_log_prob, mb.advantages, mask, config, seq_ids=mb.seq_ids, step=5)
+        theirs = oracle_selection(mb.log_prob, mb.old_log_prob, mb.advantages, mask, config, seq_ids=mb.seq_ids, step=5)
         assert torch.equal(ours, theirs.to(ours.device))
 
 
-def test_priority_hash_matches_reference_definition():
+def test_priority_hash_matches_oracle_definition():
     ids = torch.tensor([0, 7, 123456, 2**31 + 5])
     pos = torch.tensor([0, 11, 3, 1])
     for seed, step in [(0, 0), (42, 3), (-1, 2**40 + 1)]:
         ours = priority_hash(seed, step, ids, pos).tolist()
-        assert ours == [reference_hash(seed, step, int(i), int(p)) for i, p in zip(ids, pos)]
+        assert ours == [oracle_hash(seed, step, int(i), int(p)) for i, p in zip(ids, pos)]
