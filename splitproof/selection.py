@@ -187,7 +187,7 @@ def select_tokens(
 ) -> Tensor:
     """The bool [B, T] mask of this rank's tokens chosen over the whole minibatch.
 
-    ``x`` holds this rank's share of the minibatch (all its microbatches). ``sums`` are the minibatch's
+    ``x`` holds this rank's shard of the minibatch (all its microbatches). ``sums`` are the minibatch's
     CovSums over all ranks; computed and reduced here when not given.
     """
     if sums is None:
