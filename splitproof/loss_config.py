@@ -111,7 +111,8 @@ class LossConfig:
             require(is_finite_number(self.loss_scale_factor) and self.loss_scale_factor > 0, "loss_scale_factor",
                     f"must be > 0, got {self.loss_scale_factor!r}")
         for name in ("entropy_coeff", "kl_loss_coef", "ppo_kl_coef"):
-            require(is_finite_number(getattr(self, name)), name, f"must be a finite number, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            require(is_finite_number(value), name, f"must be a finite number, got {value!r}")
         for name in ("tau_pos", "tau_neg"):
             value = getattr(self, name)
             require(is_finite_number(value) and value > 0, name, f"must be > 0, got {value!r}")

@@ -80,7 +80,8 @@ def check_value_model(model: nn.Module) -> None:
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     if head is not None:
         raise ConfigError("model", f"a value model has one output per position, got a causal LM "
-                          f"({type(inner).__name__}); build one with splitproof.value_model.value_model_from_pretrained")
+                          f"({type(inner).__name__}); build one with "
+                          "splitproof.value_model.value_model_from_pretrained")
 
 
 class ValueObjective:

@@ -28,7 +28,8 @@ _accepts_logits_to_keep: dict[type, bool] = {}
 
 
 def takes_logits_to_keep(model: nn.Module) -> bool:
-    """Whether the Hugging Face module (inside DDP/PEFT wrappers)'s forward names a ``logits_to_keep`` parameter (cached per class)."""
+    """Whether the Hugging Face module (inside DDP/PEFT wrappers)'s forward names a ``logits_to_keep``
+    parameter (cached per class)."""
     cls = type(base_model_of(model))
     if cls not in _accepts_logits_to_keep:
         try:

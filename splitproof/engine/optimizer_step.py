@@ -2,8 +2,8 @@
 
 Statistics over the whole minibatch (all ranks) → the objective's preparation → forward/backward of each
 microbatch's share of J(ℬ) (float64 RMSNorm gradients: ``norm_gradients``) → the objective's closing pass → one
-gradient reduction over ranks (a sum) → metrics summed over ranks → clip by total norm → step, or skip on a non-finite norm. A failed step leaves
-weights and optimizer state as they were.
+gradient reduction over ranks (a sum) → metrics summed over ranks → clip by total norm → step, or skip on a
+non-finite norm. A failed step leaves weights and optimizer state as they were.
 
 What differs between the policy and the value model is an :class:`Objective`: which forward a
 microbatch runs (log-probs or values) and how a part's share of J and of each metric follows from it and
