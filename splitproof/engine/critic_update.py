@@ -16,15 +16,14 @@ import torch
 from torch import Tensor, nn
 
 from ..batch import BatchError, RolloutBatch, require_group_index
-from ..collective import LOCAL, default_collective
+from ..collective import LOCAL
 from ..loss_config import ConfigError
 from ..hf_models import unwrap
 from ..stats import MinibatchStats
 from ..value_objective import VALUE_METRICS, value_share
 from .update_config import CriticUpdateConfig
-from .distributed import needs_lockstep
 from .plan import MinibatchPlan
-from .optimizer_step import Objective, Part, StepResult, device_of, group_ids, optimizer_step
+from .optimizer_step import Objective, Part, StepResult, group_ids, optimizer_step, prepare_update
 from .validation import check_positions, validate_plans
 from .values import response_values
 
@@ -40,11 +39,7 @@ def update_critic(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
     step's J_V(ℬ) is ``make_objective(config, batch, plan, collective, step)``, by default
     :class:`ValueObjective`.
     """
-    collective = collective or default_collective(device_of(model))
-    if collective.world_size > 1 and not needs_lockstep(model):
-        raise ValueError("model: with several ranks, wrap the model with DDP or FSDP2 (splitproof.engine.wrap_model)")
-    batch, plans = validate_critic_update(model, batch, config, collective)
-    batch = batch.to(device_of(model))
+    collective, batch, plans = prepare_update(model, batch, config, collective, validate_critic_update)
     make_objective = make_objective or ValueObjective
     results = []
     for i, plan in enumerate(plans):

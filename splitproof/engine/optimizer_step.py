@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ..batch import RolloutBatch
+from ..collective import default_collective
 from ..loss_config import GROUP_AGG
 from ..policy_objective import merge_metric_shares
 from ..stats import MinibatchStats
@@ -75,6 +76,17 @@ class Objective(Protocol):
     def after(self, model: nn.Module, stats: MinibatchStats, metric_sums: dict[str, Tensor]) -> None: ...
 
     def metric_names(self) -> list[str]: ...
+
+
+def prepare_update(model: nn.Module, batch: RolloutBatch, config, collective, validate
+                   ) -> tuple[object, RolloutBatch, list[MinibatchPlan]]:
+    """Before an update's first step: the collective (by default the model device's), the batch checked by
+    ``validate(model, batch, config, collective)`` and moved to the model's device, and this rank's plans."""
+    collective = collective or default_collective(device_of(model))
+    if collective.world_size > 1 and not needs_lockstep(model):
+        raise ValueError("model: with several ranks, wrap the model with DDP or FSDP2 (splitproof.engine.wrap_model)")
+    batch, plans = validate(model, batch, config, collective)
+    return collective, batch.to(device_of(model)), plans
 
 
 def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: RolloutBatch, plan: MinibatchPlan,

@@ -15,13 +15,11 @@ import torch
 from torch import Tensor, nn
 
 from ..batch import RolloutBatch
-from ..collective import default_collective
 from ..policy_objective import metric_names, minibatch_share
 from ..stats import MinibatchStats
 from .cov_strategy import CovSelection
-from .distributed import needs_lockstep
 from .logprobs import response_log_probs
-from .optimizer_step import Objective, Part, StepResult, device_of, group_ids, optimizer_step
+from .optimizer_step import Objective, Part, StepResult, group_ids, optimizer_step, prepare_update
 from .plan import MinibatchPlan
 from .update_config import UpdateConfig
 from .validation import validate_update
@@ -46,11 +44,7 @@ def update_policy(
     ``make_objective(config, batch, plan, collective, step)``, by default :class:`PolicyObjective`
     (the diagnosis passes its own, e.g. other frameworks' per-microbatch statistics).
     """
-    collective = collective or default_collective(device_of(model))
-    if collective.world_size > 1 and not needs_lockstep(model):
-        raise ValueError("model: with several ranks, wrap the model with DDP or FSDP2 (splitproof.engine.wrap_model)")
-    batch, plans = validate_update(model, batch, config, collective)
-    batch = batch.to(device_of(model))
+    collective, batch, plans = prepare_update(model, batch, config, collective, validate_update)
     make_objective = make_objective or PolicyObjective
     results = []
     for i, plan in enumerate(plans):
