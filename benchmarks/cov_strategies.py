@@ -44,7 +44,7 @@ def loss_config(loss: str, ratio: float):
 def selection_size(model, batch, loss_cfg, micro: int) -> tuple[int, int]:
     """Tokens and sequences of the minibatch-wide selection at the current weights (untimed)."""
     from splitproof.engine.logprobs import compute_log_probs
-    from splitproof.objective import policy_inputs
+    from splitproof.policy_objective import policy_inputs
     from splitproof.selection import select_tokens
 
     valid = batch.validate()
@@ -55,6 +55,7 @@ def selection_size(model, batch, loss_cfg, micro: int) -> tuple[int, int]:
 
 
 def run(env: bl.Env) -> dict:
+    from splitproof.diagnose.per_microbatch import per_microbatch
     from splitproof.diagnose.synthetic import synthetic_rollout
     from splitproof.engine.update_config import UpdateConfig
     from splitproof.engine.update import update_policy
@@ -69,12 +70,15 @@ def run(env: bl.Env) -> dict:
     for loss in LOSSES:
         for ratio in RATIOS:
             cfg_loss = loss_config(loss, ratio)
+            # `microbatch` is the diagnosis's per-microbatch selection (diagnose.per_microbatch), on `auto`'s config
             configs = {s: UpdateConfig(loss=cfg_loss, ppo_mini_batch_size=B, ppo_micro_batch_size_per_gpu=micro,
-                                       cov_strategy=s) for s in STRATEGIES}
+                                       cov_strategy="auto" if s == "microbatch" else s) for s in STRATEGIES}
+            local = per_microbatch(statistics_scope="minibatch", cov_strategy="microbatch")
             chosen = {}
 
             def call(strategy, c=configs, chosen=chosen):
-                result = update_policy(model, optimizer, batch, c[strategy])
+                make = local if strategy == "microbatch" else None
+                result = update_policy(model, optimizer, batch, c[strategy], make_objective=make)
                 chosen[strategy] = result[0].cov_strategy
 
             variants = {s: (lambda s=s: call(s)) for s in STRATEGIES}

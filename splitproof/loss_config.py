@@ -57,12 +57,14 @@ class ConfigError(ValueError):
         self.field = field_name
 
 
-def _check(cond: bool, name: str, message: str) -> None:
+def require(cond: bool, name: str, message: str) -> None:
+    """Raise ``ConfigError(name, message)`` unless ``cond``."""
     if not cond:
         raise ConfigError(name, message)
 
 
-def _finite(x) -> bool:
+def is_finite_number(x) -> bool:
+    """An int or float (not a bool) that is finite."""
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
@@ -92,30 +94,39 @@ class LossConfig:
     seed: int = 42  # Clip-Cov's priority hash
 
     def __post_init__(self) -> None:
-        _check(self.loss_mode in LOSS_MODES, "loss_mode", f"unknown {self.loss_mode!r}; expected one of {', '.join(LOSS_MODES)}")
-        _check(self.loss_agg_mode in AGG_MODES, "loss_agg_mode", f"unknown {self.loss_agg_mode!r}; expected one of {', '.join(AGG_MODES)}")
+        require(self.loss_mode in LOSS_MODES, "loss_mode",
+                f"unknown {self.loss_mode!r}; expected one of {', '.join(LOSS_MODES)}")
+        require(self.loss_agg_mode in AGG_MODES, "loss_agg_mode",
+                f"unknown {self.loss_agg_mode!r}; expected one of {', '.join(AGG_MODES)}")
         base_kl = self.kl_loss_type[:-1] if self.kl_loss_type.endswith("+") else self.kl_loss_type
-        _check(base_kl in KL_TYPES, "kl_loss_type", f"unknown {self.kl_loss_type!r}; expected one of {', '.join(KL_TYPES)} (optionally with '+')")
+        require(base_kl in KL_TYPES, "kl_loss_type",
+                f"unknown {self.kl_loss_type!r}; expected one of {', '.join(KL_TYPES)} (optionally with '+')")
         for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
             value = getattr(self, name)
             if value is not None:
-                _check(_finite(value) and value >= 0, name, f"must be a finite number >= 0, got {value!r}")
-        _check(_finite(self.clip_ratio_c) and self.clip_ratio_c > 1.0, "clip_ratio_c", f"must be > 1, got {self.clip_ratio_c!r}")
+                require(is_finite_number(value) and value >= 0, name, f"must be a finite number >= 0, got {value!r}")
+        require(is_finite_number(self.clip_ratio_c) and self.clip_ratio_c > 1.0, "clip_ratio_c",
+                f"must be > 1, got {self.clip_ratio_c!r}")
         if self.loss_scale_factor is not None:
-            _check(_finite(self.loss_scale_factor) and self.loss_scale_factor > 0, "loss_scale_factor", f"must be > 0, got {self.loss_scale_factor!r}")
+            require(is_finite_number(self.loss_scale_factor) and self.loss_scale_factor > 0, "loss_scale_factor",
+                    f"must be > 0, got {self.loss_scale_factor!r}")
         for name in ("entropy_coeff", "kl_loss_coef", "ppo_kl_coef"):
-            _check(_finite(getattr(self, name)), name, f"must be a finite number, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            require(is_finite_number(value), name, f"must be a finite number, got {value!r}")
         for name in ("tau_pos", "tau_neg"):
-            _check(_finite(getattr(self, name)) and getattr(self, name) > 0, name, f"must be > 0, got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            require(is_finite_number(value) and value > 0, name, f"must be > 0, got {value!r}")
         for name in ("clip_cov_ratio", "kl_cov_ratio"):
             value = getattr(self, name)
-            _check(_finite(value) and 0 < value <= 1, name, f"must be in (0, 1], got {value!r}")
-        _check(_finite(self.clip_cov_lb) and _finite(self.clip_cov_ub) and self.clip_cov_lb < self.clip_cov_ub,
-               "clip_cov_lb", f"must be < clip_cov_ub, got {self.clip_cov_lb!r} >= {self.clip_cov_ub!r}")
+            require(is_finite_number(value) and 0 < value <= 1, name, f"must be in (0, 1], got {value!r}")
+        require(is_finite_number(self.clip_cov_lb) and is_finite_number(self.clip_cov_ub)
+                and self.clip_cov_lb < self.clip_cov_ub,
+                "clip_cov_lb", f"must be < clip_cov_ub, got {self.clip_cov_lb!r} >= {self.clip_cov_ub!r}")
         if self.loss_mode == "dro":
-            _check(self.dro_beta is not None and _finite(self.dro_beta) and self.dro_beta > 0, "dro_beta",
-                   f"loss_mode 'dro' needs dro_beta > 0, got {self.dro_beta!r}")
-        _check(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", f"must be an int, got {self.seed!r}")
+            require(self.dro_beta is not None and is_finite_number(self.dro_beta) and self.dro_beta > 0, "dro_beta",
+                    f"loss_mode 'dro' needs dro_beta > 0, got {self.dro_beta!r}")
+        require(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed",
+                f"must be an int, got {self.seed!r}")
         forced = FORCED_AGG.get(self.loss_mode)
         agrees = self.loss_agg_mode in (forced, SAME_AS_FORCED.get(self.loss_mode))
         if forced and not agrees and (self.loss_mode, self.loss_agg_mode) not in _warned_forced:
@@ -173,13 +184,13 @@ class ValueLossConfig:
     loss_scale_factor: float | None = None
 
     def __post_init__(self) -> None:
-        _check(_finite(self.cliprange_value) and self.cliprange_value > 0, "cliprange_value",
-               f"must be a finite number > 0, got {self.cliprange_value!r}")
-        _check(self.loss_agg_mode in AGG_MODES, "loss_agg_mode",
-               f"unknown {self.loss_agg_mode!r}; expected one of {', '.join(AGG_MODES)}")
+        require(is_finite_number(self.cliprange_value) and self.cliprange_value > 0, "cliprange_value",
+                f"must be a finite number > 0, got {self.cliprange_value!r}")
+        require(self.loss_agg_mode in AGG_MODES, "loss_agg_mode",
+                f"unknown {self.loss_agg_mode!r}; expected one of {', '.join(AGG_MODES)}")
         if self.loss_scale_factor is not None:
-            _check(_finite(self.loss_scale_factor) and self.loss_scale_factor > 0, "loss_scale_factor",
-                   f"must be > 0, got {self.loss_scale_factor!r}")
+            require(is_finite_number(self.loss_scale_factor) and self.loss_scale_factor > 0, "loss_scale_factor",
+                    f"must be > 0, got {self.loss_scale_factor!r}")
 
     def replace(self, **changes) -> "ValueLossConfig":
         return replace(self, **changes)

@@ -3,8 +3,8 @@
 c_j = (A_j − Ā)(log π_j − L̄) with Ā, L̄ token means over every valid token of the minibatch. The sums
 behind them are exactly rounded (``math.fsum``), so they are functions of the minibatch's values alone —
 not of the row order, the microbatches or the DP size (a balanced batch's Ā is exactly 0, never ±1e-16,
-which would let rounding decide the zero-advantage tokens' scores). Both losses take a "global top-k under a deterministic order":
-KL-Cov the k largest c_j, Clip-Cov the k candidates with the smallest priority hash(seed, step, key);
+which would let rounding decide the zero-advantage tokens' scores). Both losses take a "global top-k under a
+deterministic order": KL-Cov the k largest c_j, Clip-Cov the k candidates with the smallest priority hash(seed, step, key);
 ties are broken by the canonical key (sequence id, position). Each rank proposes its local top-k,
 the proposals are gathered (O(k·D)), merged, and each rank marks its own chosen tokens.
 """
@@ -140,7 +140,8 @@ def _local_proposals(primary: Tensor, eligible: Tensor, seq_ids: Tensor, k: int)
     return keys[:k]
 
 
-def propose(x: PolicyInputs, config: LossConfig, seq_ids: Tensor, sums: CovSums, step: int = 0) -> tuple[int, list[tuple]]:
+def propose(x: PolicyInputs, config: LossConfig, seq_ids: Tensor, sums: CovSums,
+            step: int = 0) -> tuple[int, list[tuple]]:
     """The quota k and this part's k best candidate keys (primary, seq_id, position), smallest first.
 
     ``sums`` are the minibatch's CovSums (all parts, all ranks): the scores, and so the proposals, of a
@@ -187,7 +188,7 @@ def select_tokens(
 ) -> Tensor:
     """The bool [B, T] mask of this rank's tokens chosen over the whole minibatch.
 
-    ``x`` holds this rank's share of the minibatch (all its microbatches). ``sums`` are the minibatch's
+    ``x`` holds this rank's shard of the minibatch (all its microbatches). ``sums`` are the minibatch's
     CovSums over all ranks; computed and reduced here when not given.
     """
     if sums is None:

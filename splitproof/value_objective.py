@@ -1,4 +1,4 @@
-"""The critic's minibatch objective and each part's share of it (the value-model twin of ``objective``).
+"""The critic's minibatch objective and each part's share of it (the value-model twin of ``policy_objective``).
 
 J_V(ℬ) = Σ_{i,t} c_{i,t}(n_i, N, G, S) · ℓ_{i,t}, ℓ the clipped value loss (``losses.value``), c the
 aggregation mode's weights over the critic's *minibatch* (``aggregation.token_weights``). A part's share
@@ -19,34 +19,31 @@ from .aggregation import aggregate, token_weights
 from .batch import BatchError, require_group_index, check_binary_mask, check_finite_on, check_per_token_shape
 from .loss_config import ValueLossConfig
 from .losses.value import value_loss
-from .objective import _clean, finalize_metrics
+from .policy_objective import finalize_metrics, zero_padding
 from .stats import MinibatchStats
 
 VALUE_METRICS = ("critic/vf_clipfrac", "critic/vf_loss", "critic/vpred_mean")
 
 
 def value_share(vpreds: Tensor, values: Tensor, returns: Tensor, response_mask: Tensor, config: ValueLossConfig,
-                stats: MinibatchStats, *, scale: float = 1.0, index: Tensor | None = None
-                ) -> tuple[Tensor, dict[str, Tensor]]:
+                stats: MinibatchStats, *, index: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """This part's share of J_V(ℬ) (differentiable w.r.t. ``vpreds``) and of each metric (detached).
 
-    ``stats`` are the minibatch's (all parts, all ranks); ``scale`` multiplies the share and its metrics
-    (1 except in the diagnosis's per-microbatch emulation); ``index`` the part's group id per row, for
+    ``stats`` are the minibatch's (all parts, all ranks); ``index`` the part's group id per row, for
     group-mean-token-mean. Padding never reaches the loss or its gradient.
     """
     mask = response_mask
     dtype = vpreds.dtype
-    if stats.num_tokens == 0:  # a part with no valid token under per-microbatch statistics
-        return (vpreds * 0).sum(), {}
-    vpreds = _clean(vpreds, mask)
-    terms = value_loss(vpreds, _clean(values, mask).to(dtype), _clean(returns, mask).to(dtype), config.cliprange_value)
+    vpreds = zero_padding(vpreds, mask)
+    terms = value_loss(vpreds, zero_padding(values, mask).to(dtype), zero_padding(returns, mask).to(dtype),
+                       config.cliprange_value)
     weights = token_weights(mask, config.loss_agg_mode, stats, config.loss_scale_factor, dtype, index)
     mean_weights = token_weights(mask, "token-mean", stats, None, dtype)
-    loss = aggregate(terms.loss, weights, mask) * scale
+    loss = aggregate(terms.loss, weights, mask)
     metrics = {
         "critic/vf_loss": loss.detach(),
-        "critic/vf_clipfrac": aggregate(terms.clipfrac.to(dtype), mean_weights, mask) * scale,
-        "critic/vpred_mean": aggregate(vpreds.detach(), mean_weights, mask) * scale,
+        "critic/vf_clipfrac": aggregate(terms.clipfrac.to(dtype), mean_weights, mask),
+        "critic/vpred_mean": aggregate(vpreds.detach(), mean_weights, mask),
     }
     return loss, metrics
 

@@ -49,11 +49,12 @@ def critic_rollout(policy, critic, num_sequences: int = 8, *, seed: int = 1, **k
     return with_values(make_rollout(policy, num_sequences, seed=seed, **kwargs), critic, seed=seed + 2)
 
 
-def run_critic(critic, batch: RolloutBatch, config: CriticUpdateConfig, *, optimizer: str = "sgd", lr: float = 0.02):
+def run_critic(critic, batch: RolloutBatch, config: CriticUpdateConfig, *, optimizer: str = "sgd", lr: float = 0.02,
+               make_objective=None):
     """One critic update on a copy: (flattened parameters after, list[StepResult])."""
     critic = copy.deepcopy(critic)
     opt = make_optimizer(critic, optimizer, lr)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        results = update_critic(critic, opt, batch, config)
+        results = update_critic(critic, opt, batch, config, make_objective=make_objective)
     return flat(full_state(critic)), results

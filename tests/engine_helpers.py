@@ -147,13 +147,13 @@ def make_optimizer(model, kind: str = "sgd", lr: float = 0.02):
 
 
 def run_update(model, batch: RolloutBatch, config: UpdateConfig, *, optimizer: str = "sgd", lr: float = 0.02,
-               copy_model: bool = True):
+               copy_model: bool = True, make_objective=None):
     """One update on a copy of ``model``: (flattened parameters after, list[StepResult])."""
     model = copy.deepcopy(model) if copy_model else model
     opt = make_optimizer(model, optimizer, lr)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        results = update_policy(model, opt, batch, config)
+        results = update_policy(model, opt, batch, config, make_objective=make_objective)
     return flat(full_state(model)), results
 
 

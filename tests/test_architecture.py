@@ -10,7 +10,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "splitproof"
 
 # a module's layer is its first-level name under splitproof/ (a core module is its own name)
-CORE = {"batch", "batch_error", "sequences", "stats", "aggregation", "losses", "selection", "objective",
+CORE = {"batch", "batch_error", "sequences", "stats", "aggregation", "losses", "selection", "policy_objective",
         "value_objective", "oracle", "collective", "loss_config", "hf_models", "value_model", "builtin", "lora",
         "lora_settings"}
 LOWER = {"engine": CORE | {"engine"}, "advantages": CORE | {"advantages"}}

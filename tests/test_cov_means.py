@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from splitproof.batch import RolloutBatch
-from splitproof.engine import UpdateConfig, compute_log_probs, update_policy, wrap_model
+from splitproof.diagnose.watched import watched
+from splitproof.engine import PolicyObjective, UpdateConfig, compute_log_probs, update_policy, wrap_model
 from splitproof.engine.launch import run_data_parallel
 from splitproof.selection import cov_sums, exact_sum
 
@@ -95,7 +96,7 @@ def _run_all(model, batch, configs, wrapper=None):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 (result,) = update_policy(copied, make_optimizer(copied), batch.select(list(perm)), config,
-                                          on_selection=record)
+                                          make_objective=watched(PolicyObjective, on_selection=record))
             out[(name, perm)] = (flat(full_state(copied)), result.metrics, keys)
     return out
 

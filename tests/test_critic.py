@@ -14,6 +14,7 @@ from splitproof.engine import CriticUpdateConfig, compute_values, response_value
 from splitproof.engine.norm_gradients import float64_norm_gradients
 from splitproof.losses.value import value_loss
 from splitproof.oracle import oracle_value_objective
+from splitproof.diagnose.per_microbatch import per_microbatch
 from splitproof.stats import MinibatchStats
 from splitproof.value_objective import explained_variance, value_objective, value_share
 
@@ -227,12 +228,12 @@ def test_update_is_split_invariant(exact_critic, batch, split):
 
 
 def test_per_microbatch_scope_is_verl_before_its_pr_6957(models, batch):
-    """``statistics_scope="microbatch"`` (the diagnosis's legacy column) = Σ over microbatches of the value loss
+    """Per-microbatch statistics (the diagnosis's legacy column) = Σ over microbatches of the value loss
     normalised by each microbatch's own tokens: the independent reference applied microbatch by microbatch."""
     _, critic = models
     config = CriticUpdateConfig(ppo_mini_batch_size=len(batch), ppo_micro_batch_size_per_gpu=3, grad_clip=NO_CLIP,
-                                cliprange_value=0.2, statistics_scope="microbatch")
-    params, steps = run_critic(critic, batch, config)
+                                cliprange_value=0.2)
+    params, steps = run_critic(critic, batch, config, make_objective=per_microbatch(value=True))
     model = copy.deepcopy(critic)
     total = 0.0
     with float64_norm_gradients(model):
@@ -248,5 +249,5 @@ def test_per_microbatch_scope_is_verl_before_its_pr_6957(models, batch):
     theta0 = flat(full_state(critic))
     assert rel_diff(params, flat(full_state(model)), theta0) <= REL
     assert abs(steps[0].metrics["critic/vf_loss"] - total) <= FLOOR * total
-    one, _ = run_critic(critic, batch, replace(config, statistics_scope="minibatch"))
+    one, _ = run_critic(critic, batch, config)
     assert rel_diff(params, one, theta0) > 0.1  # and it is not the minibatch's objective

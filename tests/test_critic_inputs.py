@@ -9,6 +9,8 @@ import pytest
 import torch
 
 from splitproof.batch import BatchError
+from splitproof.diagnose.per_microbatch import per_microbatch
+from splitproof.diagnose.split_run import RunSettings
 from splitproof.loss_config import ConfigError, ValueLossConfig
 from splitproof.engine import CriticUpdateConfig, compute_values, update_critic
 from splitproof.hf_models import tiny_causal_lm
@@ -37,7 +39,6 @@ def batch(models):
     ("ppo_mini_batch_size", 0, "ppo_mini_batch_size: must be an int >= 1"),
     ("ppo_micro_batch_size_per_gpu", 0, "ppo_micro_batch_size_per_gpu: must be None or an int >= 1"),
     ("grad_clip", 0.0, "grad_clip: must be > 0"),
-    ("statistics_scope", "rank", "statistics_scope: unknown 'rank'"),
 ])
 def test_config_errors_name_the_field(field, value, message):
     with pytest.raises(ConfigError, match=message):
@@ -45,6 +46,14 @@ def test_config_errors_name_the_field(field, value, message):
     if field in ("cliprange_value", "loss_agg_mode", "loss_scale_factor"):
         with pytest.raises(ConfigError, match=message):
             ValueLossConfig(**{field: value})
+
+
+def test_statistics_scope_error_names_the_field():
+    """The per-microbatch scope is the diagnosis's setting (diagnose.per_microbatch), checked where it is set."""
+    with pytest.raises(ConfigError, match="statistics_scope: unknown 'rank'"):
+        per_microbatch(value=True, statistics_scope="rank")
+    with pytest.raises(ConfigError, match="statistics_scope: unknown 'rank'"):
+        RunSettings(statistics_scope="rank")
 
 
 def _nan_on_valid(batch, field):

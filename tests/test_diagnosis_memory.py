@@ -23,7 +23,9 @@ from splitproof.diagnose.context import ModelSpec
 from splitproof.diagnose.diagnosis import Diagnosis
 from splitproof.diagnose.baseline_store import FlatStore, spills_to_disk
 from splitproof.diagnose.synthetic import synthetic_rollout
-from splitproof.engine import UpdateConfig, train_minibatch, wrap_model
+from splitproof.diagnose.watched import Watched
+from splitproof.engine import PolicyObjective, UpdateConfig, wrap_model
+from splitproof.engine.optimizer_step import optimizer_step
 from splitproof.engine.launch import run_data_parallel
 from splitproof.engine.plan import MinibatchPlan
 from splitproof.hf_models import tiny_causal_lm, vocab_size_of
@@ -116,8 +118,9 @@ def _gradient_buffers_worker():
         seen["same"] = [p.grad.data_ptr() for p in m.module.parameters()] == buckets
         seen["nonzero"] = all(bool(p.grad.abs().sum() > 0) for p in m.module.parameters())
 
-    train_minibatch(ddp, optimizer, batch, plan, UpdateConfig(ppo_mini_batch_size=4), collective=default_collective(),
-                    on_gradients=on_gradients)
+    config, collective = UpdateConfig(ppo_mini_batch_size=4), default_collective()
+    objective = Watched(PolicyObjective(config, batch, plan, collective, 0), batch, on_gradients=on_gradients)
+    optimizer_step(ddp, optimizer, batch, plan, objective, grad_clip=config.grad_clip, collective=collective)
     return seen
 
 

@@ -17,6 +17,7 @@ import torch
 
 from splitproof.batch import BatchError
 from splitproof.loss_config import AGG_MODES, LOSS_MODES
+from splitproof.diagnose.per_microbatch import per_microbatch
 from splitproof.engine import UpdateConfig, update_policy
 from splitproof.engine.microbatch import minibatch_schedule
 
@@ -71,7 +72,8 @@ def test_the_comparison_sees_a_split_dependent_update(setup, loss_mode, agg_mode
     theta0 = flat(model.state_dict())
     one, _ = run_update(model, batch, UpdateConfig(loss=loss, ppo_mini_batch_size=len(batch), grad_clip=NO_CLIP))
     legacy, _ = run_update(model, batch, UpdateConfig(loss=loss, ppo_mini_batch_size=len(batch), grad_clip=NO_CLIP,
-                                                      ppo_micro_batch_size_per_gpu=3, statistics_scope="microbatch"))
+                                                      ppo_micro_batch_size_per_gpu=3),
+                           make_objective=per_microbatch(statistics_scope="microbatch"))
     assert rel_diff(one, legacy, theta0) > 0.1
 
 

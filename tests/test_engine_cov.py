@@ -1,6 +1,6 @@
 """Issue 4 acceptance, single process: KL-Cov and Clip-Cov select over the minibatch, whatever the split.
 
-The selection is spied on where the engine makes it (``splitproof.engine.update._select_shard``) and
+The selection is spied on where the engine makes it (``splitproof.engine.cov_strategy.select_shard``) and
 compared as sets of canonical keys (sequence id, response position), so a permuted batch is comparable.
 float64 tiny Llama; parameters to 1e-10 relative to the update size.
 """
@@ -13,10 +13,11 @@ import warnings
 import pytest
 import torch
 
-import splitproof.engine.update as engine_update
+import splitproof.engine.cov_strategy as cov_strategy
+from splitproof.diagnose.per_microbatch import per_microbatch
 from splitproof.loss_config import AGG_MODES
 from splitproof.engine import UpdateConfig, update_policy
-from splitproof.engine.update import active_dropout
+from splitproof.engine.validation import active_dropout
 
 from .engine_helpers import (NO_CLIP, REL, assert_metrics_close, flat, loss_config, make_model, make_optimizer,
                              make_rollout, rel_diff, run_update, split_runs, with_exact_norms)
@@ -48,7 +49,7 @@ def exact_model(setup):
 def spy(monkeypatch):
     """Every minibatch selection the engine makes, as a set of (seq_id, position) keys."""
     calls: list[set[tuple[int, int]]] = []
-    real = engine_update._select_shard
+    real = cov_strategy.select_shard
 
     def recording(batch, plan, *args, **kwargs):
         mask = real(batch, plan, *args, **kwargs)
@@ -56,7 +57,7 @@ def spy(monkeypatch):
         calls.append({(ids[r], c) for r, c in mask.nonzero().tolist()})
         return mask
 
-    monkeypatch.setattr(engine_update, "_select_shard", recording)
+    monkeypatch.setattr(cov_strategy, "select_shard", recording)
     return calls
 
 
@@ -201,14 +202,17 @@ def test_microbatch_strategy_warns_and_changes_the_update():
     legacy_model = copy.deepcopy(model)
     with pytest.warns(UserWarning, match="cov_strategy 'microbatch'"):
         (legacy_result,) = update_policy(legacy_model, make_optimizer(legacy_model), batch,
-                                         UpdateConfig(**base, cov_strategy="microbatch", ppo_micro_batch_size_per_gpu=2))
+                                         UpdateConfig(**base, ppo_micro_batch_size_per_gpu=2),
+                                         make_objective=per_microbatch(statistics_scope="minibatch",
+                                                                       cov_strategy="microbatch"))
     assert legacy_result.cov_strategy == "microbatch"
     assert legacy_result.metrics["cov_selected"] == 8
     legacy = flat(legacy_model.state_dict())
     assert rel_diff(exact, legacy, theta0) > 1e-6  # ~1e4 x the float64 floor
 
     # with a single microbatch the per-microbatch selection is the minibatch one
-    whole_legacy, (whole_result,) = run_update(model, batch, UpdateConfig(**base, cov_strategy="microbatch"))
+    whole_legacy, (whole_result,) = run_update(model, batch, UpdateConfig(**base), make_objective=per_microbatch(
+        statistics_scope="minibatch", cov_strategy="microbatch"))
     assert whole_result.metrics["cov_selected"] == 2
     assert rel_diff(exact, whole_legacy, theta0) <= REL
 

@@ -20,6 +20,7 @@ from splitproof import BatchError, MinibatchStats, RolloutBatch, objective
 from splitproof.loss_config import AGG_MODES, LossConfig
 from splitproof.engine import UpdateConfig, response_log_probs, update_policy
 from splitproof.engine.microbatch import minibatch_schedule
+from splitproof.diagnose.per_microbatch import per_microbatch
 from splitproof.engine.plan import plan_update
 from splitproof.oracle import oracle_objective
 
@@ -273,7 +274,8 @@ def test_per_microbatch_group_statistics_move_the_update(setup):
     loss = loss_config("vanilla", GROUP)
     expected, _ = reference_update(model, batch, loss, 12)
     local, _ = run_update(model, batch, UpdateConfig(loss=loss, ppo_mini_batch_size=12, grad_clip=NO_CLIP,
-                                                     ppo_micro_batch_size_per_gpu=5, statistics_scope="microbatch"))
+                                                     ppo_micro_batch_size_per_gpu=5),
+                          make_objective=per_microbatch(statistics_scope="microbatch"))
     assert rel_diff(expected, local, theta0) > 0.05
     token_mean, _ = reference_update(model, batch, loss.replace(loss_agg_mode="seq-mean-token-mean"), 12)
     assert rel_diff(expected, token_mean, theta0) > 0.05  # the groups matter on this batch

@@ -50,7 +50,7 @@ def test_objective_matches_oracle(loss_mode, agg_mode, seed, batch, width, use_k
             continue
         assert float((ga - gb).abs().max()) <= REL * max(1e-300, float(gb.abs().max()))
     if config.is_cov:
-        from splitproof.objective import policy_inputs
+        from splitproof.policy_objective import policy_inputs
         from splitproof.selection import select_tokens
         mask = mb.response_mask
         adv = mb.advantages if mb.advantages.dim() == 2 else mb.advantages[:, None].expand(mask.shape)

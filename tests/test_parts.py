@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splitproof import MinibatchStats, minibatch_share, objective
-from splitproof.objective import merge_metric_shares, policy_inputs
+from splitproof.policy_objective import merge_metric_shares, policy_inputs
 from splitproof.selection import combine_terms, cov_terms, mark, merge_proposals, propose
 
 from .factories import ALL_MODES, config_for, random_minibatch

@@ -22,15 +22,8 @@ relative difference is within ``max(16 × control, 1e-12)``.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import json
 import math
-import os
-import sys
-import textwrap
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -38,254 +31,19 @@ from torch import Tensor
 from splitproof.loss_config import AGG_MODES, GROUP_AGG, LossConfig
 from splitproof.diagnose.verl_convention import VerlActorConfig, native_verl_config, one_line, set_global_batch_info
 
+from .audit_data import SPLIT_KINDS, AuditMinibatch, AuditSplit, make_minibatch, make_splits
+from .audit_loading import function_name, load_loss_fn, verl_importable
+from .audit_report import CONTRACT, TOLERANCE_FACTOR, TOLERANCE_FLOOR, AuditReport
+
 CONVENTIONS = ("verl",)
-TOLERANCE_FACTOR = 16.0
-TOLERANCE_FLOOR = 1e-12
-SPLIT_KINDS = ("uneven", "many_small", "token_budget", "dp2")
 VERL_AGG_MODES = tuple(m for m in AGG_MODES if m != GROUP_AGG)  # verl's loss functions get no group ids
 
-
-CONTRACT = ("a split-invariant loss in verl's convention divides by the minibatch's figures in "
-            "config.global_batch_info\n(batch_num_tokens for token means, global_batch_size for sequence means, "
-            "loss_scale_factor), never by the\nmicrobatch's own counts or a torch.mean over its rows, and multiplies "
-            "by global_batch_info['dp_size'] (DDP/FSDP\naverage the ranks' gradients); see docs/audit-verl.md")
+__all__ = ["CONVENTIONS", "SPLIT_KINDS", "AuditError", "AuditReport", "VerlActorConfig", "check_agg_mode",
+           "control_token_mean", "likely_cause", "load_loss_fn", "run_audit"]
 
 
 class AuditError(ValueError):
     """The audit cannot run: the loss function failed or returned something unusable on the whole minibatch."""
-
-
-# --------------------------------------------------------------------------------------------------------
-# Loading the function
-
-
-def load_loss_fn(spec: str) -> Callable:
-    """Resolve ``"package.module:function"`` (or ``"path/to/file.py:function"``) to a callable.
-
-    The part after the colon may be dotted (``module:Class.method``). The current directory is importable,
-    as with ``python -m``. Raises ValueError with a one-line message when the spec is malformed, the module
-    cannot be imported, the attribute is missing or the object is not callable.
-    """
-    if not isinstance(spec, str) or spec.count(":") != 1:
-        raise ValueError(f"malformed loss function {spec!r}: expected 'package.module:function'")
-    module_name, attr_path = (part.strip() for part in spec.split(":"))
-    attrs = attr_path.split(".")
-    if not module_name or not attr_path or not all(a.isidentifier() for a in attrs):
-        raise ValueError(f"malformed loss function {spec!r}: expected 'package.module:function'")
-
-    if module_name.endswith(".py"):
-        module = _load_file(module_name, spec)
-    else:
-        if not all(part.isidentifier() for part in module_name.split(".")):
-            raise ValueError(f"malformed loss function {spec!r}: {module_name!r} is not a module name")
-        cwd = os.getcwd()
-        added = cwd not in sys.path and "" not in sys.path
-        if added:
-            sys.path.insert(0, cwd)
-        try:
-            module = importlib.import_module(module_name)
-        except Exception as exc:  # any failure while importing user code is a one-line user error
-            raise ValueError(f"cannot import module {module_name!r} for {spec!r}: {one_line(exc)}") from None
-        finally:
-            if added:
-                try:
-                    sys.path.remove(cwd)
-                except ValueError:
-                    pass
-
-    obj: Any = module
-    for i, name in enumerate(attrs):
-        if not hasattr(obj, name):
-            where = module_name if i == 0 else f"{module_name}:{'.'.join(attrs[:i])}"
-            raise ValueError(f"{where!r} has no attribute {name!r} (from {spec!r})")
-        obj = getattr(obj, name)
-    if not callable(obj):
-        raise ValueError(f"{spec!r} is not callable (it is a {type(obj).__name__})")
-    return obj
-
-
-def _load_file(path: str, spec: str):
-    if not os.path.isfile(path):
-        raise ValueError(f"cannot import {spec!r}: no such file {path!r}")
-    name = "_splitproof_audit_" + os.path.splitext(os.path.basename(path))[0]
-    try:
-        file_spec = importlib.util.spec_from_file_location(name, path)
-        if file_spec is None or file_spec.loader is None:
-            raise ImportError(f"cannot load {path}")
-        module = importlib.util.module_from_spec(file_spec)
-        file_spec.loader.exec_module(module)
-    except Exception as exc:
-        raise ValueError(f"cannot import {path!r} for {spec!r}: {one_line(exc)}") from None
-    return module
-
-
-# --------------------------------------------------------------------------------------------------------
-# verl's actor config, as the loss function sees it
-
-
-# --------------------------------------------------------------------------------------------------------
-# The report
-
-
-@dataclass
-class AuditReport:
-    passed: bool
-    rows: list[dict]
-    settings: dict
-
-    def to_dict(self) -> dict:
-        return {"passed": self.passed, "rows": self.rows, "settings": self.settings}
-
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, default=_json_default)
-
-    def format_table(self) -> str:
-        """A plain-text table, one line per split; per failing split its kind and the likely cause; the
-        verdict; and what a split-invariant loss in verl's convention does."""
-        head = f"{'split':<14}{'microbatches':>13}{'grad_rel_diff':>15}{'control':>11}  verdict"
-        lines = [head, "-" * len(head)]
-        for r in self.rows:
-            lines.append(f"{r['split']:<14}{r['microbatches']:>13}{_fmt(r['grad_rel_diff']):>15}"
-                         f"{_fmt(r['control_rel_diff']):>11}  {r['verdict']}"
-                         + (f" ({r['error']})" if r.get("error") else ""))
-        fn = self.settings.get("loss_fn", "loss function")
-        failed = [r for r in self.rows if r["verdict"] != "pass"]
-        for r in failed:
-            lines.append(textwrap.fill(f"FAIL {r['split']} ({r['description']}): {r['cause']}", width=110,
-                                       subsequent_indent="  "))
-        where = f" on {', '.join(r['split'] for r in failed)}" if failed else " on every split"
-        lines.append(f"{fn}: {'PASS' if self.passed else 'FAIL'}{where} "
-                     f"(pass: grad_rel_diff <= max({TOLERANCE_FACTOR:g} x control, {TOLERANCE_FLOOR:g}))")
-        lines.append(CONTRACT)
-        return "\n".join(lines)
-
-
-def _fmt(x: float | None) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
-    return f"{x:.2e}"
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, Tensor):
-        return obj.tolist()
-    return str(obj)
-
-
-# --------------------------------------------------------------------------------------------------------
-# The synthetic minibatch and the splits
-
-
-@dataclass
-class _Minibatch:
-    old_log_prob: Tensor  # [B, T] float64
-    log_prob: Tensor
-    advantages: Tensor
-    response_mask: Tensor  # [B, T] bool
-    lengths: list[int]
-
-    @property
-    def num_tokens(self) -> int:
-        return int(sum(self.lengths))
-
-
-def _make_minibatch(seed: int, sequences: int, response_length: int, group_size: int = 4) -> _Minibatch:
-    """Random lengths in [1, T] (one empty sequence), log-probs with noise, GRPO advantages per token."""
-    g = torch.Generator().manual_seed(seed)
-    B, T = sequences, response_length
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    lengths[int(torch.randint(0, B, (1,), generator=g))] = 0  # one empty sequence (multi-turn style mask)
-    lengths[int(torch.argmax(lengths))] = T  # and one full-width sequence
-    mask = torch.arange(T)[None, :] < lengths[:, None]
-    dtype = torch.float64
-    old = -(torch.rand(B, T, generator=g, dtype=dtype) * 3.0 + 0.05)
-    new = old + 0.25 * torch.randn(B, T, generator=g, dtype=dtype)  # ratios spread over the clip range
-    rewards = torch.randint(0, 2, (B,), generator=g).to(dtype) + 0.1 * torch.randn(B, generator=g, dtype=dtype)
-    adv = torch.zeros(B, dtype=dtype)
-    for start in range(0, B, group_size):
-        r = rewards[start:start + group_size]
-        std = r.std() if len(r) > 1 else torch.zeros((), dtype=dtype)
-        adv[start:start + group_size] = (r - r.mean()) / (std + 1e-6)
-    advantages = adv[:, None].expand(B, T).clone()
-    zero = torch.zeros((), dtype=dtype)
-    return _Minibatch(
-        old_log_prob=torch.where(mask, old, zero),
-        log_prob=torch.where(mask, new, zero),
-        advantages=torch.where(mask, advantages, zero),
-        response_mask=mask,
-        lengths=[int(n) for n in lengths],
-    )
-
-
-@dataclass
-class _Split:
-    name: str
-    ranks: list[list[list[int]]]  # rank -> microbatches -> sequence indices
-    description: str
-
-    @property
-    def dp_size(self) -> int:
-        return len(self.ranks)
-
-    def microbatches(self) -> list[list[int]]:
-        return [mb for rank in self.ranks for mb in rank]
-
-
-def _doubling_sizes(n: int) -> list[int]:
-    sizes, size = [], 1
-    while n > 0:
-        take = min(size, n)
-        sizes.append(take)
-        n -= take
-        size *= 2
-    return sizes
-
-
-def _cut(indices: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
-    out, start = [], 0
-    for s in sizes:
-        out.append(list(indices[start:start + s]))
-        start += s
-    return out
-
-
-def _token_budget_pack(lengths: Sequence[int], budget: int) -> list[list[int]]:
-    """First-fit decreasing by length (ties by index): every microbatch holds <= budget valid tokens."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    bins: list[list[int]] = []
-    loads: list[int] = []
-    for i in order:
-        for b, load in enumerate(loads):
-            if load + lengths[i] <= budget:
-                bins[b].append(i)
-                loads[b] += lengths[i]
-                break
-        else:
-            bins.append([i])
-            loads.append(lengths[i])
-    return bins
-
-
-def _make_splits(mb: _Minibatch) -> tuple[list[_Split], int]:
-    B = len(mb.lengths)
-    idx = list(range(B))
-    uneven = _cut(idx, _doubling_sizes(B))
-    many_small = [[i] for i in idx]
-    budget = max(max(mb.lengths), math.ceil(mb.num_tokens / 4))
-    packed = _token_budget_pack(mb.lengths, budget)
-    half = (B + 1) // 2
-    r0, r1 = idx[:half], idx[half:]
-    rank0 = _cut(r0, [1, len(r0) - 1])
-    rank1 = _cut(r1, [len(r1) - len(r1) // 2, len(r1) // 2])
-    splits = [
-        _Split("uneven", [uneven], f"{len(uneven)} microbatches of {'/'.join(str(len(m)) for m in uneven)} sequences"),
-        _Split("many_small", [many_small], f"{B} microbatches of one sequence each"),
-        _Split("token_budget", [packed], f"{len(packed)} microbatches of <= {budget} valid tokens (first-fit decreasing)"),
-        _Split("dp2", [rank0, rank1], "2 ranks x 2 microbatches, gradients averaged over ranks"),
-    ]
-    return splits, budget
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -322,7 +80,7 @@ def _extract_loss(out: Any) -> Tensor:
     return out.reshape(())
 
 
-def _grad_of(loss_fn: Callable, mb: _Minibatch, rows: list[int], config: Any,
+def _grad_of(loss_fn: Callable, mb: AuditMinibatch, rows: list[int], config: Any,
              agg_mode: str, seed: int) -> tuple[Tensor, float]:
     """Call ``loss_fn`` on the rows, backward; the gradient w.r.t. log_prob [len(rows), T] and the loss value."""
     index = torch.tensor(rows, dtype=torch.long)
@@ -344,7 +102,7 @@ def _grad_of(loss_fn: Callable, mb: _Minibatch, rows: list[int], config: Any,
     return grad.detach(), float(loss.detach())
 
 
-def _global_info(mb: _Minibatch, dp_size: int, config: Any) -> dict:
+def _global_info(mb: AuditMinibatch, dp_size: int, config: Any) -> dict:
     return {
         "dp_size": dp_size,
         "batch_num_tokens": mb.num_tokens,
@@ -353,7 +111,7 @@ def _global_info(mb: _Minibatch, dp_size: int, config: Any) -> dict:
     }
 
 
-def _accumulate(loss_fn: Callable, mb: _Minibatch, split: _Split, config: Any,
+def _accumulate(loss_fn: Callable, mb: AuditMinibatch, split: AuditSplit, config: Any,
                 agg_mode: str, seed: int) -> tuple[Tensor, float]:
     """The gradient w.r.t. log_prob accumulated over the split's microbatches, averaged over ranks."""
     total = torch.zeros_like(mb.log_prob)
@@ -379,7 +137,7 @@ def _compare(grad: Tensor, base: Tensor, mask: Tensor) -> tuple[float, float]:
     return diff, diff / scale
 
 
-def likely_cause(split: _Split, grad: Tensor | None, base: Tensor, mask: Tensor, tolerance: float,
+def likely_cause(split: AuditSplit, grad: Tensor | None, base: Tensor, mask: Tensor, tolerance: float,
                  error: str | None = None) -> tuple[str, float | None]:
     """Why a split's gradient differs from the whole minibatch's, as far as its shape tells: (text, factor).
 
@@ -405,19 +163,6 @@ def likely_cause(split: _Split, grad: Tensor | None, base: Tensor, mask: Tensor,
     return (f"the gradient is a constant multiple (x{factor:.4g}) of the whole-minibatch one: the loss divides by a "
             "quantity of the microbatch (its token or sequence count, a torch.mean, its padded width) instead of "
             "global_batch_info's batch_num_tokens / global_batch_size / loss_scale_factor"), factor
-
-
-def _verl_importable() -> bool:
-    try:
-        return importlib.util.find_spec("verl") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def _fn_name(fn: Callable) -> str:
-    module = getattr(fn, "__module__", None) or "?"
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
-    return f"{module}:{name}"
 
 
 def check_agg_mode(agg_mode: str) -> None:
@@ -449,33 +194,14 @@ def run_audit(loss_fn: Callable, *, convention: str = "verl", loss_mode: str | N
     the function fails on the whole minibatch. A failure on a split is reported in that row (verdict
     ``"error"``).
     """
-    if convention not in CONVENTIONS:
-        raise ValueError(f"unsupported convention {convention!r}; supported: {', '.join(CONVENTIONS)}")
-    check_agg_mode(agg_mode)
-    if loss_mode is not None and (not isinstance(loss_mode, str) or not loss_mode):
-        raise ValueError(f"loss_mode must be a non-empty string, got {loss_mode!r}")
-    if not isinstance(sequences, int) or sequences < 4:
-        raise ValueError(f"sequences must be an int >= 4, got {sequences!r}")
-    if not isinstance(response_length, int) or response_length < 2:
-        raise ValueError(f"response_length must be an int >= 2, got {response_length!r}")
-    if not callable(loss_fn):
-        raise ValueError(f"the loss function is not callable: {loss_fn!r}")
-
-    label = name or _fn_name(loss_fn)
-    config = VerlActorConfig.from_loss_config(loss_config, **(overrides or {}))
-    config.loss_agg_mode = agg_mode
-    if loss_mode is not None:
-        config.policy_loss.loss_mode = loss_mode
-    if native_config is None:
-        module = getattr(loss_fn, "__module__", None) or ""
-        native_config = (module == "verl" or module.startswith("verl.")) and _verl_importable()
-    if native_config:
-        config = native_verl_config(config)
+    _check_arguments(loss_fn, convention, loss_mode, agg_mode, sequences, response_length)
+    label = name or function_name(loss_fn)
+    config = _audit_config(loss_fn, loss_mode, agg_mode, loss_config, overrides, native_config)
     control_config = VerlActorConfig.from_loss_config(loss_config)
 
-    mb = _make_minibatch(seed, sequences, response_length)
-    splits, budget = _make_splits(mb)
-    whole = _Split("whole", [[list(range(sequences))]], "one microbatch")
+    mb = make_minibatch(seed, sequences, response_length)
+    splits, budget = make_splits(mb)
+    whole = AuditSplit("whole", [[list(range(sequences))]], "one microbatch")
     mask = mb.response_mask
 
     with torch.random.fork_rng(devices=[]):
@@ -486,42 +212,11 @@ def run_audit(loss_fn: Callable, *, convention: str = "verl", loss_mode: str | N
         if not torch.isfinite(base[mask]).all():
             raise AuditError(f"{label} gives a non-finite gradient on the whole minibatch")
         control_base, _ = _accumulate(control_token_mean, mb, whole, control_config, agg_mode, seed)
-
-        rows: list[dict] = []
+        rows = []
         for split in splits:
             control_grad, _ = _accumulate(control_token_mean, mb, split, control_config, agg_mode, seed)
             _, control_rel = _compare(control_grad, control_base, mask)
-            row = {
-                "split": split.name,
-                "microbatches": len(split.microbatches()),
-                "ranks": split.dp_size,
-                "sequences_per_microbatch": [len(m) for m in split.microbatches()],
-                "tokens_per_microbatch": [sum(mb.lengths[i] for i in m) for m in split.microbatches()],
-                "description": split.description,
-                "grad_max_abs_diff": None,
-                "grad_rel_diff": None,
-                "control_rel_diff": control_rel,
-                "tolerance": max(TOLERANCE_FACTOR * control_rel, TOLERANCE_FLOOR),
-                "loss_abs_diff": None,
-                "verdict": "error",
-                "error": None,
-                "cause": None,
-                "grad_scale": None,
-            }
-            grad = None
-            try:
-                grad, loss = _accumulate(loss_fn, mb, split, config, agg_mode, seed)
-            except Exception as exc:
-                row["error"] = one_line(exc)
-            else:
-                abs_diff, rel_diff = _compare(grad, base, mask)
-                row["grad_max_abs_diff"] = abs_diff
-                row["grad_rel_diff"] = rel_diff
-                row["loss_abs_diff"] = abs(loss - base_loss)
-                row["verdict"] = "pass" if rel_diff <= row["tolerance"] else "fail"
-            if row["verdict"] != "pass":
-                row["cause"], row["grad_scale"] = likely_cause(split, grad, base, mask, row["tolerance"], row["error"])
-            rows.append(row)
+            rows.append(_split_row(loss_fn, mb, split, config, agg_mode, seed, base, base_loss, control_rel))
 
     settings = {
         "loss_fn": label,
@@ -547,3 +242,68 @@ def run_audit(loss_fn: Callable, *, convention: str = "verl", loss_mode: str | N
     }
     passed = all(r["verdict"] == "pass" for r in rows)
     return AuditReport(passed=passed, rows=rows, settings=settings)
+
+
+def _check_arguments(loss_fn, convention: str, loss_mode, agg_mode: str, sequences, response_length) -> None:
+    """A one-line ValueError for an unsupported convention or a bad setting, before anything runs."""
+    if convention not in CONVENTIONS:
+        raise ValueError(f"unsupported convention {convention!r}; supported: {', '.join(CONVENTIONS)}")
+    check_agg_mode(agg_mode)
+    if loss_mode is not None and (not isinstance(loss_mode, str) or not loss_mode):
+        raise ValueError(f"loss_mode must be a non-empty string, got {loss_mode!r}")
+    if not isinstance(sequences, int) or sequences < 4:
+        raise ValueError(f"sequences must be an int >= 4, got {sequences!r}")
+    if not isinstance(response_length, int) or response_length < 2:
+        raise ValueError(f"response_length must be an int >= 2, got {response_length!r}")
+    if not callable(loss_fn):
+        raise ValueError(f"the loss function is not callable: {loss_fn!r}")
+
+
+def _audit_config(loss_fn, loss_mode: str | None, agg_mode: str, loss_config: LossConfig | None,
+                  overrides: dict | None, native_config: bool | None):
+    """The actor config the function sees: ours, or verl's own ``ActorConfig`` (see :func:`run_audit`)."""
+    config = VerlActorConfig.from_loss_config(loss_config, **(overrides or {}))
+    config.loss_agg_mode = agg_mode
+    if loss_mode is not None:
+        config.policy_loss.loss_mode = loss_mode
+    if native_config is None:
+        module = getattr(loss_fn, "__module__", None) or ""
+        native_config = (module == "verl" or module.startswith("verl.")) and verl_importable()
+    return native_verl_config(config) if native_config else config
+
+
+def _split_row(loss_fn: Callable, mb: AuditMinibatch, split: AuditSplit, config: Any, agg_mode: str, seed: int,
+               base: Tensor, base_loss: float, control_rel: float) -> dict:
+    """One split's row: the candidate's gradient against the whole minibatch's, its verdict and likely cause."""
+    mask = mb.response_mask
+    row = {
+        "split": split.name,
+        "microbatches": len(split.microbatches()),
+        "ranks": split.dp_size,
+        "sequences_per_microbatch": [len(m) for m in split.microbatches()],
+        "tokens_per_microbatch": [sum(mb.lengths[i] for i in m) for m in split.microbatches()],
+        "description": split.description,
+        "grad_max_abs_diff": None,
+        "grad_rel_diff": None,
+        "control_rel_diff": control_rel,
+        "tolerance": max(TOLERANCE_FACTOR * control_rel, TOLERANCE_FLOOR),
+        "loss_abs_diff": None,
+        "verdict": "error",
+        "error": None,
+        "cause": None,
+        "grad_scale": None,
+    }
+    grad = None
+    try:
+        grad, loss = _accumulate(loss_fn, mb, split, config, agg_mode, seed)
+    except Exception as exc:
+        row["error"] = one_line(exc)
+    else:
+        abs_diff, rel_diff = _compare(grad, base, mask)
+        row["grad_max_abs_diff"] = abs_diff
+        row["grad_rel_diff"] = rel_diff
+        row["loss_abs_diff"] = abs(loss - base_loss)
+        row["verdict"] = "pass" if rel_diff <= row["tolerance"] else "fail"
+    if row["verdict"] != "pass":
+        row["cause"], row["grad_scale"] = likely_cause(split, grad, base, mask, row["tolerance"], row["error"])
+    return row

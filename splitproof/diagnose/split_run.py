@@ -1,10 +1,11 @@
 """Run one policy update for one split and keep what the diagnosis compares.
 
 A run copies the template model, builds a fresh optimizer, and drives the engine's own optimizer step
-(:func:`splitproof.engine.train_minibatch`, or for a value loss :func:`splitproof.engine.train_critic_minibatch`)
-with the split's microbatch plan — the same call ``update_policy`` (``update_critic``) makes per minibatch. It reads the accumulated gradient (before clipping, through the
-engine's ``on_gradients`` hook) and the parameters after the step, and keeps the engine's metrics and,
-for KL-Cov / Clip-Cov, the canonical keys (sequence id, position) of the tokens the engine selected.
+(:func:`splitproof.engine.optimizer_step.optimizer_step`) with the split's microbatch plan and the engine's
+objective (or a legacy one, :mod:`.per_microbatch`) — the call ``update_policy`` (``update_critic``) makes per
+minibatch. It reads the accumulated gradient (before clipping) and the engine's selection through
+:class:`~.watched.Watched`, and the parameters after the step; it keeps the engine's metrics and, for
+KL-Cov / Clip-Cov, the canonical keys (sequence id, position) of the tokens the engine selected.
 
 Memory: the baseline run writes its gradient and its parameters after the step, parameter by parameter,
 to two flat vectors in a :class:`~.store.FlatStore` (a temporary file on disk); every other run is
@@ -27,13 +28,16 @@ from torch import Tensor, nn
 from splitproof.batch import RolloutBatch
 from splitproof.collective import default_collective
 from splitproof.loss_config import LossConfig, ValueLossConfig
-from splitproof.engine import CriticUpdateConfig, UpdateConfig, train_critic_minibatch, train_minibatch, wrap_model
+from splitproof.engine import CriticUpdateConfig, UpdateConfig, wrap_model
+from splitproof.engine.optimizer_step import optimizer_step
 from splitproof.engine.launch import release_free_memory
 from splitproof.hf_models import unwrap, vocab_size_of
 
 from .compare import CHUNK, Difference
 from .splits import SplitPlan
 from .baseline_store import FlatStore
+from .per_microbatch import check_scope, per_microbatch
+from .watched import SelectionRecorder, Watched
 
 OPTIMIZERS = ("sgd", "adamw")
 BASELINE_VECTORS = ("grad", "after")
@@ -42,7 +46,8 @@ Loss = LossConfig | ValueLossConfig  # a policy loss, or the critic's value loss
 
 @dataclass(frozen=True)
 class RunSettings:
-    """Everything about a run except the loss and the split."""
+    """Everything about a run except the loss and the split. ``cov_strategy`` is the engine's or
+    "microbatch", ``statistics_scope`` "minibatch" or "microbatch" (:mod:`.per_microbatch`)."""
 
     optimizer: str = "sgd"
     lr: float = 0.02
@@ -51,6 +56,9 @@ class RunSettings:
     statistics_scope: str = "minibatch"
     device: str = "cpu"
     wrapper: str = "ddp"
+
+    def __post_init__(self) -> None:
+        check_scope(self.statistics_scope, self.cov_strategy)
 
     def with_(self, **changes) -> "RunSettings":
         return replace(self, **changes)
@@ -118,12 +126,19 @@ def update_config(loss: Loss, plan: SplitPlan, num_sequences: int,
                      use_remove_padding=micro[0] == "packed")
     elif micro is not None:
         extra = dict(ppo_micro_batch_size_per_gpu=max(1, max(len(mb) for mbs in plan.per_rank for mb in mbs)))
-    common = dict(ppo_mini_batch_size=num_sequences, grad_clip=settings.grad_clip,
-                  statistics_scope=settings.statistics_scope, **extra)
+    common = dict(ppo_mini_batch_size=num_sequences, grad_clip=settings.grad_clip, **extra)
     if is_value(loss):
         return CriticUpdateConfig(cliprange_value=loss.cliprange_value, loss_agg_mode=loss.loss_agg_mode,
                                   loss_scale_factor=loss.loss_scale_factor, **common)
-    return UpdateConfig(loss=loss, cov_strategy=settings.cov_strategy, **common)
+    strategy = "auto" if settings.cov_strategy == "microbatch" else settings.cov_strategy  # the legacy objective's
+    return UpdateConfig(loss=loss, cov_strategy=strategy, **common)
+
+
+def objective_of(loss: Loss, settings: RunSettings, config, batch: RolloutBatch, plan, collective):
+    """The objective of a run's one optimizer step: the engine's, or the legacy one the settings name."""
+    make = per_microbatch(value=is_value(loss), statistics_scope=settings.statistics_scope,
+                          cov_strategy=settings.cov_strategy)
+    return make(config, batch, plan, collective, 0)
 
 
 def _full(t: Tensor) -> Tensor:
@@ -133,17 +148,6 @@ def _full(t: Tensor) -> Tensor:
 
 def parameters_of(model: nn.Module) -> list[nn.Parameter]:
     return [p for _, p in unwrap(model).named_parameters()]
-
-
-class SelectionRecorder:
-    """Collects the canonical keys of every token the engine selects (KL-Cov / Clip-Cov)."""
-
-    def __init__(self) -> None:
-        self.keys: set[tuple[int, int]] = set()
-
-    def __call__(self, selection: Tensor, seq_ids: Tensor) -> None:
-        rows, pos = selection.nonzero(as_tuple=True)
-        self.keys.update(zip(seq_ids[rows].tolist(), pos.tolist()))
 
 
 def _flat_parameters(model: nn.Module, values) -> Iterator[tuple[int, Tensor]]:
@@ -244,12 +248,10 @@ def _run(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: SplitPlan, 
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the microbatch strategy's warning is the point of a legacy run
-        if is_value(loss):
-            result = train_critic_minibatch(model, optimizer, data, minibatch, config, collective=collective, step=0,
-                                            on_gradients=gradients_ready)
-        else:
-            result = train_minibatch(model, optimizer, data, minibatch, config, collective=collective, step=0,
-                                     on_gradients=gradients_ready, on_selection=recorder)
+        objective = Watched(objective_of(loss, settings, config, data, minibatch, collective), data,
+                            on_gradients=gradients_ready, on_selection=recorder)
+        result = optimizer_step(model, optimizer, data, minibatch, objective, grad_clip=config.grad_clip,
+                                collective=collective, step=0)
     release_free_memory()
     on_parameters(model)
     del optimizer, model

@@ -7,15 +7,15 @@ The public names are imported on first use, so that reading a config (``update_c
 def __getattr__(name: str):
     if name in ("CriticUpdateConfig", "UpdateConfig"):
         from . import update_config as module
-    elif name in ("train_critic_minibatch", "update_critic"):
+    elif name in ("ValueObjective", "update_critic"):
         from . import critic_update as module
     elif name == "wrap_model":
         from . import distributed as module
     elif name in ("compute_log_probs", "response_log_probs"):
         from . import logprobs as module
-    elif name == "StepResult":
+    elif name in ("Objective", "StepResult"):
         from . import optimizer_step as module
-    elif name in ("train_minibatch", "update_policy"):
+    elif name in ("PolicyObjective", "update_policy"):
         from . import update as module
     elif name in ("compute_values", "response_values"):
         from . import values as module
@@ -24,6 +24,6 @@ def __getattr__(name: str):
     return getattr(module, name)
 
 
-__all__ = ["CriticUpdateConfig", "StepResult", "UpdateConfig", "compute_log_probs", "compute_values",
-           "response_log_probs", "response_values", "train_critic_minibatch", "train_minibatch", "update_critic",
-           "update_policy", "wrap_model"]
+__all__ = ["CriticUpdateConfig", "Objective", "PolicyObjective", "StepResult", "UpdateConfig", "ValueObjective",
+           "compute_log_probs", "compute_values", "response_log_probs", "response_values",
+           "update_critic", "update_policy", "wrap_model"]

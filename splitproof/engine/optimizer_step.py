@@ -1,9 +1,9 @@
 """One optimizer step over one minibatch, for any objective: the loop the actor and the critic share.
 
 Statistics over the whole minibatch (all ranks) → the objective's preparation → forward/backward of each
-microbatch's share of J(ℬ) (float64 RMSNorm gradients: ``norm_gradients``) → the objective's closing pass → one gradient reduction over ranks (a sum) →
-metrics summed over ranks → clip by total norm → step, or skip on a non-finite norm. A failed step leaves
-weights and optimizer state as they were.
+microbatch's share of J(ℬ) (float64 RMSNorm gradients: ``norm_gradients``) → the objective's closing pass → one
+gradient reduction over ranks (a sum) → metrics summed over ranks → clip by total norm → step, or skip on a
+non-finite norm. A failed step leaves weights and optimizer state as they were.
 
 What differs between the policy and the value model is an :class:`Objective`: which forward a
 microbatch runs (log-probs or values) and how a part's share of J and of each metric follows from it and
@@ -20,7 +20,9 @@ import torch
 from torch import Tensor, nn
 
 from ..batch import RolloutBatch
-from ..objective import merge_metric_shares
+from ..collective import default_collective
+from ..loss_config import GROUP_AGG
+from ..policy_objective import merge_metric_shares
 from ..stats import MinibatchStats
 from .distributed import gradient_sync, needs_lockstep, reduce_gradients_as_sum
 from .norm_gradients import float64_norm_gradients
@@ -54,6 +56,8 @@ class Objective(Protocol):
     itself). ``syncs_in_loop`` says whether the loop's last backward reduces gradients over ranks (else
     ``after``'s last backward does). ``share`` runs one microbatch's forward and returns its share of J
     (differentiable) and of each metric (detached); ``metric_names`` lists every metric any rank may report.
+    The engine's are ``update.PolicyObjective`` and ``critic_update.ValueObjective``; ``update_policy`` and
+    ``update_critic`` take another through ``make_objective`` (the diagnosis wraps or replaces them).
     """
 
     grad_norm_metric: str
@@ -74,9 +78,19 @@ class Objective(Protocol):
     def metric_names(self) -> list[str]: ...
 
 
+def prepare_update(model: nn.Module, batch: RolloutBatch, config, collective, validate
+                   ) -> tuple[object, RolloutBatch, list[MinibatchPlan]]:
+    """Before an update's first step: the collective (by default the model device's), the batch checked by
+    ``validate(model, batch, config, collective)`` and moved to the model's device, and this rank's plans."""
+    collective = collective or default_collective(device_of(model))
+    if collective.world_size > 1 and not needs_lockstep(model):
+        raise ValueError("model: with several ranks, wrap the model with DDP or FSDP2 (splitproof.engine.wrap_model)")
+    batch, plans = validate(model, batch, config, collective)
+    return collective, batch.to(device_of(model)), plans
+
+
 def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: RolloutBatch, plan: MinibatchPlan,
-                   objective: Objective, *, grad_clip: float, collective, step: int = 0,
-                   on_gradients=None) -> StepResult:
+                   objective: Objective, *, grad_clip: float, collective, step: int = 0) -> StepResult:
     """One optimizer step of ``objective`` over the minibatch ``plan.rows``; ``batch`` is validated."""
     reduce_gradients_as_sum(model)
     stats = minibatch_stats(batch, plan, objective.group_index, collective)
@@ -97,8 +111,6 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Ro
                 merge_metric_shares(metric_sums, shares)
             objective.after(model, stats, metric_sums)
         metrics = reduce_metrics(metric_sums, objective.metric_names(), collective)
-        if on_gradients is not None:
-            on_gradients(model)
         grad_norm = clip_gradients(model, grad_clip)
     except BaseException:
         optimizer.zero_grad(set_to_none=True)  # a failed step leaves weights and optimizer state as they were
@@ -107,7 +119,8 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Ro
     skipped = not torch.isfinite(torch.tensor(grad_norm))
     if skipped:
         optimizer.zero_grad(set_to_none=True)
-        warnings.warn(f"non-finite gradient norm ({grad_norm}) at step {step}: step skipped, weights untouched", stacklevel=3)
+        warnings.warn(f"non-finite gradient norm ({grad_norm}) at step {step}: step skipped, weights untouched",
+                      stacklevel=3)
     else:
         optimizer.step()
     metrics[objective.skipped_metric] = float(skipped)
@@ -125,6 +138,11 @@ def part_of(batch: RolloutBatch, rows: list[int], plan: MinibatchPlan, model) ->
         return None
     stand_in = batch.select([plan.stand_in])
     return Part(rows, replace(stand_in, response_mask=torch.zeros_like(stand_in.response_mask)), False)
+
+
+def group_ids(batch: RolloutBatch, agg_mode: str) -> Tensor | None:
+    """The batch's group id per row where the aggregation needs them (group-mean-token-mean), else None."""
+    return batch.index if agg_mode == GROUP_AGG else None
 
 
 def minibatch_stats(batch: RolloutBatch, plan: MinibatchPlan, index: Tensor | None, collective) -> MinibatchStats:

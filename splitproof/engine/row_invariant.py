@@ -5,7 +5,7 @@ Measured with torch 2.13's MKL on an AVX2 machine (float64): a row rounds the sa
 only if it lies in a full tile of 4 rows — rows 4⌊M/4⌋ … M−1 take an edge kernel — and with
 ``MKL_CBWR`` set, products of many rows take another kernel altogether. So the same token's log-prob
 moved in its last bits with the number of rows in its forward: a log-prob micro-batch of 1, a token
-budget or a DP share changed it.
+budget or a DP shard changed it.
 
 ``row_invariant(model)`` makes every ``nn.Linear`` of the model compute its rows in blocks of exactly
 ``ROWS`` rows: y = x Wᵀ + b as one batched product over [n, ROWS, K] (zero rows fill the last block), so

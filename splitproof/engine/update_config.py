@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..loss_config import ConfigError, LossConfig, ValueLossConfig, _check, _finite
+from ..loss_config import ConfigError, LossConfig, ValueLossConfig, is_finite_number, require
 
-COV_STRATEGIES = ("auto", "prepass", "deferred", "microbatch")
-STATISTICS_SCOPES = ("minibatch", "microbatch")
+COV_STRATEGIES = ("auto", "prepass", "deferred")
 
 
 def _positive_int(value) -> bool:
@@ -16,13 +15,12 @@ def _positive_int(value) -> bool:
 
 @dataclass(frozen=True, kw_only=True)
 class SplitSettings:
-    """What the policy and the critic update share: how the rollout batch is cut into optimizer minibatches
-    and microbatches, the gradient clip, and the statistics scope (one planner cuts both).
+    """What the policy and the critic update have in common: how the rollout batch is cut into optimizer
+    minibatches and microbatches, and the gradient clip (one planner cuts both).
 
     ``ppo_mini_batch_size`` counts prompts as in verl; a minibatch holds ``ppo_mini_batch_size ×
     rollout_n`` sequences. ``ppo_micro_batch_size_per_gpu`` counts sequences; None (and no dynamic
-    batch size) runs each rank's whole shard as one microbatch. ``statistics_scope="microbatch"`` takes
-    every statistic per microbatch, as frameworks with a local fallback do: for the diagnosis only.
+    batch size) runs each rank's whole shard as one microbatch.
     ``use_remove_padding`` packs each microbatch's sequences into shared rows (``engine.packing``);
     verl defaults it to True with varlen flash-attention, here it is opt-in (see docs/architecture.md).
     """
@@ -37,18 +35,16 @@ class SplitSettings:
     ppo_max_token_len_per_gpu: int = 16384
     use_remove_padding: bool = False
     grad_clip: float = 1.0
-    statistics_scope: str = "minibatch"
 
     def __post_init__(self) -> None:
         for name in ("ppo_mini_batch_size", "rollout_n", "ppo_epochs", "ppo_max_token_len_per_gpu"):
             value = getattr(self, name)
-            _check(_positive_int(value), name, f"must be an int >= 1, got {value!r}")
+            require(_positive_int(value), name, f"must be an int >= 1, got {value!r}")
         micro = self.ppo_micro_batch_size_per_gpu
-        _check(micro is None or _positive_int(micro), "ppo_micro_batch_size_per_gpu",
-               f"must be None or an int >= 1, got {micro!r}")
-        _check(_finite(self.grad_clip) and self.grad_clip > 0, "grad_clip", f"must be > 0, got {self.grad_clip!r}")
-        _check(self.statistics_scope in STATISTICS_SCOPES, "statistics_scope",
-               f"unknown {self.statistics_scope!r}; expected one of {', '.join(STATISTICS_SCOPES)}")
+        require(micro is None or _positive_int(micro), "ppo_micro_batch_size_per_gpu",
+                f"must be None or an int >= 1, got {micro!r}")
+        require(is_finite_number(self.grad_clip) and self.grad_clip > 0, "grad_clip",
+                f"must be > 0, got {self.grad_clip!r}")
 
     @property
     def minibatch_sequences(self) -> int:
@@ -66,9 +62,10 @@ class UpdateConfig(SplitSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _check(_finite(self.temperature) and self.temperature > 0, "temperature", f"must be > 0, got {self.temperature!r}")
-        _check(self.cov_strategy in COV_STRATEGIES, "cov_strategy",
-               f"unknown {self.cov_strategy!r}; expected one of {', '.join(COV_STRATEGIES)}")
+        require(is_finite_number(self.temperature) and self.temperature > 0, "temperature",
+                f"must be > 0, got {self.temperature!r}")
+        require(self.cov_strategy in COV_STRATEGIES, "cov_strategy",
+                f"unknown {self.cov_strategy!r}; expected one of {', '.join(COV_STRATEGIES)}")
         if not isinstance(self.loss, LossConfig):
             raise ConfigError("loss", f"must be a LossConfig, got {type(self.loss).__name__}")
 
@@ -80,9 +77,7 @@ class CriticUpdateConfig(SplitSettings):
     Minibatches, microbatches and token budgets as in :class:`SplitSettings` (verl's critic token budget
     defaults to 32768). The value loss is clipped by ``cliprange_value`` and aggregated by
     ``loss_agg_mode`` over the critic's whole minibatch (``loss_scale_factor``: S of
-    ``seq-mean-token-sum-norm``). ``statistics_scope="microbatch"`` normalises per microbatch instead, as
-    verl did before its PR #6957 (each microbatch's local mean, gradients averaged over ranks): for the
-    diagnosis only.
+    ``seq-mean-token-sum-norm``).
     """
 
     ppo_max_token_len_per_gpu: int = 32768

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from ...advantages.exact import count_dtype, counts_plus_eps
 from ...batch import BatchError, check_binary_mask, check_finite_on
-from ...loss_config import KL_TYPES, ConfigError, _check, _finite
+from ...loss_config import KL_TYPES, ConfigError, is_finite_number, require
 from ...losses.kl import kl_estimate
 
 KL_CTRL_TYPES = ("fixed", "adaptive")
@@ -38,12 +38,12 @@ class KLControlConfig:
     target_kl: float = 0.1
 
     def __post_init__(self) -> None:
-        _check(self.type in KL_CTRL_TYPES, _PREFIX + "type", f"unknown {self.type!r}; expected one of {', '.join(KL_CTRL_TYPES)}")
-        _check(_finite(self.kl_coef) and self.kl_coef >= 0, _PREFIX + "kl_coef", f"must be a finite number >= 0, got {self.kl_coef!r}")
+        require(self.type in KL_CTRL_TYPES, _PREFIX + "type", f"unknown {self.type!r}; expected one of {', '.join(KL_CTRL_TYPES)}")
+        require(is_finite_number(self.kl_coef) and self.kl_coef >= 0, _PREFIX + "kl_coef", f"must be a finite number >= 0, got {self.kl_coef!r}")
         if self.type == "adaptive":
-            _check(isinstance(self.horizon, int) and not isinstance(self.horizon, bool) and self.horizon > 0,
+            require(isinstance(self.horizon, int) and not isinstance(self.horizon, bool) and self.horizon > 0,
                    _PREFIX + "horizon", f"must be an int > 0, got {self.horizon!r}")
-            _check(_finite(self.target_kl) and self.target_kl > 0, _PREFIX + "target_kl", f"must be > 0, got {self.target_kl!r}")
+            require(is_finite_number(self.target_kl) and self.target_kl > 0, _PREFIX + "target_kl", f"must be > 0, got {self.target_kl!r}")
 
 
 class _KLController:
@@ -55,15 +55,15 @@ class _KLController:
         return {"type": self.type, "value": self.value}
 
     def load_state_dict(self, state: Mapping) -> None:
-        _check(state.get("type") == self.type, "kl_ctrl state",
+        require(state.get("type") == self.type, "kl_ctrl state",
                f"is for a {state.get('type')!r} controller, this one is {self.type!r}")
-        _check(_finite(state.get("value")), "kl_ctrl state", f"value must be a finite number, got {state.get('value')!r}")
+        require(is_finite_number(state.get("value")), "kl_ctrl state", f"value must be a finite number, got {state.get('value')!r}")
         self.value = float(state["value"])
 
     @staticmethod
     def _check_update(current_kl: float, n_steps: int) -> None:
-        _check(_finite(current_kl), "current_kl", f"must be a finite number, got {current_kl!r}")
-        _check(isinstance(n_steps, int) and not isinstance(n_steps, bool) and n_steps >= 0, "n_steps",
+        require(is_finite_number(current_kl), "current_kl", f"must be a finite number, got {current_kl!r}")
+        require(isinstance(n_steps, int) and not isinstance(n_steps, bool) and n_steps >= 0, "n_steps",
                f"must be an int >= 0, got {n_steps!r}")
 
 
@@ -127,7 +127,7 @@ def kl_penalty_kind(kl_penalty: str) -> str:
         raise ConfigError(field, "'full' needs both policies' whole vocabulary distributions, which the reward "
                                  f"stage does not keep; use one of {', '.join(KL_TYPES)}")
     base = kl_penalty[:-1] if isinstance(kl_penalty, str) and kl_penalty.endswith("+") else kl_penalty
-    _check(base in KL_TYPES, field, f"unknown {kl_penalty!r}; expected one of {', '.join(KL_TYPES)} (optionally with '+')")
+    require(base in KL_TYPES, field, f"unknown {kl_penalty!r}; expected one of {', '.join(KL_TYPES)} (optionally with '+')")
     return base
 
 

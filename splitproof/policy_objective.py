@@ -1,4 +1,4 @@
-"""The minibatch objective and each part's share of it.
+"""The policy's minibatch objective J(ℬ) and each part's share of it.
 
 ``objective`` computes J(ℬ) and the step's metrics in one pass over padded [B, T] tensors.
 ``minibatch_share`` is what the engine calls per microbatch: the part's contribution to J and to every
@@ -20,7 +20,8 @@ from .losses import COV_CORRECTIONS, POLICY_LOSSES, PolicyInputs, kl_estimate
 from .selection import select_tokens
 from .stats import MinibatchStats
 
-def _clean(value: Tensor | None, mask: Tensor) -> Tensor | None:
+
+def zero_padding(value: Tensor | None, mask: Tensor) -> Tensor | None:
     """Zero the padding positions so that NaN/inf there reaches neither the loss nor its gradient."""
     if value is None:
         return None
@@ -28,12 +29,13 @@ def _clean(value: Tensor | None, mask: Tensor) -> Tensor | None:
 
 
 def policy_inputs(log_prob, old_log_prob, advantages, mask, rollout_is_weights=None, selection=None) -> PolicyInputs:
+    """One part's per-token loss inputs, padding zeroed."""
     return PolicyInputs(
-        log_prob=_clean(log_prob, mask),
-        old_log_prob=_clean(old_log_prob, mask),
-        advantages=_clean(advantages, mask),
+        log_prob=zero_padding(log_prob, mask),
+        old_log_prob=zero_padding(old_log_prob, mask),
+        advantages=zero_padding(advantages, mask),
         mask=mask,
-        rollout_is_weights=_clean(rollout_is_weights, mask),
+        rollout_is_weights=zero_padding(rollout_is_weights, mask),
         selection=selection,
     )
 
@@ -87,13 +89,13 @@ def minibatch_share(
     }
     loss = pg
     if entropy is not None:
-        entropy = _clean(entropy, mask)
+        entropy = zero_padding(entropy, mask)
         entropy_loss = aggregate(entropy, per_token, mask)
         loss = loss - config.entropy_coeff * entropy_loss
         metrics["entropy"] = aggregate(entropy.detach(), mean_weights, mask)
         metrics["entropy_loss"] = entropy_loss.detach()
     if config.use_kl_loss:
-        kl = kl_estimate(config.kl_loss_type, x.log_prob, _clean(ref_log_prob, mask))
+        kl = kl_estimate(config.kl_loss_type, x.log_prob, zero_padding(ref_log_prob, mask))
         kl_loss = aggregate(kl, per_token, mask)
         loss = loss + config.kl_loss_coef * kl_loss
         metrics["kl_loss"] = kl_loss.detach()
