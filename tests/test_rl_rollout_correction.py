@@ -159,7 +159,9 @@ def test_float32_weights_show_the_recompute_mismatch(model_dir):
             assert spread <= 1e-12 and abs(first["rollout_corr/kl"]) <= 1e-14
         else:
             assert 0 < spread < 1e-4 and first["rollout_corr/rollout_is_std"] > 0
-            assert first["rollout_corr/kl"] != 0 and first["rollout_corr/log_ppl_abs_diff"] > 0
+            # the signed KL estimate can cancel to exactly 0 over so few tokens (seen with transformers 5.24);
+            # the absolute log-perplexity difference cannot
+            assert first["rollout_corr/log_ppl_abs_diff"] > 0
 
 
 def test_bypass_mode_trains_on_the_rollout_log_probs(model_dir, uncorrected):

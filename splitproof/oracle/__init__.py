@@ -7,7 +7,7 @@ wins over speed.
 """
 
 from splitproof.oracle.cov_choice import oracle_selection, priority_hash
-from splitproof.oracle.policy_objective import oracle_objective
+from splitproof.oracle.oracle_policy import oracle_objective
 from splitproof.oracle.value_loss import oracle_value_objective
 
 __all__ = ["oracle_objective", "oracle_selection", "oracle_value_objective", "priority_hash"]
