@@ -328,7 +328,7 @@ class ToolRunner:
         pending = Pending(call)
         with self._lock:
             self._queue.append(pending)
-            self._lock.notify()
+            self._lock.notify_all()  # workers and waiters share the condition: wake a worker for sure
         return pending
 
     def result(self, pending: Pending) -> ToolResult:
