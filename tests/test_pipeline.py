@@ -338,7 +338,8 @@ def test_a_dead_rollout_process_s_error_is_the_last_thing_on_stderr(model_dir, t
                           env=dict(os.environ, PYTHONPATH=str(root), **{DIE_AT_ENV: "2"}), timeout=600)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 1, done.stderr
-    assert lines[-1].startswith("splitproof: error: step 2: the rollout process") and "died" in lines[-1], lines
+    # step 1 or 2: batch 1's answer may die with the process, unsent
+    assert re.match(r"splitproof: error: step [12]: the rollout process .* died", lines[-1]), lines
     assert "Loading weights" not in done.stderr and "leaked" not in done.stderr, done.stderr
 
 
