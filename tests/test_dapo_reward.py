@@ -123,3 +123,21 @@ def test_the_built_in_dapo_recipe_loads_with_verls_dapo_settings():
                                                                           max_resp_len=6, log=True))
     with pytest.raises(ConfigError, match="builtin://charlm-dapo"):
         load_train_config("builtin://charlm-dap", [])
+
+
+@pytest.mark.parametrize("kwargs, key", [
+    (["overlong_buffer_cfg.len=4", "overlong_buffer_cfg.penalty_factor=1.0"], "max_resp_len"),
+    (["overlong_buffer_cfg.len=0", "overlong_buffer_cfg.penalty_factor=1.0", "max_resp_len=64"],
+     "overlong_buffer_cfg.len"),
+])
+def test_an_error_about_reward_kwargs_you_set_calls_them_yours(kwargs, key, capsys):
+    """reward_kwargs set key by key on the command line are the user's: the error names the key, and never
+    calls the mapping verl's default."""
+    from splitproof.cli import main
+
+    overrides = ["reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
+                 *(f"+reward_model.reward_kwargs.{kv}" for kv in kwargs), "trainer.total_training_steps=1"]
+    assert main(["train", *overrides]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"splitproof: error: reward_model.reward_kwargs.{key}:"), err
+    assert "default" not in err, err

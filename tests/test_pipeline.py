@@ -75,13 +75,22 @@ def test_the_rollout_process_generates_with_its_version_s_weights(k1):
     assert batch_version(3, 1) == 1
     policy = unwrap(run.policy)
     assert policy.lm_head.weight is policy.model.embed_tokens.weight
+    _assert_generated_again(run, batch, k1["versions"][1], step=3)
+
+
+def _assert_generated_again(run, batch, weights: dict, *, step: int) -> None:
+    """``batch`` generated again in this process from ``weights`` (one torch thread, as the rollout
+    process): the same tokens and log-probs, bitwise."""
+    from splitproof.hf_models import unwrap
+
+    policy = unwrap(run.policy)
     with torch.no_grad():
-        for name, tensor in k1["versions"][1].items():
+        for name, tensor in weights.items():
             policy.state_dict()[name].copy_(tensor)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the rollout process's
     try:
-        again = run.rollout.generate([(s.uid, s.index, s.prompt_ids) for s in batch], run.sampling, step=3)
+        again = run.rollout.generate([(s.uid, s.index, s.prompt_ids) for s in batch], run.sampling, step=step)
     finally:
         torch.set_num_threads(threads)
     assert [(s.uid, s.index, s.response_ids, s.log_probs) for s in again] == \
@@ -307,3 +316,49 @@ def test_a_dead_rollout_process_under_torchrun_stops_every_rank(model_dir, tmp_p
     exits = dict(re.findall(r"rank\s+: (\d+) \(local_rank: \d+\)\n\s+exitcode\s+: (-?\d+)", done.stderr))
     assert set(exits) == {"0", "1"} and "1" in exits.values() and set(exits.values()) <= {"1", "-15"}, report
     assert latest_checkpoint(out) == out / "global_step_1"
+
+
+def test_a_dead_rollout_process_s_error_is_the_last_thing_on_stderr(model_dir, tmp_path):
+    """`splitproof train` whose rollout process dies (SIGKILL when asked for batch 2): exit 1, the error line
+    last on stderr — no progress bar of the rollout process's weight loading before it, no resource tracker
+    warning of a leaked semaphore after it (the stderr pipe is read until every writer, the tracker
+    included, has closed it)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from splitproof.rl.rollout.worker import DIE_AT_ENV
+
+    from .rl_helpers import train_overrides
+
+    root = Path(__file__).resolve().parents[1]
+    args = train_overrides(model_dir, tmp_path / "out", 3, extra=[*K1, "data.val_files=null",
+                                                                  "trainer.val_before_train=false"])
+    done = subprocess.run([sys.executable, "-m", "splitproof", "train", *args], capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(root), **{DIE_AT_ENV: "2"}), timeout=600)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 1, done.stderr
+    # step 1 or 2: batch 1's answer may die with the process, unsent
+    assert re.match(r"splitproof: error: step [12]: the rollout process .* died", lines[-1]), lines
+    assert "Loading weights" not in done.stderr and "leaked" not in done.stderr, done.stderr
+
+
+LORA = ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
+        "actor_rollout_ref.model.target_modules=all-linear"]
+
+
+def test_lora_the_rollout_process_holds_the_adapter(model_dir):
+    """LoRA with staleness_steps=1: the rollout process holds the trainer's PEFT model; batch 3 (the weights
+    after step 1, the adapter moved) generated again here from those weights is the rollout process's,
+    bitwise, and the lag is the config's."""
+    from splitproof.hf_models import unwrap
+    from splitproof.lora import is_lora
+
+    out = run_trajectory(trajectory_config(model_dir, STEPS, [*K1, *LORA]), versions=True)
+    run, batch = out["run"], out["samples"][2]
+    assert [r["rollout/param_version"] for r in out["records"]] == [0, 0, 1]
+    assert out["records"][0]["rollout_corr/kl"] == 0.0 and out["records"][2]["rollout_corr/kl"] != 0.0
+    moved = [k for k in out["initial"] if not torch.equal(out["versions"][1][k], out["initial"][k])]
+    assert moved and all("lora_" in k for k in moved)  # only the adapter trains
+    assert is_lora(unwrap(run.policy))
+    _assert_generated_again(run, batch, out["versions"][1], step=3)

@@ -37,6 +37,7 @@ from .models.policy import MODEL_DTYPES, frozen_copy, generation_eos_ids, load_p
 from .rewards.functions import check_reward_sources, load_reward_function
 from .rollout.episode import EpisodeRollout, MultiTurnSettings
 from .rollout.hf import HFRollout, SamplingParams
+from .rollout.tool_format import check_tool_template
 from .rollout.tools import Tool, load_tools
 from .models.optim import make_optimizer, make_scheduler
 
@@ -165,6 +166,7 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model)
     multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
     tools = load_tools(multi_turn.function_tool_path, multi_turn.tool_config_path) if multi_turn.enable else {}
+    check_tool_template(multi_turn.format, tokenizer, tools, cfg.actor_rollout_ref.model)
     template_kwargs = dict(cfg.data.apply_chat_template_kwargs)
     if tools:  # chat prompts show the tools' schemas, as verl renders them
         template_kwargs.setdefault("tools", [tool.schema for tool in tools.values()])

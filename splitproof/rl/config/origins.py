@@ -88,11 +88,15 @@ class Origins:
             return self.recipe[key], RECIPE
         return _schema_defaults().get(key), OURS if key in _our_defaults() else DEFAULT
 
+    def _user_set(self, key: str) -> bool:
+        """The user set ``key`` or, for a mapping such as ``reward_model.reward_kwargs``, a key inside it."""
+        return key in self.user or any(k.startswith(f"{key}.") for k in self.user)
+
     def annotate(self, message: str, field: str = "") -> str:
         """``message`` with the value and origin of every config key it (or ``field``) names that the user did
         not set."""
         text = f"{field} {message}"
-        named = [key for key in _schema_defaults() if key not in self.user and _names(text, key)]
+        named = [key for key in _schema_defaults() if not self._user_set(key) and _names(text, key)]
         if not named:
             return message
         parts = []

@@ -121,13 +121,15 @@ class RolloutPipeline:
         self.batches: dict[int, PendingBatch] = {}
         ctx = torch.multiprocessing.get_context("spawn")
         self._requests, self._results = ctx.Queue(), ctx.Queue()
+        from ..config.check import lora_settings
         from ..models.policy import generation_eos_ids
 
         cfg = run.config
         spec = WorkerSpec(model_config=cfg.actor_rollout_ref.model, dtype=next(model.parameters()).dtype,
                           vocab_size=len(run.tokenizer), eos_token_ids=list(generation_eos_ids(model, run.tokenizer)),
                           pad_token_id=run.pad_token_id, max_num_seqs=cfg.actor_rollout_ref.rollout.max_num_seqs,
-                          threads=ROLLOUT_THREADS, parent_pid=os.getpid(), rank=self.collective.rank, tied=tied)
+                          threads=ROLLOUT_THREADS, parent_pid=os.getpid(), rank=self.collective.rank, tied=tied,
+                          lora=lora_settings(cfg) if run.lora else None)
         self.process = ctx.Process(target=rollout_process, args=(spec, self._buffers, self._requests, self._results),
                                    name=f"splitproof-rollout-rank{self.collective.rank}", daemon=True)
         self.process.start()

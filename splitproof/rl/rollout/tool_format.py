@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import re
 
-from .tools import Tool, ToolCall
+from ...loss_config import ConfigError
+from .tools import KEY, Tool, ToolCall
 
 _HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _MARK = "\x00splitproof-turn\x00"  # a placeholder assistant turn, found again in the rendered text
@@ -95,3 +96,21 @@ def _convert(value: str, kind) -> object:
 
 
 FORMATS = {"hermes": HermesFormat, "simple": SimpleFormat}
+
+
+def check_tool_template(format_name: str, tokenizer, tools: dict[str, Tool], model_cfg) -> None:
+    """Render a probe tool turn the way episodes will (``hermes``: the chat template with a ``tool``
+    message) once, before any model: ``ConfigError`` naming the template (``model_cfg``:
+    ``actor_rollout_ref.model``, where it comes from) and the role when the template refuses it."""
+    if format_name != "hermes" or not tools:
+        return
+    template = ("actor_rollout_ref.model.custom_chat_template" if model_cfg.custom_chat_template
+                else f"the tokenizer of {model_cfg.tokenizer_path or model_cfg.path}")
+    try:
+        HermesFormat(tokenizer, tools).render(["probe"])
+    except Exception as e:  # jinja2's TemplateError, a template without the role, ...
+        raise ConfigError(f"{KEY}.format", f"format=hermes renders tool responses as messages of role 'tool', "
+                                           f"but the chat template ({template}) refuses them "
+                                           f"({type(e).__name__}: {e}); use a template with a 'tool' role "
+                                           f"(actor_rollout_ref.model.custom_chat_template) or format=simple") \
+            from None

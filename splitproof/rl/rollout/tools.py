@@ -13,8 +13,9 @@
 A call's result becomes the tool-response text: a string as is, an object with a ``text`` attribute (verl's
 ``ToolResponse``) its text, anything else as JSON (``json.dumps``, non-ASCII kept) or, when that fails,
 ``str()``. A call that raises (unknown tool, arguments that are not a JSON object, an error inside the
-tool) gives ``"Error when executing tool: <error>"`` (verl's text); one that exceeds ``tool_timeout``
-gives ``"Error when executing tool: timed out after <s> s"``. Texts longer than
+tool, ``sys.exit`` in the tool) gives ``"Error when executing tool: <error>"`` (verl's text); one that
+exceeds ``tool_timeout`` gives ``"Error when executing tool: timed out after <s> s"`` and is abandoned on
+its daemon thread. Texts longer than
 ``max_tool_response_length`` characters are cut as verl cuts them (``tool_response_truncate_side``).
 """
 
@@ -26,8 +27,9 @@ import importlib.util
 import inspect
 import json
 import sys
+import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -239,7 +241,10 @@ def truncate(text: str, limit: int, side: str) -> str:
 
 
 def call_tool(tools: dict[str, Tool], call: ToolCall) -> ToolResult:
-    """Run one call to completion; any exception becomes verl's error text."""
+    """Run one call to completion; anything it raises becomes verl's error text. ``SystemExit`` (a tool
+    calling ``sys.exit``) and a ``KeyboardInterrupt`` the tool raises itself are failures like any other
+    (``Error when executing tool: SystemExit(0)``); a ``KeyboardInterrupt`` on the main thread is the
+    user's Ctrl-C and propagates."""
     try:
         if call.name not in tools:
             raise KeyError(f"unknown tool {call.name!r}")
@@ -249,41 +254,94 @@ def call_tool(tools: dict[str, Tool], call: ToolCall) -> ToolResult:
         return ToolResult(result_text(tools[call.name].run(args)), "ok")
     except Exception as e:
         return ToolResult(f"{ERROR_PREFIX}{e}", "error")
+    except BaseException as e:  # SystemExit, KeyboardInterrupt, asyncio.CancelledError, ...
+        if isinstance(e, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
+            raise
+        return ToolResult(f"{ERROR_PREFIX}{e!r}", "error")
+
+
+@dataclass(eq=False)
+class Pending:
+    """A submitted call: ``started`` when a worker took it (monotonic seconds), ``outcome`` once known."""
+
+    call: ToolCall
+    started: float | None = None
+    outcome: ToolResult | None = None
 
 
 class ToolRunner:
-    """Tool calls on a pool of ``workers`` threads. ``submit`` starts a call; ``result`` waits for it
-    (``timeout`` seconds from the moment it started, at most) and cuts its text to ``max_length``. Which
-    call finishes first never matters: the episode reads results in its own order."""
+    """Tool calls on ``workers`` daemon threads. ``submit`` queues a call; ``result`` waits for it and cuts
+    its text to ``max_length``. Each call gets ``timeout`` seconds from the moment a worker starts it;
+    a call past that is abandoned (its thread runs on in the background, never keeping the process alive,
+    and its result is dropped) and a fresh worker takes its place, so the calls queued behind it start.
+    Any wait enforces every running call's deadline, so a hung call ends on time whatever the pool size
+    and whichever result is awaited. Which call finishes first never matters: the episode reads results
+    in its own order."""
 
     def __init__(self, tools: dict[str, Tool], *, workers: int, timeout: float | None = None,
                  max_length: int = 256, truncate_side: str = "middle"):
         self.tools, self.timeout = tools, timeout
         self.max_length, self.truncate_side = max_length, truncate_side
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="splitproof-tool")
+        self._lock = threading.Condition()
+        self._queue: deque[Pending] = deque()
+        self._running: set[Pending] = set()
+        self._closed = False
+        for _ in range(workers):
+            self._spawn()
 
-    def submit(self, call: ToolCall) -> tuple[Future, list]:
-        started: list[float] = []
+    def _spawn(self) -> None:
+        threading.Thread(target=self._work, name="splitproof-tool", daemon=True).start()
 
-        def work() -> ToolResult:
-            started.append(time.monotonic())
-            return call_tool(self.tools, call)
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                while not self._queue and not self._closed:
+                    self._lock.wait()
+                if self._closed:
+                    return
+                pending = self._queue.popleft()
+                pending.started = time.monotonic()
+                self._running.add(pending)
+                self._lock.notify_all()  # a waiter now has a deadline to keep
+            outcome = call_tool(self.tools, pending.call)
+            with self._lock:
+                if pending.outcome is not None:  # abandoned: a fresh worker has taken this one's place
+                    return
+                self._running.discard(pending)
+                late = self.timeout is not None and time.monotonic() - pending.started > self.timeout
+                pending.outcome = self._timed_out() if late else outcome
+                self._lock.notify_all()
 
-        return self._pool.submit(work), started
+    def _timed_out(self) -> ToolResult:
+        return ToolResult(f"{ERROR_PREFIX}timed out after {self.timeout:g} s", "timeout")
 
-    def result(self, handle: tuple[Future, list]) -> ToolResult:
-        future, started = handle
-        if self.timeout is None:
-            outcome = future.result()
-        else:
-            while not started and not future.done():  # queued behind other calls: not yet timed
-                time.sleep(0.001)
-            remaining = started[0] + self.timeout - time.monotonic() if started else 0.0
-            try:
-                outcome = future.result(timeout=max(remaining, 0.0))
-            except TimeoutError:  # the thread runs on; its result is dropped
-                outcome = ToolResult(f"{ERROR_PREFIX}timed out after {self.timeout:g} s", "timeout")
+    def _expire(self) -> float | None:
+        """Abandon the running calls past their deadline; the seconds until the next deadline (None: none)."""
+        now = time.monotonic()
+        for pending in [p for p in self._running if now - p.started >= self.timeout]:
+            self._running.discard(pending)
+            pending.outcome = self._timed_out()
+            self._spawn()
+        return min((p.started + self.timeout - now for p in self._running), default=None)
+
+    def submit(self, call: ToolCall) -> Pending:
+        pending = Pending(call)
+        with self._lock:
+            self._queue.append(pending)
+            self._lock.notify_all()  # workers and waiters share the condition: wake a worker for sure
+        return pending
+
+    def result(self, pending: Pending) -> ToolResult:
+        with self._lock:
+            while pending.outcome is None:
+                wait = self._expire() if self.timeout is not None else None
+                if pending.outcome is None:
+                    self._lock.wait(wait)
+            outcome = pending.outcome
         return ToolResult(truncate(outcome.text, self.max_length, self.truncate_side), outcome.status)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the workers (calls still queued never run; running ones finish in the background)."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()

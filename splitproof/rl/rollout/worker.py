@@ -5,7 +5,9 @@ is set, it first copies the weights of policy ``version`` out of the shared-memo
 its own model and answers ``("loaded", step)`` (from then on the trainer may overwrite that buffer);
 then it generates the requests with the ``hf`` backend, keyed by ``step`` exactly as the synchronous
 step keys them, and answers ``("done", step, version, samples)`` — or ``("error", step, message)``.
-``None`` stops it; so does the death of the training process that started it.
+``None`` stops it; so does the death of the training process that started it. With LoRA the process
+holds the trainer's PEFT model (the same adapter layers, unmerged); every weight of it, the adapter's
+included, comes from the buffers.
 
 Test hooks: ``SPLITPROOF_PIPELINE_DELAY`` (seconds) sleeps a random time up to that before each load and
 each generation, drawn from the OS's entropy (the results must not depend on it);
@@ -15,13 +17,13 @@ each generation, drawn from the OS's entropy (the results must not depend on it)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import random
 import signal
 import time
 import traceback
-from dataclasses import dataclass
 
 import torch
 
@@ -36,7 +38,16 @@ def random_delay() -> None:
         time.sleep(random.Random(os.urandom(8)).uniform(0, most))
 
 
-@dataclass(frozen=True)
+def quiet_loading() -> None:
+    """No ``transformers`` progress bar in this process: a bar would print between the trainer's lines,
+    and tqdm's bar lock is a semaphore that a killed process leaves behind (Python's resource tracker
+    then warns of a leaked semaphore after the trainer's error line)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+@dataclasses.dataclass(frozen=True)
 class WorkerSpec:
     """What the rollout process builds its model and backend from (picklable)."""
 
@@ -50,16 +61,24 @@ class WorkerSpec:
     parent_pid: int
     rank: int
     tied: dict  # alias name -> the name it repeats (tied weights, sent once)
+    lora: object = None  # LoraSettings when the policy trains a LoRA adapter: this process holds one too
 
 
 def rollout_process(spec: WorkerSpec, buffers: list, requests, results) -> None:
     """The rollout process's main loop (``torch.multiprocessing`` spawn target)."""
-    torch.set_num_threads(spec.threads)
     from ..models.policy import load_policy  # the architecture; every weight is then copied from ``buffers``
     from .handover import copy_weights, tie
     from .hf import HFRollout
 
-    model = load_policy(spec.model_config, dtype=spec.dtype, vocab_size=spec.vocab_size).eval()
+    torch.set_num_threads(spec.threads)
+    quiet_loading()
+
+    model = load_policy(spec.model_config, dtype=spec.dtype, vocab_size=spec.vocab_size)
+    if spec.lora is not None:  # the same PEFT model as the trainer's; the adapter's values come with version 0
+        from ...lora import apply_lora
+
+        model = apply_lora(model, dataclasses.replace(spec.lora, lora_adapter_path=None))
+    model.eval()
     tie(model, spec.tied)  # the trainer's ties, whatever the loaded model had
     params = model.state_dict()
     rollout = HFRollout(model, eos_token_ids=spec.eos_token_ids, pad_token_id=spec.pad_token_id,
