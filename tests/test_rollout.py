@@ -35,7 +35,7 @@ def generate(m, requests, params, *, max_num_seqs=256, step=0, stream=0, eos=EOS
 
 
 def by_key(samples):
-    return {(s.uid, s.index): s for s in samples}
+    return {(s.uid, s.sample_index): s for s in samples}
 
 
 def layouts(m, requests, params):
@@ -60,13 +60,13 @@ def test_layout_independent_in_float64(arch):
     m = model(arch)
     requests = requests_for(prompts(), PARAMS.n)
     base = generate(m, requests, PARAMS)
-    assert [(s.uid, s.index) for s in base] == [(u, j) for u, j, _ in requests]  # request order
+    assert [(s.uid, s.sample_index) for s in base] == [(u, j) for u, j, _ in requests]  # request order
     finished = [s.finished for s in base]
     assert any(finished) and not all(finished)  # both kinds of ending are exercised
     for name, samples in layouts(m, requests, PARAMS):
         got = by_key(samples)
         for s in base:
-            o = got[s.uid, s.index]
+            o = got[s.uid, s.sample_index]
             assert (o.response_ids, o.log_probs, o.finished) == (s.response_ids, s.log_probs, s.finished), name
 
 
@@ -80,7 +80,7 @@ def test_float32_layout_drift_is_small():
     for _, samples in layouts(m, requests, PARAMS):
         for s in samples:
             total += 1
-            differing += s.response_ids != base[s.uid, s.index].response_ids
+            differing += s.response_ids != base[s.uid, s.sample_index].response_ids
     assert differing <= total // 4
 
 
@@ -241,7 +241,7 @@ def test_pad_samples_lays_out_every_row():
     samples = []
     for uid in range(40):
         response = [g.randrange(99) for _ in range(g.randint(0, 4))]
-        samples.append(Sample(uid=uid, index=0, prompt_ids=[g.randrange(99) for _ in range(g.randint(1, 9))],
+        samples.append(Sample(uid=uid, sample_index=0, prompt_ids=[g.randrange(99) for _ in range(g.randint(1, 9))],
                               response_ids=response, log_probs=[g.uniform(-5, 0) for _ in response],
                               finished=bool(response)))
     for dtype in (torch.float32, torch.float64):
@@ -255,7 +255,7 @@ def test_pad_samples_lays_out_every_row():
             assert seqs.attention_mask[row].tolist() == [False] * (P - p) + [True] * (p + t) + [False] * (4 - t)
             assert seqs.response_mask[row].tolist() == [True] * t + [False] * (4 - t)
             assert seqs.rollout_log_probs[row].tolist() == torch.tensor(s.log_probs + [0.0] * (4 - t), dtype=dtype).tolist()
-    with pytest.raises(ValueError, match=r"uid 3, index 0\) has 5 response tokens > max_response_length 4"):
+    with pytest.raises(ValueError, match=r"uid 3, sample_index 0\) has 5 response tokens > max_response_length 4"):
         pad_samples(samples[:3] + [Sample(3, 0, [1], [1] * 5, [0.0] * 5, False)], response_width=4, pad_token_id=0)
-    with pytest.raises(ValueError, match=r"uid 3, index 0\) has 1 log-probs for 2 response tokens"):
+    with pytest.raises(ValueError, match=r"uid 3, sample_index 0\) has 1 log-probs for 2 response tokens"):
         pad_samples([Sample(3, 0, [1], [1, 2], [0.0], True)], response_width=4, pad_token_id=0)

@@ -30,7 +30,7 @@ from .values import response_values
 
 
 def update_critic(model: nn.Module, optimizer: torch.optim.Optimizer, batch: RolloutBatch,
-                  config: CriticUpdateConfig, *, collective=None, step: int = 0,
+                  config: CriticUpdateConfig, *, collective=None, optimizer_step: int = 0,
                   on_gradients: Callable[[nn.Module], None] | None = None) -> list[StepResult]:
     """Run every optimizer step of one critic update over ``batch`` (the same rollout batch on every rank,
     with ``values`` from the critic's pass before the update and ``returns``).
@@ -43,7 +43,7 @@ def update_critic(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
         raise ValueError("model: with several ranks, wrap the model with DDP or FSDP2 (splitproof.engine.wrap_model)")
     batch, plans = validate_critic_update(model, batch, config, collective)
     batch = batch.to(device_of(model))
-    return [train_critic_minibatch(model, optimizer, batch, plan, config, collective=collective, step=step + i,
+    return [train_critic_minibatch(model, optimizer, batch, plan, config, collective=collective, step=optimizer_step + i,
                                    on_gradients=on_gradients) for i, plan in enumerate(plans)]
 
 

@@ -40,13 +40,13 @@ def update_policy(
     config: UpdateConfig,
     *,
     collective=None,
-    step: int = 0,
+    optimizer_step: int = 0,
     on_gradients: Callable[[nn.Module], None] | None = None,
     on_selection: Callable[[Tensor, Tensor], None] | None = None,
 ) -> list[StepResult]:
     """Run every optimizer step of one update over ``batch`` (the same rollout batch on every rank).
 
-    ``step`` numbers the first optimizer step (Clip-Cov's hash input); ``on_gradients`` sees the model
+    ``optimizer_step`` numbers the first optimizer step (Clip-Cov's hash input); ``on_gradients`` sees the model
     after accumulation, before clipping (the diagnosis reads the accumulated gradient there);
     ``on_selection(mask, seq_ids)`` sees every KL-Cov/Clip-Cov selection this rank makes.
     """
@@ -58,7 +58,7 @@ def update_policy(
     if config.loss.is_cov and config.cov_strategy == "microbatch" and config.statistics_scope == "minibatch":
         warnings.warn("cov_strategy 'microbatch' selects tokens per microbatch: the update then depends on "
                       "the split (kept for the diagnosis's comparison only)", stacklevel=2)
-    return [train_minibatch(model, optimizer, batch, plan, config, collective=collective, step=step + i,
+    return [train_minibatch(model, optimizer, batch, plan, config, collective=collective, step=optimizer_step + i,
                             on_gradients=on_gradients, on_selection=on_selection) for i, plan in enumerate(plans)]
 
 

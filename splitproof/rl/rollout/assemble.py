@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ...batch import TokenBatch
+
 
 @dataclass(frozen=True)
 class SequenceTensors:
@@ -23,6 +25,11 @@ class SequenceTensors:
     attention_mask: Tensor  # [B, P + T] bool
     response_mask: Tensor  # [B, T] bool: the generated tokens, EOS included (a tool's tokens excluded)
     rollout_log_probs: Tensor  # [B, T], 0 on padding
+
+    @property
+    def tokens(self) -> TokenBatch:
+        """The token layout alone, what the no-grad passes read."""
+        return TokenBatch(self.prompts, self.responses, self.attention_mask, self.response_mask)
 
     @property
     def response_lengths(self) -> Tensor:
@@ -47,10 +54,10 @@ def pad_samples(samples: Sequence, *, response_width: int, pad_token_id: int,
     for sample in samples:
         t = len(sample.response_ids)
         if t > response_width:
-            raise ValueError(f"sample (uid {sample.uid}, index {sample.index}) has {t} response tokens > "
+            raise ValueError(f"sample (uid {sample.uid}, sample_index {sample.sample_index}) has {t} response tokens > "
                              f"max_response_length {response_width}")
         if len(sample.log_probs) != t:
-            raise ValueError(f"sample (uid {sample.uid}, index {sample.index}) has {len(sample.log_probs)} "
+            raise ValueError(f"sample (uid {sample.uid}, sample_index {sample.sample_index}) has {len(sample.log_probs)} "
                              f"log-probs for {t} response tokens")
     pad = [pad_token_id]
     prompts = torch.tensor([pad * (prompt_width - len(s.prompt_ids)) + list(s.prompt_ids) for s in samples],

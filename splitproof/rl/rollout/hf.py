@@ -101,7 +101,7 @@ class Sample:
     (before top-k / top-p)."""
 
     uid: int
-    index: int
+    sample_index: int  # the sample's number within its prompt (0 .. n - 1)
     prompt_ids: list[int]
     response_ids: list[int]
     log_probs: list[float]
@@ -323,7 +323,7 @@ class HFRollout:
 
         responses, log_probs = responses.cpu().tolist(), log_probs.cpu().tolist()  # one conversion each
         lengths, finished = lengths.tolist(), finished.tolist()
-        return [Sample(uid=int(uid), index=int(j), prompt_ids=list(p), response_ids=responses[r][:lengths[r]],
+        return [Sample(uid=int(uid), sample_index=int(j), prompt_ids=list(p), response_ids=responses[r][:lengths[r]],
                        log_probs=log_probs[r][:lengths[r]], finished=finished[r])
                 for r, ((uid, j, _), p) in enumerate(zip(chunk, prompts))]
 
