@@ -19,7 +19,7 @@ from torch import Tensor
 
 from .batch_error import BatchError
 from .loss_config import GROUP_AGG
-from .sequences import fields_from_sequences
+from .sequences import fields_from_sequences, token_fields
 
 
 def _seq_label(seq_ids: Tensor | None, row: int) -> int:
@@ -175,6 +175,10 @@ class TokenLayout:
         """Real prompt tokens per sequence."""
         return self.attention_mask[:, :self.prompt_width].sum(dim=1)
 
+    def response_lengths(self) -> Tensor:
+        """Real response tokens per sequence (a tool's tokens in a multi-turn response included)."""
+        return self.attention_mask[:, self.prompt_width:].sum(dim=1)
+
     def prompt_spans(self) -> Tensor:
         """Columns from each sequence's first real prompt token to the end of the prompt block (0 if none):
         its prompt length when left-padded, more with padding inside or after it."""
@@ -218,6 +222,14 @@ class TokenBatch(TokenLayout):
     response_mask: Tensor  # [B, T], 1 on response tokens that count in the loss
     seq_ids: Tensor | None = None  # [B] canonical keys; default arange(B)
 
+    @classmethod
+    def from_sequences(cls, prompt_ids, response_ids, *, response_mask=None, response_width: int | None = None,
+                       pad_token_id: int = 0) -> "TokenBatch":
+        """The token layout of plain per-sequence lists, as :meth:`RolloutBatch.from_sequences` lays it out
+        (masks as 0/1 integers); ``response_width``: the responses' padded width (default the longest)."""
+        return cls(**token_fields(prompt_ids, response_ids, response_mask=response_mask,
+                                  response_width=response_width, pad_token_id=pad_token_id))
+
 
 @dataclass
 class RolloutBatch(TokenLayout):
@@ -239,8 +251,8 @@ class RolloutBatch(TokenLayout):
     @classmethod
     def from_sequences(cls, prompt_ids, response_ids, old_log_probs, advantages, *, response_mask=None,
                        ref_log_probs=None, rollout_is_weights=None, values=None, returns=None, seq_ids=None,
-                       index=None, pad_token_id: int = 0,
-                       dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> "RolloutBatch":
+                       index=None, pad_token_id: int = 0, dtype: torch.dtype = torch.float32,
+                       device: torch.device | str | None = None, response_width: int | None = None) -> "RolloutBatch":
         """A validated batch from plain per-sequence data; row i is sequence i of every list.
 
         - ``prompt_ids[i]``: the prompt's token ids (at least one); left-padded with ``pad_token_id``.
@@ -256,6 +268,8 @@ class RolloutBatch(TokenLayout):
         - ``seq_ids`` (optional): a unique integer id per sequence, its canonical key (default 0..B-1).
         - ``index`` (optional): an integer group id per sequence — the sequences sampled from one prompt
           share it (verl's uid); ``loss_agg_mode="group-mean-token-mean"`` needs it.
+        - ``response_width`` (optional): the responses' padded width, e.g. ``data.max_response_length``
+          (default: the longest response).
 
         A row may be a list, tuple, NumPy array or 1-D tensor. Bad input raises :class:`BatchError`
         naming the field and the row (``old_log_probs[3]: 5 values for 6 response tokens``). Per-token
@@ -265,8 +279,8 @@ class RolloutBatch(TokenLayout):
         fields = fields_from_sequences(prompt_ids, response_ids, old_log_probs, advantages,
                                     response_mask=response_mask, ref_log_probs=ref_log_probs,
                                     rollout_is_weights=rollout_is_weights, values=values, returns=returns,
-                                    seq_ids=seq_ids, index=index,
-                                    pad_token_id=pad_token_id, dtype=dtype)
+                                    seq_ids=seq_ids, index=index, pad_token_id=pad_token_id, dtype=dtype,
+                                    response_width=response_width)
         batch = cls(**fields)
         if device is not None:
             batch = batch.to(device)

@@ -11,7 +11,7 @@ import torch
 
 from splitproof.collective import default_collective
 from splitproof.loss_config import ConfigError
-from splitproof.rl.config.check import reward_manager_of
+from splitproof.rl.config.derive import reward_manager_of
 from splitproof.rl.config.load import load_train_config
 from splitproof.rl.rewards.dapo import OverlongBuffer, RewardManager, apply_manager, overlong_reward
 from splitproof.rl.rewards.scored import Rewards

@@ -233,8 +233,8 @@ def test_bad_requests_are_named():
     assert generate(m, [], params) == []
 
 
-def test_pad_samples_lays_out_every_row():
-    from splitproof.rl.rollout.assemble import pad_samples
+def test_samples_to_tokens_lays_out_every_row():
+    from splitproof.rl.rollout.assemble import samples_to_tokens
     from splitproof.rl.rollout.hf import Sample
 
     g = random.Random(4)
@@ -245,17 +245,18 @@ def test_pad_samples_lays_out_every_row():
                               response_ids=response, log_probs=[g.uniform(-5, 0) for _ in response],
                               finished=bool(response)))
     for dtype in (torch.float32, torch.float64):
-        seqs = pad_samples(samples, response_width=4, pad_token_id=7, dtype=dtype)
+        seqs, rollout_log_probs = samples_to_tokens(samples, response_width=4, pad_token_id=7, dtype=dtype)
         P = max(len(s.prompt_ids) for s in samples)
-        assert seqs.prompts.shape == (40, P) and seqs.responses.shape == (40, 4) and seqs.rollout_log_probs.dtype == dtype
+        assert seqs.prompts.shape == (40, P) and seqs.responses.shape == (40, 4) and rollout_log_probs.dtype == dtype
         for row, s in enumerate(samples):
             p, t = len(s.prompt_ids), len(s.response_ids)
             assert seqs.prompts[row].tolist() == [7] * (P - p) + s.prompt_ids
             assert seqs.responses[row].tolist() == s.response_ids + [7] * (4 - t)
             assert seqs.attention_mask[row].tolist() == [False] * (P - p) + [True] * (p + t) + [False] * (4 - t)
             assert seqs.response_mask[row].tolist() == [True] * t + [False] * (4 - t)
-            assert seqs.rollout_log_probs[row].tolist() == torch.tensor(s.log_probs + [0.0] * (4 - t), dtype=dtype).tolist()
+            assert rollout_log_probs[row].tolist() == torch.tensor(s.log_probs + [0.0] * (4 - t), dtype=dtype).tolist()
     with pytest.raises(ValueError, match=r"uid 3, sample_index 0\) has 5 response tokens > max_response_length 4"):
-        pad_samples(samples[:3] + [Sample(3, 0, [1], [1] * 5, [0.0] * 5, False)], response_width=4, pad_token_id=0)
+        samples_to_tokens(samples[:3] + [Sample(3, 0, [1], [1] * 5, [0.0] * 5, False)], response_width=4,
+                          pad_token_id=0)
     with pytest.raises(ValueError, match=r"uid 3, sample_index 0\) has 1 log-probs for 2 response tokens"):
-        pad_samples([Sample(3, 0, [1], [1, 2], [0.0], True)], response_width=4, pad_token_id=0)
+        samples_to_tokens([Sample(3, 0, [1], [1, 2], [0.0], True)], response_width=4, pad_token_id=0)

@@ -25,8 +25,9 @@ from ..lora import apply_lora
 from ..loss_config import ConfigError
 from ..stats import MinibatchStats
 from .config.schema import TrainConfig
-from .config.check import (critic_enabled, dp_strategy, lora_settings, reward_function as reward_function_setting,
-                           reward_kwargs, reward_manager_of, to_update_config)
+from .config.derive import (critic_enabled, dp_strategy, lora_settings, multi_turn_settings,
+                            reward_function as reward_function_setting, reward_kwargs, reward_manager_of,
+                            sampling_params, to_update_config)
 from .data.dynamic_sampling import PromptStream
 from .rewards.dapo import RewardManager
 from .rewards.filter_metric import check_filter_metric
@@ -36,7 +37,7 @@ from .data.prompts import PromptDataset, PromptSampler, load_prompts
 from .rewards.kl_penalty import make_kl_controller
 from .models.policy import MODEL_DTYPES, frozen_copy, generation_eos_ids, load_policy, load_tokenizer
 from .rewards.functions import check_reward_sources, load_reward_function
-from .rollout.episode import EpisodeRollout, MultiTurnSettings
+from .rollout.episode import EpisodeRollout
 from .rollout.hf import HFRollout, SamplingParams
 from .rollout.tools import Tool, load_tools
 from .models.optim import make_optimizer, make_scheduler
@@ -99,16 +100,6 @@ class Parts:
         stats = MinibatchStats.of(mask, index=index)
         weights = token_weights(mask, loss.loss_agg_mode, stats, loss.loss_scale_factor, torch.float64, index)
         return float(torch.where(mask, weights * values.double(), torch.zeros((), dtype=torch.float64)).sum())
-
-
-def sampling_params(cfg: TrainConfig) -> tuple[SamplingParams, SamplingParams]:
-    """The training and validation sampling settings (verl's rollout keys and ``rollout.val_kwargs``)."""
-    r, v = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.rollout.val_kwargs
-    train = SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, do_sample=r.do_sample,
-                           max_response_length=cfg.data.max_response_length, seed=r.seed)
-    val = SamplingParams(n=v.n, temperature=v.temperature, top_p=v.top_p, top_k=v.top_k, do_sample=v.do_sample,
-                         max_response_length=cfg.data.max_response_length, seed=r.seed)
-    return train, val
 
 
 def greedy(params: SamplingParams) -> SamplingParams:
@@ -252,16 +243,6 @@ def _agreed_on(collective, work):
         key, _, message = failures[0].partition(": ")
         raise ConfigError(key, message)
     return value
-
-
-def multi_turn_settings(cfg: TrainConfig) -> MultiTurnSettings:
-    r = cfg.actor_rollout_ref.rollout
-    mt = r.multi_turn
-    return MultiTurnSettings(format=mt.format, max_assistant_turns=mt.max_assistant_turns,
-                             max_user_turns=mt.max_user_turns, max_parallel_calls=mt.max_parallel_calls,
-                             max_tool_response_length=mt.max_tool_response_length,
-                             tool_response_truncate_side=mt.tool_response_truncate_side,
-                             tool_timeout=mt.tool_timeout, num_workers=r.agent.num_workers)
 
 
 def reward_function(cfg: TrainConfig):

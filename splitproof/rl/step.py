@@ -27,7 +27,7 @@ from ..advantages import compute_advantage
 from ..advantages.estimators import ESTIMATOR_TABLE
 from ..batch import RolloutBatch, TokenLayout
 from ..engine import compute_log_probs, compute_values
-from .rollout.assemble import pad_samples
+from .rollout.assemble import samples_to_tokens
 from .rewards.kl_penalty import apply_kl_penalty
 from .tracking.metrics import (StageTimer, data_metrics, reward_extra_metrics,
                                throughput_metrics)
@@ -37,7 +37,7 @@ from .rewards.scored import Rewards, ScoredSamples
 from .rollout.correction import rollout_correction
 from .rollout.episode import episode_metrics
 from . import pause
-from .config.check import gen_batch_size
+from .config.derive import gen_batch_size
 from .data.dynamic_sampling import filtered_batch
 from .data.prompts import PromptDataset
 from .models.learner import Learner
@@ -104,15 +104,15 @@ def train_step(parts: Parts, step: int, uids: list[int] | None, pipeline=None) -
 
     scored = collect_samples(parts, step, uids, timer, pipeline)
     samples, rewards = scored.samples, scored.rewards
-    seqs = pad_samples(samples, response_width=cfg.data.max_response_length, pad_token_id=parts.pad_token_id,
-                       dtype=parts.float_dtype)
     dtype = parts.float_dtype
-    old_log_probs, entropy, ref_log_probs, values = no_grad_passes(parts, seqs.tokens, seqs.rollout_log_probs, timer)
+    seqs, rollout_log_probs = samples_to_tokens(samples, response_width=cfg.data.max_response_length,
+                                                pad_token_id=parts.pad_token_id, dtype=dtype)
+    old_log_probs, entropy, ref_log_probs, values = no_grad_passes(parts, seqs, rollout_log_probs, timer)
 
     with timer("adv"):
         is_weights, corr_metrics = rollout_correction(
             cfg.algorithm.rollout_correction, old_log_probs,
-            seqs.rollout_log_probs if cfg.actor_rollout_ref.rollout.calculate_log_probs else None, seqs.response_mask)
+            rollout_log_probs if cfg.actor_rollout_ref.rollout.calculate_log_probs else None, seqs.response_mask)
         token_level_scores = scores_on_last_token(rewards.scores.to(dtype), seqs.response_mask)
         token_level_rewards, kl_metrics = token_level_scores, {}
         if cfg.algorithm.use_kl_in_reward:
@@ -144,9 +144,9 @@ def train_step(parts: Parts, step: int, uids: list[int] | None, pipeline=None) -
                **scored.metrics}
     metrics.update(data_metrics(
         token_level_scores=token_level_scores, token_level_rewards=token_level_rewards, advantages=advantages,
-        returns=returns, response_mask=seqs.response_mask, prompt_lengths=seqs.prompt_lengths,
+        returns=returns, response_mask=seqs.response_mask, prompt_lengths=seqs.prompt_lengths(),
         max_response_length=cfg.data.max_response_length, max_prompt_length=cfg.data.max_prompt_length,
-        values=values, response_lengths=seqs.response_token_counts))
+        values=values, response_lengths=seqs.response_lengths()))
     metrics.update(episode_metrics(samples))  # multi-turn: turns, tool calls and failures
     metrics.update(update_metrics)
     if scored.pipelined is not None:

@@ -25,7 +25,7 @@ from ..collective import default_collective
 from ..loss_config import ConfigError
 from .checkpoint.resume import finished_message, latest_checkpoint
 from .config.schema import TrainConfig
-from .config.check import critic_enabled
+from .config.derive import critic_enabled
 from .loop import fit
 from .run import Parts, RunInputs, build_parts, prepare_inputs
 from .checkpoint.run_state import Restored, ResumePoint, restore_run, resume_point
@@ -97,7 +97,7 @@ def check_model_config(cfg: TrainConfig) -> None:
 def check_lora(cfg: TrainConfig) -> None:
     """The actor's LoRA keys against the model's config and a saved adapter's files (no weights loaded)."""
     from ..lora import check_before_loading
-    from .config.check import lora_settings
+    from .config.derive import lora_settings
     from .models.policy import model_directory
 
     model = cfg.actor_rollout_ref.model

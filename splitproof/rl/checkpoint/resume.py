@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...loss_config import ConfigError
-from ..config.check import critic_enabled
+from ..config.derive import critic_enabled
 from ..config.schema import TrainConfig, TrainerConfig
 
 TRACKER = "latest_checkpointed_iteration.txt"

@@ -15,7 +15,7 @@ the update, aggregated over the critic's whole minibatch, so its split never cha
 from __future__ import annotations
 
 from ..config.schema import TrainConfig
-from ..config.check import critic_strategy, to_critic_update_config
+from ..config.derive import critic_strategy, to_critic_update_config
 from .learner import Learner, no_grad_split, wrap_for_ranks
 from .policy import MODEL_DTYPES, load_value_model
 from .optim import make_optimizer, make_scheduler
