@@ -77,8 +77,8 @@ def test_lora_update_under_data_parallel_matches_one_process(setup, wrapper, wor
 
 def test_the_engine_sees_the_hugging_face_model_inside_the_peft_wrapper(setup):
     from splitproof.engine.distributed import _decoder_layers
-    from splitproof.engine.logprobs import _takes_logits_to_keep
+    from splitproof.engine.logprobs import takes_logits_to_keep
 
     model = setup[0]
     assert len(_decoder_layers(model)) == 2  # FSDP2 shards each decoder layer, not only the root
-    assert _takes_logits_to_keep(model)  # logits only at the response positions
+    assert takes_logits_to_keep(model)  # logits only at the response positions

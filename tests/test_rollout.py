@@ -260,3 +260,20 @@ def test_samples_to_tokens_lays_out_every_row():
                           pad_token_id=0)
     with pytest.raises(ValueError, match=r"uid 3, sample_index 0\) has 1 log-probs for 2 response tokens"):
         samples_to_tokens([Sample(3, 0, [1], [1, 2], [0.0], True)], response_width=4, pad_token_id=0)
+
+
+def test_samples_to_batch_takes_a_multi_turn_token_mask():
+    """An episode's tool tokens are in the attention mask but not in ``response_mask`` (its ``token_mask``),
+    in ``samples_to_batch`` as in the RL step's ``samples_to_tokens``."""
+    from splitproof.rl.rollout.assemble import samples_to_tokens
+    from splitproof.rl.rollout.episode import Episode
+
+    episodes = [Episode(uid=0, sample_index=0, prompt_ids=[3, 4], response_ids=[5, 6, 7, 8], log_probs=[-1.0] * 4,
+                        finished=True, token_mask=[1, 0, 0, 1]),
+                Episode(uid=0, sample_index=1, prompt_ids=[3], response_ids=[9], log_probs=[-0.5], finished=True,
+                        token_mask=[1])]
+    batch = samples_to_batch(episodes)
+    assert batch.response_mask.tolist() == [[True, False, False, True], [True, False, False, False]]
+    assert batch.attention_mask[:, batch.prompt_width:].tolist() == [[True] * 4, [True, False, False, False]]
+    tokens, _ = samples_to_tokens(episodes, response_width=6, pad_token_id=0)
+    assert tokens.response_mask[:, :4].tolist() == batch.response_mask.tolist() and not tokens.response_mask[:, 4:].any()

@@ -27,7 +27,7 @@ _LOW_PRECISION = (torch.bfloat16, torch.float16)
 _accepts_logits_to_keep: dict[type, bool] = {}
 
 
-def _takes_logits_to_keep(model: nn.Module) -> bool:
+def takes_logits_to_keep(model: nn.Module) -> bool:
     """Whether the Hugging Face module (inside DDP/PEFT wrappers)'s forward names a ``logits_to_keep`` parameter (cached per class)."""
     cls = type(base_model_of(model))
     if cls not in _accepts_logits_to_keep:
@@ -39,14 +39,14 @@ def _takes_logits_to_keep(model: nn.Module) -> bool:
     return _accepts_logits_to_keep[cls]
 
 
-def _param_dtype(model: nn.Module) -> torch.dtype:
+def param_dtype(model: nn.Module) -> torch.dtype:
     for p in model.parameters():
         if p.is_floating_point():
             return p.dtype
     return torch.get_default_dtype()
 
 
-def _logits_of(out) -> Tensor:
+def logits_of(out) -> Tensor:
     if isinstance(out, Tensor):
         return out
     if hasattr(out, "logits"):
@@ -56,7 +56,7 @@ def _logits_of(out) -> Tensor:
 
 def output_dtypes(model: nn.Module) -> tuple[torch.dtype, torch.dtype]:
     """(the model's parameter dtype, the dtype its per-token results are kept in: float32 for bf16/fp16)."""
-    dtype = _param_dtype(model)
+    dtype = param_dtype(model)
     return dtype, (torch.float32 if dtype in _LOW_PRECISION else dtype)
 
 
@@ -95,9 +95,9 @@ def padded_outputs(model: nn.Module, batch: RolloutBatch, p0: int, t1: int, dtyp
     # Without padding the mask is plain causal: the model's own causal path, no [b, L, L] mask to hold.
     mask_4d = None if bool(mask.all()) else attention_mask(torch.zeros_like(input_ids), mask, model, dtype)
     kwargs = dict(input_ids=input_ids, attention_mask=mask_4d, position_ids=position_ids, use_cache=False)
-    if _takes_logits_to_keep(model):
+    if takes_logits_to_keep(model):
         kwargs["logits_to_keep"] = t1 + 1
-    return _logits_of(model(**kwargs))[:, -(t1 + 1):], input_ids, resp_att[:, :t1]
+    return logits_of(model(**kwargs))[:, -(t1 + 1):], input_ids, resp_att[:, :t1]
 
 
 def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: float = 1.0,
@@ -120,7 +120,7 @@ def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: fl
         return zeros, (zeros.clone() if with_entropy else None)
     if packed:
         return packed_response_log_probs(model, batch, temperature=temperature, with_entropy=with_entropy,
-                                         logits_of=_logits_of, dtype=dtype, out_dtype=out_dtype)
+                                         logits_of=logits_of, dtype=dtype, out_dtype=out_dtype)
 
     # Position j predicts response token j; the final one predicts nothing. It is dropped after the
     # log-softmax, not before: the kept logits are then contiguous, and log_softmax on a strided slice first

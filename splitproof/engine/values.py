@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from splitproof.batch import RolloutBatch, TokenLayout
 from splitproof.loss_config import ConfigError
 from splitproof.engine.attention import check_attention
-from splitproof.engine.logprobs import (_logits_of, inference_microbatches, output_dtypes, padded_outputs,
+from splitproof.engine.logprobs import (logits_of, inference_microbatches, output_dtypes, padded_outputs,
                                         response_window)
 from splitproof.engine.packing import packed_outputs
 from splitproof.engine.row_invariant import row_invariant
@@ -43,7 +43,7 @@ def response_values(model: nn.Module, batch: RolloutBatch, *, packed: bool = Fal
     if t1 == 0:
         return torch.zeros(b, T, dtype=out_dtype, device=device)
     if packed:
-        picked, seq_t, resp_t, _ = packed_outputs(model, batch, logits_of=_logits_of, dtype=dtype)
+        picked, seq_t, resp_t, _ = packed_outputs(model, batch, logits_of=logits_of, dtype=dtype)
         v = _scalar(picked).to(out_dtype)
         return torch.zeros(b, T, dtype=out_dtype, device=device).index_put((seq_t, resp_t), v)
     outputs, _, valid = padded_outputs(model, batch, p0, t1, dtype)

@@ -89,11 +89,10 @@ def dynamic_samples(parts: Parts, step: int, timer: StageTimer) -> ScoredSamples
         pause.pause_point(f"step{step}:round{next(rounds)}")
         return samples, rewards
 
-    kept = filtered_batch(parts.prompts.sampler, batch_size=cfg.data.train_batch_size,
+    return filtered_batch(parts.prompts.sampler, batch_size=cfg.data.train_batch_size,
                           gen_batch_size=gen_batch_size(cfg), max_rounds=fg.max_num_gen_batches, metric=fg.metric,
                           n=parts.generation.sampling.n, rows=len(parts.prompts.train),
                           generate_scored=generate_scored)
-    return ScoredSamples(kept.samples, kept.rewards, kept.uids, kept.group_ids, kept.consumed, kept.metrics)
 
 
 def train_step(parts: Parts, step: int, uids: list[int] | None, pipeline=None) -> StepResult:

@@ -17,8 +17,6 @@ from ...engine import CriticUpdateConfig, UpdateConfig
 from ...loss_config import ConfigError, LossConfig
 from ...lora_settings import LoraSettings
 from ..rewards.dapo import reward_manager
-from ..rollout.episode import MultiTurnSettings
-from ..rollout.hf import SamplingParams
 from .schema import TrainConfig
 
 ARR = "actor_rollout_ref"
@@ -78,6 +76,8 @@ def to_critic_update_config(cfg: TrainConfig) -> CriticUpdateConfig:
 
 def sampling_params(cfg: TrainConfig) -> tuple[SamplingParams, SamplingParams]:
     """The training and validation sampling settings (verl's rollout keys and ``rollout.val_kwargs``)."""
+    from ..rollout.hf import SamplingParams  # here: the config checks import this module, torch-free
+
     r = cfg.actor_rollout_ref.rollout
     width = (cfg.data.max_response_length, "data.max_response_length")
     train = derive(SamplingParams, (r, ROLLOUT), given={"max_response_length": width})
@@ -86,7 +86,10 @@ def sampling_params(cfg: TrainConfig) -> tuple[SamplingParams, SamplingParams]:
     return train, val
 
 
-def multi_turn_settings(cfg: TrainConfig) -> MultiTurnSettings:
+def multi_turn_settings(cfg: TrainConfig):
+    """The multi-turn episodes' settings (``rollout.multi_turn``, ``rollout.agent.num_workers``)."""
+    from ..rollout.episode import MultiTurnSettings  # here: the config checks import this module, torch-free
+
     r = cfg.actor_rollout_ref.rollout
     return derive(MultiTurnSettings, (r.multi_turn, f"{ROLLOUT}.multi_turn"),
                   given={"num_workers": (r.agent.num_workers, f"{ROLLOUT}.agent.num_workers")})

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from ...loss_config import ConfigError
-from .scored import Rewards, present_extra
+
+if TYPE_CHECKING:
+    from .scored import Rewards
 
 MANAGERS = ("naive", "dapo")
 OVERLONG_KEYS = ("enable", "len", "penalty_factor", "log")
@@ -66,6 +67,10 @@ def apply_manager(manager: RewardManager, rewards: Rewards, lengths: list[int]) 
     """Each sample's reward and extra values under ``manager``; ``rewards`` holds the reward function's
     scores and extra values (``scored.Rewards``), ``lengths[i]`` the response's token count. ``acc`` is
     added for a sample with no extra value (its score), then the overlong values."""
+    import torch  # here: the config checks import this module, torch-free
+
+    from .scored import Rewards, present_extra
+
     held = present_extra(rewards.extra)
     if manager.name == "naive":
         return Rewards(rewards.scores, held)

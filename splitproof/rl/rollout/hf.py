@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from splitproof.batch import RolloutBatch
 from splitproof.loss_config import ConfigError
-from splitproof.engine.logprobs import _logits_of, _param_dtype, _takes_logits_to_keep
+from splitproof.engine.logprobs import logits_of, param_dtype, takes_logits_to_keep
 from splitproof.engine.row_invariant import row_invariant
 from splitproof.hf_models import base_model_of, unwrap, vocab_size_of
 from splitproof.rl.rollout.assemble import token_masks
@@ -146,7 +146,7 @@ def _eos_tuple(eos_token_ids) -> tuple[int, ...]:
 
 def _log_prob_dtype(model: nn.Module) -> torch.dtype:
     """float64 for a float64 model, float32 otherwise (bf16 / fp16 logits are scored in float32)."""
-    return torch.float64 if _param_dtype(model) == torch.float64 else torch.float32
+    return torch.float64 if param_dtype(model) == torch.float64 else torch.float32
 
 
 def _cache_keyword(model: nn.Module) -> str:
@@ -294,11 +294,11 @@ class HFRollout:
         finished = torch.zeros(real, dtype=torch.bool, device=device)
 
         cache_kw = _cache_keyword(model)
-        kwargs = {"logits_to_keep": 1} if _takes_logits_to_keep(model) else {}
+        kwargs = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
         out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
                     use_cache=True, **kwargs)
         for t in range(T):
-            tokens, lp = self._sample(_logits_of(out)[:, -1], uniforms[row_of, t], params)
+            tokens, lp = self._sample(logits_of(out)[:, -1], uniforms[row_of, t], params)
             writing = row_of[live]
             responses[writing, t] = tokens[live]
             log_probs[writing, t] = lp[live]
