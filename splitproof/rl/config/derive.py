@@ -12,12 +12,17 @@ function and manager it scores with.
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import TYPE_CHECKING
 
 from ...engine import CriticUpdateConfig, UpdateConfig
 from ...loss_config import ConfigError, LossConfig
 from ...lora_settings import LoraSettings
 from ..rewards.dapo import reward_manager
 from .schema import TrainConfig
+
+if TYPE_CHECKING:
+    from ..rollout.episode import MultiTurnSettings
+    from ..rollout.hf import SamplingParams
 
 ARR = "actor_rollout_ref"
 ACTOR = f"{ARR}.actor"
@@ -86,7 +91,7 @@ def sampling_params(cfg: TrainConfig) -> tuple[SamplingParams, SamplingParams]:
     return train, val
 
 
-def multi_turn_settings(cfg: TrainConfig):
+def multi_turn_settings(cfg: TrainConfig) -> MultiTurnSettings:
     """The multi-turn episodes' settings (``rollout.multi_turn``, ``rollout.agent.num_workers``)."""
     from ..rollout.episode import MultiTurnSettings  # here: the config checks import this module, torch-free
 
