@@ -276,4 +276,5 @@ def test_samples_to_batch_takes_a_multi_turn_token_mask():
     assert batch.response_mask.tolist() == [[True, False, False, True], [True, False, False, False]]
     assert batch.attention_mask[:, batch.prompt_width:].tolist() == [[True] * 4, [True, False, False, False]]
     tokens, _ = samples_to_tokens(episodes, response_width=6, pad_token_id=0)
-    assert tokens.response_mask[:, :4].tolist() == batch.response_mask.tolist() and not tokens.response_mask[:, 4:].any()
+    assert tokens.response_mask[:, :4].tolist() == batch.response_mask.tolist()
+    assert not tokens.response_mask[:, 4:].any()

@@ -43,8 +43,8 @@ def update_critic(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
         raise ValueError("model: with several ranks, wrap the model with DDP or FSDP2 (splitproof.engine.wrap_model)")
     batch, plans = validate_critic_update(model, batch, config, collective)
     batch = batch.to(device_of(model))
-    return [train_critic_minibatch(model, optimizer, batch, plan, config, collective=collective, step=optimizer_step + i,
-                                   on_gradients=on_gradients) for i, plan in enumerate(plans)]
+    return [train_critic_minibatch(model, optimizer, batch, plan, config, collective=collective,
+                                   step=optimizer_step + i, on_gradients=on_gradients) for i, plan in enumerate(plans)]
 
 
 def validate_critic_update(model: nn.Module, batch: RolloutBatch, config: CriticUpdateConfig,
