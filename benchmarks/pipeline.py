@@ -86,7 +86,7 @@ def one_run(k: int, steps: int, overrides: list[str]) -> dict:
     from splitproof.rl import step as step_mod
     from splitproof.rl.config.load import load_train_config
     from splitproof.rl.loop import fit
-    from splitproof.rl.run import build_run
+    from splitproof.rl.run import build_parts
     from splitproof.rl.train import cpu_threads
 
     work = Path(tempfile.mkdtemp(prefix="splitproof-pipeline-"))
@@ -107,16 +107,16 @@ def one_run(k: int, steps: int, overrides: list[str]) -> dict:
     step_mod.generate = timed_generate
     original = loop_mod.train_step
 
-    def timed_step(run, step, uids):
+    def timed_step(*args, **kwargs):
         wall, cpu = time.perf_counter(), _cpu()
-        out = original(run, step, uids)
+        out = original(*args, **kwargs)
         marks.append((time.perf_counter() - wall, _cpu() - cpu))
         return out
 
     loop_mod.train_step = timed_step
     try:
         with cpu_threads(cfg.trainer.cpu_threads):
-            run = build_run(cfg)
+            run = build_parts(cfg)
             records = fit(run)
     finally:
         step_mod.generate, loop_mod.train_step = generate, original

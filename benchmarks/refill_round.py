@@ -30,7 +30,7 @@ def measure(overrides: list[str], steps: int) -> dict:
     from splitproof.rl import loop as loop_mod
     from splitproof.rl import step as step_mod
     from splitproof.rl.config.load import load_train_config
-    from splitproof.rl.run import build_run
+    from splitproof.rl.run import build_parts
 
     cfg = load_train_config("builtin://charlm-dapo", [f"trainer.total_training_steps={steps}", "data.val_files=null",
                                                        "trainer.logger=[]", *overrides], on_notice=lambda m: None)
@@ -41,7 +41,7 @@ def measure(overrides: list[str], steps: int) -> dict:
     try:
         for owner, name, make in patches:
             saved[owner, name] = stage_clock.wrap(owner, name, make)
-        run = build_run(cfg)
+        run = build_parts(cfg)
         records = loop_mod.fit(run)
         clock.finish()
     finally:

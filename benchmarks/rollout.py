@@ -251,7 +251,7 @@ def drift_rows(env: bl.Env) -> list[dict]:
 
             bl.log(f"[{NAME}] layout drift: {model_name}, {dtype}")
             base = generate(requests, len(requests))
-            keyed = {(s.uid, s.index): s for s in base}
+            keyed = {(s.uid, s.sample_index): s for s in base}
             order = list(range(len(requests)))
             random.Random(2).shuffle(order)
             shuffled = [requests[i] for i in order]
@@ -266,8 +266,9 @@ def drift_rows(env: bl.Env) -> list[dict]:
                 rows.append(dict(dtype=str(dtype).replace("torch.", ""), model=model_name,
                                  workload=f"prompts {min(lengths)}–{max(lengths)}, {length} new tokens",
                                  layout=name, samples=len(samples), tokens=len(samples) * length,
-                                 differ=sum(s.response_ids != keyed[s.uid, s.index].response_ids for s in samples),
-                                 max_logprob_gap=max(_prefix_gap(s, keyed[s.uid, s.index]) for s in samples),
+                                 differ=sum(s.response_ids != keyed[s.uid, s.sample_index].response_ids
+                                            for s in samples),
+                                 max_logprob_gap=max(_prefix_gap(s, keyed[s.uid, s.sample_index]) for s in samples),
                                  vs_full=vs_full))
     return rows
 

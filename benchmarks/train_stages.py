@@ -46,6 +46,7 @@ def run(env: bl.Env) -> dict:
     from splitproof.rl import loop as loop_mod
     from splitproof.rl import step as step_mod
     from splitproof.rl import train as train_mod
+    from splitproof.rl.models import learner as learner_mod
     from splitproof.rl.tracking import loggers as tracking
     from splitproof.rl.config.load import load_train_config
 
@@ -55,22 +56,30 @@ def run(env: bl.Env) -> dict:
                  "trainer.resume_mode=disable"] + (QUICK_OVERRIDES if env.quick else [])
     cfg = load_train_config(None, overrides)
     clock = stage_clock.Clock()
-    saved = {}
+    saved, built = {}, {}
     patches = [(step_mod, "generate", stage_clock.timed_call(clock, "gen")),
                (step_mod, "score_samples", stage_clock.timed_call(clock, "reward")),
-               (step_mod, "update_policy", stage_clock.timed_call(clock, "update")),
-               (loop_mod, "validate", stage_clock.timed_call(clock, "testing")),
+               (learner_mod, "update_policy", stage_clock.timed_call(clock, "update")),
+               (loop_mod, "evaluate_held_out", stage_clock.timed_call(clock, "testing")),
                (loop_mod, "save_run", stage_clock.timed_call(clock, "checkpoint")),
                (tracking.Tracker, "log", stage_clock.timed_call(clock, "logging"))]
 
     def log_probs(original):  # the old and the reference pass share a function: told apart by the model
-        def call(run, model, *args, **kwargs):
-            with clock.timed("ref" if model is run.ref else "old_log_prob"):
-                return original(run, model, *args, **kwargs)
+        def call(model, *args, **kwargs):
+            with clock.timed("old_log_prob" if model is built["actor"].for_inference() else "ref"):
+                return original(model, *args, **kwargs)
+        return call
+
+    def build_recorded(original):
+        def call(*args, **kwargs):
+            parts = original(*args, **kwargs)
+            built["actor"] = parts.actor
+            return parts
         return call
 
     patches += [(step_mod, "no_grad_log_probs", log_probs), (loop_mod, "train_step", stage_clock.starts_step(clock, "step")),
-                (train_mod, "fit", stage_clock.finishes(clock))]
+                (train_mod, "fit", stage_clock.finishes(clock)),
+                (train_mod, "build_parts", build_recorded)]
     try:
         for owner, name, make in patches:
             saved[owner, name] = stage_clock.wrap(owner, name, make)

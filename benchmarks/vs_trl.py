@@ -113,19 +113,19 @@ def run_side(python: str, side: str, spec: dict, work: Path, tag: str) -> dict:
 def held_out(spec: dict, weights: dict[str, Path], quick: bool, work: Path) -> dict[str, float]:
     """Greedy held-out score (our validation code, the same split) of the initial model and each final one."""
     from splitproof.rl.config.load import load_train_config
-    from splitproof.rl.run import build_run
-    from splitproof.rl.evaluate import validate
+    from splitproof.rl.run import build_parts
+    from splitproof.rl.evaluate import evaluate_held_out
 
     overrides = sides.ours_overrides(spec, work / "eval") + [f"data.val_files={VAL_QUICK if quick else VAL_FULL}"]
-    run = build_run(load_train_config(None, overrides))
+    run = build_parts(load_train_config(None, overrides))
 
     def score() -> float:
-        values = list(validate(run, spec["steps"]).values())
+        values = list(evaluate_held_out(run, spec["steps"]).values())
         return float(values[0])
 
     scores = {"initial": score()}
     for name, path in weights.items():
-        run.policy.load_state_dict(torch.load(path))
+        run.actor.model.load_state_dict(torch.load(path))
         scores[name] = score()
     return scores
 

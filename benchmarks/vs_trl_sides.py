@@ -77,6 +77,7 @@ def run_ours(spec: dict, out: Path) -> dict:
     from splitproof.rl import step as step_mod
     from splitproof.rl import train as train_mod
     from splitproof.rl.config.load import load_train_config
+    from splitproof.rl.models import learner as learner_mod
 
     clock = Clock()
     built = {}
@@ -84,7 +85,7 @@ def run_ours(spec: dict, out: Path) -> dict:
     wrap(step_mod, "generate", timed_call(clock, "gen"))
     wrap(step_mod, "score_samples", timed_call(clock, "reward"))
     wrap(step_mod, "no_grad_log_probs", timed_call(clock, "old_log_prob"))
-    wrap(step_mod, "update_policy", timed_call(clock, "update"))
+    wrap(learner_mod, "update_policy", timed_call(clock, "update"))
 
     def build_recorded(original):
         def call(*args, **kwargs):
@@ -94,12 +95,12 @@ def run_ours(spec: dict, out: Path) -> dict:
         return call
 
     wrap(loop_mod, "train_step", starts_step(clock))
-    wrap(train_mod, "build_run", build_recorded)
+    wrap(train_mod, "build_parts", build_recorded)
     wrap(train_mod, "fit", finishes(clock))
     train_mod.train(cfg)
     peak = peak_rss_mib()
     run = built["run"]
-    torch.save(run.policy.state_dict(), out / "final.pt")
+    torch.save(run.actor.model.state_dict(), out / "final.pt")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     records = [r for r in records if r.get("step", 0) >= 1]
     metric = lambda key: [float(r.get(key, 0.0)) for r in records]  # noqa: E731
@@ -109,7 +110,7 @@ def run_ours(spec: dict, out: Path) -> dict:
                 tokens=metric("perf/total_num_tokens"), train_score=metric("critic/score/mean"),
                 response_length=metric("response_length/mean"), rss_loaded=built["rss_loaded"],
                 peak_loaded=built["peak_loaded"], peak=peak, threads=torch.get_num_threads(),
-                optimizer_steps=run.optimizer_steps)
+                optimizer_steps=run.actor.optimizer_steps)
 
 
 # --------------------------------------------------------------------------------------------- splits
@@ -120,7 +121,7 @@ def run_ours_split(spec: dict, out: Path) -> dict:
     import torch
 
     from splitproof.rl.config.load import load_train_config
-    from splitproof.rl.run import build_run
+    from splitproof.rl.run import build_parts
     from splitproof.rl.step import train_step
 
     split_spec = dict(spec, mini_batch_prompts=spec["prompts_per_step"], **SPLIT_OPTIMIZER)
@@ -128,13 +129,13 @@ def run_ours_split(spec: dict, out: Path) -> dict:
     for split in spec["splits"]:
         cfg = load_train_config(None, ours_overrides(split_spec, out / f"ours{split}", steps=1, micro_split=split,
                                                      optimizer="SGD", grad_clip=1e9))
-        run = build_run(cfg)
-        start = {k: v.detach().clone() for k, v in run.policy.state_dict().items()}
-        output = train_step(run, 1, run.sampler.next_batch())
-        delta = delta_of(run.policy.state_dict(), start)
+        run = build_parts(cfg)
+        start = {k: v.detach().clone() for k, v in run.actor.model.state_dict().items()}
+        output = train_step(run, 1, run.prompts.sampler.next_batch())
+        delta = delta_of(run.actor.model.state_dict(), start)
         torch.save(delta, out / f"ours_split{split}.pt")
         results[str(split)] = dict(samples=digest([list(s.prompt_ids) + [-1] + list(s.response_ids)
-                                                    for s in output.samples]),
+                                                    for s in output.scored.samples]),
                                    micro_batch=split_spec["mini_batch_prompts"] * spec["n"] // split,
                                    pg_loss=output.metrics.get("actor/pg_loss"))
     return dict(side="ours-split", splits=results)
@@ -166,14 +167,15 @@ def run_ours_generation(spec: dict, out: Path) -> dict:
 
     from splitproof.rl.config.load import load_train_config
     from splitproof.rl.rollout.hf import canonical_prompt_width
-    from splitproof.rl.run import build_run
+    from splitproof.rl.run import build_parts
     from splitproof.rl.step import generate
 
-    run = build_run(load_train_config(None, ours_overrides(spec, out / "generation", steps=1)))
-    model, uids, n = run.rollout.model, spec["uids"][0], spec["n"]
-    prompts = [list(run.train_data[u].prompt_ids) for u in uids for _ in range(n)]
+    run = build_parts(load_train_config(None, ours_overrides(spec, out / "generation", steps=1)))
+    engine = run.generation.engine
+    model, uids, n = engine.model, spec["uids"][0], spec["n"]
+    prompts = [list(run.prompts.train[u].prompt_ids) for u in uids for _ in range(n)]
     longest, pad = max(map(len, prompts)), run.pad_token_id
-    canonical = max(canonical_prompt_width(len(p), run.rollout.pad_multiple) for p in prompts)
+    canonical = max(canonical_prompt_width(len(p), engine.pad_multiple) for p in prompts)
 
     def left_padded(width: int):
         return (torch.tensor([[pad] * (width - len(p)) + p for p in prompts]),
@@ -181,10 +183,10 @@ def run_ours_generation(spec: dict, out: Path) -> dict:
 
     hf_config = GenerationConfig(max_new_tokens=spec["max_response_length"], do_sample=True,
                                  temperature=spec["temperature"], top_k=0, top_p=1.0, pad_token_id=pad,
-                                 eos_token_id=list(run.rollout.eos_token_ids))
+                                 eos_token_id=list(engine.eos_token_ids))
     short_ids, short_mask = left_padded(longest)
     wide_ids, wide_mask = left_padded(canonical)
-    chunk = run.rollout.max_num_seqs
+    chunk = engine.max_num_seqs
 
     @torch.no_grad()
     def prefill(ids, mask):
@@ -200,7 +202,7 @@ def run_ours_generation(spec: dict, out: Path) -> dict:
         model.generate(input_ids=short_ids, attention_mask=short_mask, generation_config=hf_config)
 
     medians = _interleaved_cpu({
-        "ours": lambda: generate(run, uids, 1, run.sampling),
+        "ours": lambda: generate(engine, run.prompts.train, uids, 1, run.generation.sampling, run.collective),
         "hf_generate": hf_generate,
         "prefill_canonical": lambda: prefill(wide_ids, wide_mask),
         "prefill_longest": lambda: prefill(short_ids, short_mask),

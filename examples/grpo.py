@@ -26,7 +26,7 @@ from splitproof.engine import UpdateConfig, compute_log_probs, update_policy
 from splitproof.hf_models import load_causal_lm
 from splitproof.rl.data import PromptSampler, load_prompts
 from splitproof.rl.rewards import score
-from splitproof.rl.rollout import HFRollout, SamplingParams, requests_for
+from splitproof.rl.rollout import HFRollout, SamplingParams, requests_for, samples_to_tokens
 
 # ---- hyper-parameters: the recipe's values under verl's names ---------------------------------------
 TRAIN_FILES = "builtin://addition/train"  # data.train_files
@@ -60,19 +60,6 @@ DATA_LOADER_SEED = 42  # actor.data_loader_seed
 CPU_THREADS = 1  # trainer.cpu_threads
 TRAIN_STREAM, VAL_STREAM = 0, 1  # sampling streams: training samples, held-out (greedy) samples
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}  # actor.fsdp_config.model_dtype
-
-
-def pad(samples, width: int, pad_id: int):
-    """Prompts left-padded to the longest, responses right-padded to ``width`` columns (a fixed width, as
-    the trainer pads); the attention mask and the response mask (every generated token, EOS included)."""
-    prompt_width = max(len(s.prompt_ids) for s in samples)
-    prompts = torch.tensor([[pad_id] * (prompt_width - len(s.prompt_ids)) + s.prompt_ids for s in samples])
-    responses = torch.tensor([s.response_ids + [pad_id] * (width - len(s.response_ids)) for s in samples])
-    prompt_lengths = torch.tensor([len(s.prompt_ids) for s in samples]).unsqueeze(1)
-    response_lengths = torch.tensor([len(s.response_ids) for s in samples]).unsqueeze(1)
-    response_mask = torch.arange(width) < response_lengths
-    attention_mask = torch.cat([torch.arange(prompt_width) >= prompt_width - prompt_lengths, response_mask], dim=1)
-    return prompts, responses, attention_mask, response_mask
 
 
 def evaluate(rollout, dataset, tokenizer, step: int, total: int) -> dict[str, float]:
@@ -168,7 +155,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         uids = sampler.next_batch()
         samples = rollout.generate(requests_for([(u, train[u].prompt_ids) for u in uids], N), sampling, step=step,
                                    stream=TRAIN_STREAM)
-        prompts, responses, attention_mask, response_mask = pad(samples, MAX_RESPONSE_LENGTH, pad_id)
+        # prompts left-padded, responses right-padded to MAX_RESPONSE_LENGTH (a fixed width, as the trainer pads)
+        tokens, _ = samples_to_tokens(samples, response_width=MAX_RESPONSE_LENGTH, pad_token_id=pad_id)
+        response_mask = tokens.response_mask  # every generated token, EOS included
         group_ids = torch.tensor([s.uid for s in samples])  # the samples of one prompt form a group (verl's uid)
 
         # 2. score: each row's built-in rule (by its data_source); the reward sits on the response's last token
@@ -177,11 +166,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rewards[torch.arange(len(samples)), response_mask.sum(dim=1) - 1] = scores.to(float_dtype)
 
         # 3. old log-probs: the policy's own, recomputed (no grad, eval mode), and its entropy
-        batch = RolloutBatch(prompts=prompts, responses=responses, attention_mask=attention_mask,
-                             response_mask=response_mask, old_log_probs=torch.zeros(rewards.shape, dtype=float_dtype),
-                             advantages=torch.zeros(len(samples), dtype=float_dtype), index=group_ids)
         model.eval()
-        old_log_probs, entropy = compute_log_probs(model, batch, micro_batch_size=LOG_PROB_MICRO_BATCH_SIZE,
+        old_log_probs, entropy = compute_log_probs(model, tokens, micro_batch_size=LOG_PROB_MICRO_BATCH_SIZE,
                                                    temperature=TEMPERATURE, with_entropy=True)
 
         # 4. advantages: GRPO, (reward - group mean) / (group std + eps) on every response token
@@ -190,8 +176,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
         # 5. update: the clipped policy loss, PPO_MINI_BATCH_SIZE prompts per optimizer step; then the schedule
         model.train()
-        batch.old_log_probs, batch.advantages = old_log_probs, advantages
-        results = update_policy(model, optimizer, batch, update, step=optimizer_steps)
+        batch = RolloutBatch(prompts=tokens.prompts, responses=tokens.responses, attention_mask=tokens.attention_mask,
+                             response_mask=response_mask, old_log_probs=old_log_probs, advantages=advantages,
+                             index=group_ids)
+        results = update_policy(model, optimizer, batch, update, first_optimizer_step=optimizer_steps)
         optimizer_steps += len(results)
         lr = optimizer.param_groups[0]["lr"]
         schedule.step()

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from .batch_error import BatchError
 from .loss_config import GROUP_AGG
-from .sequences import fields_from_sequences
+from .sequences import fields_from_sequences, token_fields
 
 
 def _seq_label(seq_ids: Tensor | None, row: int) -> int:
@@ -137,22 +137,16 @@ FIELD_NAMES = {"old_log_prob": "old_log_probs", "ref_log_prob": "ref_log_probs"}
 VALUE_FIELDS = ("values", "returns")
 
 
-@dataclass
-class RolloutBatch:
-    """Every sequence of one RL step, as the engine consumes it."""
+class TokenLayout:
+    """The token layout every batch shares (``TokenBatch``, ``RolloutBatch``): ``prompts`` [B, P]
+    left-padded, ``responses`` [B, T] right-padded, ``attention_mask`` [B, P + T], ``response_mask`` [B, T],
+    ``seq_ids`` [B]; what a no-grad pass (log-probs, values) reads."""
 
-    prompts: Tensor  # [B, P] token ids, left-padded
-    responses: Tensor  # [B, T] token ids, right-padded
-    attention_mask: Tensor  # [B, P + T], 1 on real tokens
-    response_mask: Tensor  # [B, T], 1 on response tokens that count in the loss
-    old_log_probs: Tensor  # [B, T]
-    advantages: Tensor  # [B, T] or [B]
-    ref_log_probs: Tensor | None = None  # [B, T]
-    rollout_is_weights: Tensor | None = None  # [B, T]
-    seq_ids: Tensor | None = None  # [B] canonical keys; default arange(B)
-    index: Tensor | None = None  # [B] prompt-group id per sequence (verl's uid); group-mean-token-mean needs it
-    values: Tensor | None = None  # [B, T] the critic's predictions before its update (the critic's no-grad pass)
-    returns: Tensor | None = None  # [B, T] the critic's targets (GAE returns)
+    prompts: Tensor
+    responses: Tensor
+    attention_mask: Tensor
+    response_mask: Tensor
+    seq_ids: Tensor | None
 
     def __post_init__(self) -> None:
         if self.seq_ids is None:
@@ -160,43 +154,6 @@ class RolloutBatch:
 
     def __len__(self) -> int:
         return self.prompts.shape[0]
-
-    @classmethod
-    def from_sequences(cls, prompt_ids, response_ids, old_log_probs, advantages, *, response_mask=None,
-                       ref_log_probs=None, rollout_is_weights=None, values=None, returns=None, seq_ids=None,
-                       index=None, pad_token_id: int = 0,
-                       dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> "RolloutBatch":
-        """A validated batch from plain per-sequence data; row i is sequence i of every list.
-
-        - ``prompt_ids[i]``: the prompt's token ids (at least one); left-padded with ``pad_token_id``.
-        - ``response_ids[i]``: the response's token ids (EOS included when generated; may be empty);
-          right-padded with ``pad_token_id``.
-        - ``old_log_probs[i]``: log π_old of each response token (one per token).
-        - ``advantages[i]``: a number for the whole sequence, or one per response token (computing them
-          from rewards, e.g. GRPO, is the caller's step, done on the whole rollout batch).
-        - ``response_mask[i]`` (optional): 0/1 per response token, which tokens count in the loss
-          (multi-turn masks); default every response token.
-        - ``ref_log_probs[i]``, ``rollout_is_weights[i]`` (optional): one per response token.
-        - ``values[i]``, ``returns[i]`` (optional, the critic's update): one per response token.
-        - ``seq_ids`` (optional): a unique integer id per sequence, its canonical key (default 0..B-1).
-        - ``index`` (optional): an integer group id per sequence — the sequences sampled from one prompt
-          share it (verl's uid); ``loss_agg_mode="group-mean-token-mean"`` needs it.
-
-        A row may be a list, tuple, NumPy array or 1-D tensor. Bad input raises :class:`BatchError`
-        naming the field and the row (``old_log_probs[3]: 5 values for 6 response tokens``). Per-token
-        values are stored in ``dtype`` (padding holds 0); masks as 0/1 integers. See docs/semantics.md
-        (the batch).
-        """
-        fields = fields_from_sequences(prompt_ids, response_ids, old_log_probs, advantages,
-                                    response_mask=response_mask, ref_log_probs=ref_log_probs,
-                                    rollout_is_weights=rollout_is_weights, values=values, returns=returns,
-                                    seq_ids=seq_ids, index=index,
-                                    pad_token_id=pad_token_id, dtype=dtype)
-        batch = cls(**fields)
-        if device is not None:
-            batch = batch.to(device)
-        batch.validate()  # the whole contract: finite values on valid tokens, unique ids, a non-empty minibatch
-        return batch
 
     @property
     def prompt_width(self) -> int:
@@ -218,6 +175,10 @@ class RolloutBatch:
         """Real prompt tokens per sequence."""
         return self.attention_mask[:, :self.prompt_width].sum(dim=1)
 
+    def response_lengths(self) -> Tensor:
+        """Real response tokens per sequence (a tool's tokens in a multi-turn response included)."""
+        return self.attention_mask[:, self.prompt_width:].sum(dim=1)
+
     def prompt_spans(self) -> Tensor:
         """Columns from each sequence's first real prompt token to the end of the prompt block (0 if none):
         its prompt length when left-padded, more with padding inside or after it."""
@@ -237,18 +198,94 @@ class RolloutBatch:
         What the engine computes for it, in a padded row or a packed one; ``token_lengths`` without holes."""
         return self.prompt_spans() + self.response_spans()
 
-    def select(self, rows: Tensor | list[int]) -> "RolloutBatch":
+    def select(self, rows: Tensor | list[int]):
         """The sub-batch of the given rows, in that order (keys travel with the rows)."""
         rows = torch.as_tensor(rows, dtype=torch.long, device=self.prompts.device)
         picked = {}
         for f in fields(self):
             value = getattr(self, f.name)
             picked[f.name] = None if value is None else value.index_select(0, rows)
-        return RolloutBatch(**picked)
+        return type(self)(**picked)
 
-    def to(self, device: torch.device | str) -> "RolloutBatch":
+    def to(self, device: torch.device | str):
         return replace(self, **{f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device))
                                 for f in fields(self)})
+
+
+@dataclass
+class TokenBatch(TokenLayout):
+    """Sequences as tokens alone, for the no-grad passes (``engine.compute_log_probs``, ``compute_values``)."""
+
+    prompts: Tensor  # [B, P] token ids, left-padded
+    responses: Tensor  # [B, T] token ids, right-padded
+    attention_mask: Tensor  # [B, P + T], 1 on real tokens
+    response_mask: Tensor  # [B, T], 1 on response tokens that count in the loss
+    seq_ids: Tensor | None = None  # [B] canonical keys; default arange(B)
+
+    @classmethod
+    def from_sequences(cls, prompt_ids, response_ids, *, response_mask=None, response_width: int | None = None,
+                       pad_token_id: int = 0) -> "TokenBatch":
+        """The token layout of plain per-sequence lists, as :meth:`RolloutBatch.from_sequences` lays it out
+        (masks as 0/1 integers); ``response_width``: the responses' padded width (default the longest)."""
+        return cls(**token_fields(prompt_ids, response_ids, response_mask=response_mask,
+                                  response_width=response_width, pad_token_id=pad_token_id))
+
+
+@dataclass
+class RolloutBatch(TokenLayout):
+    """Every sequence of one RL step, as the engine consumes it."""
+
+    prompts: Tensor  # [B, P] token ids, left-padded
+    responses: Tensor  # [B, T] token ids, right-padded
+    attention_mask: Tensor  # [B, P + T], 1 on real tokens
+    response_mask: Tensor  # [B, T], 1 on response tokens that count in the loss
+    old_log_probs: Tensor  # [B, T]
+    advantages: Tensor  # [B, T] or [B]
+    ref_log_probs: Tensor | None = None  # [B, T]
+    rollout_is_weights: Tensor | None = None  # [B, T]
+    seq_ids: Tensor | None = None  # [B] canonical keys; default arange(B)
+    index: Tensor | None = None  # [B] prompt-group id per sequence (verl's uid); group-mean-token-mean needs it
+    values: Tensor | None = None  # [B, T] the critic's predictions before its update (the critic's no-grad pass)
+    returns: Tensor | None = None  # [B, T] the critic's targets (GAE returns)
+
+    @classmethod
+    def from_sequences(cls, prompt_ids, response_ids, old_log_probs, advantages, *, response_mask=None,
+                       ref_log_probs=None, rollout_is_weights=None, values=None, returns=None, seq_ids=None,
+                       index=None, pad_token_id: int = 0, dtype: torch.dtype = torch.float32,
+                       device: torch.device | str | None = None, response_width: int | None = None) -> "RolloutBatch":
+        """A validated batch from plain per-sequence data; row i is sequence i of every list.
+
+        - ``prompt_ids[i]``: the prompt's token ids (at least one); left-padded with ``pad_token_id``.
+        - ``response_ids[i]``: the response's token ids (EOS included when generated; may be empty);
+          right-padded with ``pad_token_id``.
+        - ``old_log_probs[i]``: log π_old of each response token (one per token).
+        - ``advantages[i]``: a number for the whole sequence, or one per response token (computing them
+          from rewards, e.g. GRPO, is the caller's step, done on the whole rollout batch).
+        - ``response_mask[i]`` (optional): 0/1 per response token, which tokens count in the loss
+          (multi-turn masks); default every response token.
+        - ``ref_log_probs[i]``, ``rollout_is_weights[i]`` (optional): one per response token.
+        - ``values[i]``, ``returns[i]`` (optional, the critic's update): one per response token.
+        - ``seq_ids`` (optional): a unique integer id per sequence, its canonical key (default 0..B-1).
+        - ``index`` (optional): an integer group id per sequence — the sequences sampled from one prompt
+          share it (verl's uid); ``loss_agg_mode="group-mean-token-mean"`` needs it.
+        - ``response_width`` (optional): the responses' padded width, e.g. ``data.max_response_length``
+          (default: the longest response).
+
+        A row may be a list, tuple, NumPy array or 1-D tensor. Bad input raises :class:`BatchError`
+        naming the field and the row (``old_log_probs[3]: 5 values for 6 response tokens``). Per-token
+        values are stored in ``dtype`` (padding holds 0); masks as 0/1 integers. See docs/semantics.md
+        (the batch).
+        """
+        fields = fields_from_sequences(prompt_ids, response_ids, old_log_probs, advantages,
+                                    response_mask=response_mask, ref_log_probs=ref_log_probs,
+                                    rollout_is_weights=rollout_is_weights, values=values, returns=returns,
+                                    seq_ids=seq_ids, index=index, pad_token_id=pad_token_id, dtype=dtype,
+                                    response_width=response_width)
+        batch = cls(**fields)
+        if device is not None:
+            batch = batch.to(device)
+        batch.validate()  # the whole contract: finite values on valid tokens, unique ids, a non-empty minibatch
+        return batch
 
     def validate(self, vocab_size: int | None = None) -> "RolloutBatch":
         """Check the whole contract; return the batch with bool masks and [B, T] advantages."""

@@ -106,6 +106,77 @@ def _pad(rows: Sequence[Tensor], width: int, fill, dtype: torch.dtype, *, left: 
     return out
 
 
+def checked_masks(response_mask, count: int, lengths: list[int]) -> list[Tensor]:
+    """The 0/1 mask of each response (default: every token), as integers."""
+    if response_mask is None:
+        return [torch.ones(n, dtype=torch.long) for n in lengths]
+    masks = _per_token("response_mask", _rows("response_mask", response_mask, count), lengths, torch.float64)
+    for i, m in enumerate(masks):
+        if not bool(((m == 0) | (m == 1)).all()):
+            raise BatchError(f"response_mask[{i}]", "must contain only 0 and 1")
+    return [m.long() for m in masks]
+
+
+def check_pad_token_id(pad_token_id) -> None:
+    if not isinstance(pad_token_id, Integral) or isinstance(pad_token_id, bool) or pad_token_id < 0:
+        raise BatchError("pad_token_id", f"must be an integer >= 0, got {pad_token_id!r}")
+
+
+def checked_tokens(prompt_ids, response_ids) -> tuple[list[Tensor], list[Tensor]]:
+    """Every prompt (at least one token) and response as a 1-D integer tensor, one per sequence."""
+    prompts = _token_ids("prompt_ids", _rows("prompt_ids", prompt_ids, None), allow_empty=False)
+    if len(prompts) == 0:
+        raise BatchError("prompt_ids", "no sequences")
+    responses = _token_ids("response_ids", _rows("response_ids", response_ids, len(prompts)), allow_empty=True)
+    return prompts, responses
+
+
+def response_width_of(lengths: list[int], response_width: int | None) -> int:
+    """The responses' padded width: ``response_width`` (a fixed width, e.g. ``data.max_response_length``),
+    else the longest response."""
+    if response_width is None:
+        return max(lengths)
+    if not isinstance(response_width, Integral) or isinstance(response_width, bool) or response_width < 0:
+        raise BatchError("response_width", f"must be an integer >= 0, got {response_width!r}")
+    longest = max(range(len(lengths)), key=lambda i: lengths[i])
+    if lengths[longest] > response_width:
+        raise BatchError(f"response_ids[{longest}]", f"{lengths[longest]} tokens > response_width {response_width}")
+    return int(response_width)
+
+
+def pad_tokens(prompts: list[Tensor], responses: list[Tensor], masks: list[Tensor], width: int,
+               pad_token_id: int) -> dict[str, Tensor]:
+    """The padded token layout (checked rows in): prompts left-padded, responses right-padded to ``width``
+    with ``pad_token_id``; ``attention_mask`` 1 on the real tokens of both, ``response_mask`` as given."""
+    prompt_width = max(p.numel() for p in prompts)
+    lengths = [r.numel() for r in responses]
+    real_prompt = [torch.ones(p.numel(), dtype=torch.long) for p in prompts]
+    real_response = [torch.ones(n, dtype=torch.long) for n in lengths]
+    return dict(
+        prompts=_pad(prompts, prompt_width, pad_token_id, torch.long, left=True),
+        responses=_pad(responses, width, pad_token_id, torch.long, left=False),
+        attention_mask=torch.cat([_pad(real_prompt, prompt_width, 0, torch.long, left=True),
+                                  _pad(real_response, width, 0, torch.long, left=False)], dim=1),
+        response_mask=_pad(masks, width, 0, torch.long, left=False),
+    )
+
+
+def token_fields(prompt_ids, response_ids, *, response_mask=None, response_width: int | None = None,
+                 pad_token_id: int = 0) -> dict[str, Tensor]:
+    """The token layout of plain per-sequence lists (``TokenBatch.from_sequences``): every row checked."""
+    check_pad_token_id(pad_token_id)
+    prompts, responses = checked_tokens(prompt_ids, response_ids)
+    lengths = [r.numel() for r in responses]
+    masks = checked_masks(response_mask, len(prompts), lengths)
+    return pad_tokens(prompts, responses, masks, response_width_of(lengths, response_width), pad_token_id)
+
+
+def pad_per_token(name: str, rows, lengths: list[int], width: int, dtype: torch.dtype) -> Tensor:
+    """One value per response token of each row (checked against ``lengths``), right-padded with 0 to
+    ``width`` in ``dtype``."""
+    return _pad(_per_token(name, _rows(name, rows, len(lengths)), lengths, dtype), width, 0.0, dtype, left=False)
+
+
 def fields_from_sequences(
     prompt_ids,
     response_ids,
@@ -121,17 +192,14 @@ def fields_from_sequences(
     index=None,
     pad_token_id: int = 0,
     dtype: torch.dtype = torch.float32,
+    response_width: int | None = None,
 ) -> dict[str, Tensor | None]:
     """The keyword arguments of ``RolloutBatch(...)``; see :meth:`RolloutBatch.from_sequences`."""
-    if not isinstance(pad_token_id, Integral) or isinstance(pad_token_id, bool) or pad_token_id < 0:
-        raise BatchError("pad_token_id", f"must be an integer >= 0, got {pad_token_id!r}")
+    check_pad_token_id(pad_token_id)
     if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
         raise BatchError("dtype", f"must be a floating-point torch dtype, got {dtype!r}")
-    prompts = _token_ids("prompt_ids", _rows("prompt_ids", prompt_ids, None), allow_empty=False)
+    prompts, responses = checked_tokens(prompt_ids, response_ids)
     count = len(prompts)
-    if count == 0:
-        raise BatchError("prompt_ids", "no sequences")
-    responses = _token_ids("response_ids", _rows("response_ids", response_ids, count), allow_empty=True)
     lengths = [r.numel() for r in responses]
     old = _per_token("old_log_probs", _rows("old_log_probs", old_log_probs, count), lengths, dtype)
     adv = _advantages(_rows("advantages", advantages, count), lengths, dtype)
@@ -140,14 +208,7 @@ def fields_from_sequences(
                        ("values", values), ("returns", returns)):
         if rows is not None:
             optional[name] = _per_token(name, _rows(name, rows, count), lengths, dtype)
-    if response_mask is not None:
-        masks = _per_token("response_mask", _rows("response_mask", response_mask, count), lengths, torch.float64)
-        for i, m in enumerate(masks):
-            if not bool(((m == 0) | (m == 1)).all()):
-                raise BatchError(f"response_mask[{i}]", "must contain only 0 and 1")
-        masks = [m.long() for m in masks]
-    else:
-        masks = [torch.ones(n, dtype=torch.long) for n in lengths]
+    masks = checked_masks(response_mask, count, lengths)
     if seq_ids is not None:
         ids = _row_tensor("seq_ids", seq_ids, 0) if not isinstance(seq_ids, Tensor) else seq_ids
         if ids.dim() != 1 or ids.numel() != count:
@@ -158,25 +219,17 @@ def fields_from_sequences(
     if index is not None:
         index = _group_ids(index, count)
 
-    prompt_width = max(p.numel() for p in prompts)
-    width = max(lengths)
-    real_prompt = [torch.ones(p.numel(), dtype=torch.long) for p in prompts]
-    real_response = [torch.ones(n, dtype=torch.long) for n in lengths]
+    width = response_width_of(lengths, response_width)
     if any(isinstance(a, Tensor) for a in adv):  # per token; a number broadcasts over its row
         adv_rows = [a if isinstance(a, Tensor) else torch.full((n,), a, dtype=dtype) for a, n in zip(adv, lengths)]
         adv_tensor = _pad(adv_rows, width, 0.0, dtype, left=False)
     else:
         adv_tensor = torch.tensor(adv, dtype=dtype)
-    fields = dict(
-        prompts=_pad(prompts, prompt_width, pad_token_id, torch.long, left=True),
-        responses=_pad(responses, width, pad_token_id, torch.long, left=False),
-        attention_mask=torch.cat([_pad(real_prompt, prompt_width, 0, torch.long, left=True),
-                                  _pad(real_response, width, 0, torch.long, left=False)], dim=1),
-        response_mask=_pad(masks, width, 0, torch.long, left=False),
+    return dict(
+        **pad_tokens(prompts, responses, masks, width, pad_token_id),
         old_log_probs=_pad(old, width, 0.0, dtype, left=False),
         advantages=adv_tensor,
         seq_ids=seq_ids,
         index=index,
         **{name: _pad(rows, width, 0.0, dtype, left=False) for name, rows in optional.items()},
     )
-    return fields

@@ -100,20 +100,20 @@ def run_trajectory(cfg, *, versions: bool = False) -> dict:
     critic's too, when the run has one); with ``versions``, the policy's weights after every step
     (``versions[v]``: after step v, 0 the initial ones) and the run itself."""
     from splitproof.rl.loop import fit
-    from splitproof.rl.run import build_run
+    from splitproof.rl.run import build_parts
 
-    run = build_run(cfg)
-    initial = final_weights(run.policy)
+    run = build_parts(cfg)
+    initial = final_weights(run.actor.model)
     critic_initial = final_weights(run.critic.model) if run.critic is not None else None
     samples, after = [], [initial]
 
     def on_step(step, out):
-        samples.append(out.samples)
+        samples.append(out.scored.samples)
         if versions:
-            after.append(final_weights(run.policy))
+            after.append(final_weights(run.actor.model))
 
     records = fit(run, on_step=on_step)
-    out = {"records": records, "samples": samples, "initial": initial, "weights": final_weights(run.policy)}
+    out = {"records": records, "samples": samples, "initial": initial, "weights": final_weights(run.actor.model)}
     if versions:
         out.update(versions=after, run=run)
     if run.critic is not None:
@@ -136,7 +136,8 @@ def assert_same_trajectory(got, want):
     from splitproof.rl.tracking.metrics import is_machine_dependent
 
     for step, (a, b) in enumerate(zip(got["samples"], want["samples"]), start=1):
-        assert [(s.uid, s.index, s.response_ids) for s in a] == [(s.uid, s.index, s.response_ids) for s in b], step
+        assert [(s.uid, s.sample_index, s.response_ids) for s in a] == \
+               [(s.uid, s.sample_index, s.response_ids) for s in b], step
     assert relative_update_difference(got["weights"], want["weights"], want["initial"]) <= 1e-10
     if "critic_weights" in want:
         difference = relative_update_difference(got["critic_weights"], want["critic_weights"], want["critic_initial"])

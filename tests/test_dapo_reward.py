@@ -4,16 +4,17 @@ keys select and configure it (both spellings; anything we do not implement refus
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import math
 
 import pytest
 import torch
 
 from splitproof.collective import default_collective
 from splitproof.loss_config import ConfigError
-from splitproof.rl.config.check import reward_manager_of
+from splitproof.rl.config.derive import reward_manager_of
 from splitproof.rl.config.load import load_train_config
 from splitproof.rl.rewards.dapo import OverlongBuffer, RewardManager, apply_manager, overlong_reward
+from splitproof.rl.rewards.scored import Rewards
 
 
 def verl_overlong_reward(valid_response_length: int, max_resp_len: int, buffer_len: int, penalty_factor: float):
@@ -42,14 +43,24 @@ def test_overlong_penalty_equals_verls_on_a_grid():
     print(f"largest |ours - verl's| over {len(GRID)} settings: {worst:.2e}")
 
 
+def _managed(manager, scores, extras, lengths):
+    """``apply_manager`` on per-sample scores and extra dicts, its result as per-sample lists again."""
+    names = dict.fromkeys(name for extra in extras for name in extra)
+    given = Rewards(torch.tensor(scores, dtype=torch.float64),
+                    {name: [extra.get(name, math.nan) for extra in extras] for name in names})
+    out = apply_manager(manager, given, lengths)
+    return out.scores.tolist(), [{name: values[i] for name, values in out.extra.items() if not math.isnan(values[i])}
+                                 for i in range(len(scores))]
+
+
 def test_manager_adds_the_penalty_and_verls_extra_values():
     buffer = OverlongBuffer(length=2, penalty_factor=1.0, max_resp_len=4, log=True)
-    rewards, extras = apply_manager(RewardManager("dapo", buffer), [1.0, 0.5], [{}, {"acc": 0.0, "pred": 3.0}], [4, 1])
+    rewards, extras = _managed(RewardManager("dapo", buffer), [1.0, 0.5], [{}, {"acc": 0.0, "pred": 3.0}], [4, 1])
     assert rewards == [0.0, 0.5]
     assert extras == [{"acc": 1.0, "overlong_reward": -1.0, "overlong": 1.0},
                       {"acc": 0.0, "pred": 3.0, "overlong_reward": 0.0, "overlong": 0.0}]
-    assert apply_manager(RewardManager("dapo"), [1.0], [{}], [9]) == ([1.0], [{"acc": 1.0}])
-    assert apply_manager(RewardManager("naive"), [1.0], [{}], [9]) == ([1.0], [{}])
+    assert _managed(RewardManager("dapo"), [1.0], [{}], [9]) == ([1.0], [{"acc": 1.0}])
+    assert _managed(RewardManager("naive"), [1.0], [{}], [9]) == ([1.0], [{}])
 
 
 def test_scoring_applies_the_manager_to_every_sample(tmp_path):
@@ -57,6 +68,7 @@ def test_scoring_applies_the_manager_to_every_sample(tmp_path):
     from splitproof.builtin.tokenizer import char_tokenizer
     from splitproof.rl.data.prompts import load_prompts
     from splitproof.rl.rollout.hf import Sample
+    from splitproof.rl.run import Reward
     from splitproof.rl.step import score_samples
 
     tokenizer = char_tokenizer()
@@ -66,9 +78,9 @@ def test_scoring_applies_the_manager_to_every_sample(tmp_path):
     samples = [Sample(0, 0, list(data[0].prompt_ids), tokenizer.encode(truth) + [eos], [], True),
                Sample(0, 1, list(data[0].prompt_ids), tokenizer.encode("x" * 6), [], False)]
     buffer = OverlongBuffer(length=4, penalty_factor=0.5, max_resp_len=6, log=True)
-    run = SimpleNamespace(dataset_for=lambda stream: data, collective=default_collective("cpu"), reward_fn=None,
-                          tokenizer=tokenizer, total_steps=1, reward_manager=RewardManager("dapo", buffer))
-    scores, extra = score_samples(run, samples, 1)
+    reward = Reward(fn=None, manager=RewardManager("dapo", buffer), tokenizer=tokenizer, total_steps=1)
+    rewards = score_samples(reward, data, samples, 1, default_collective("cpu"))
+    scores, extra = rewards.scores, rewards.extra
     lengths = [len(s.response_ids) for s in samples]
     penalties = [overlong_reward(n, buffer) for n in lengths]
     assert extra["acc"] == [1.0, 0.0] and extra["overlong_reward"] == penalties

@@ -89,19 +89,19 @@ def model_dir(tmp_path_factory):
 def run_filtered(model_dir: str, extra=()) -> dict:
     """A 4-step float64 run with dynamic sampling; records, rollouts, consumed prompts, weights."""
     from splitproof.rl.loop import fit
-    from splitproof.rl.run import build_run
+    from splitproof.rl.run import build_parts
 
-    run = build_run(trajectory_config(model_dir, STEPS, [*FILTER, *extra]))
-    initial = final_weights(run.policy)
+    run = build_parts(trajectory_config(model_dir, STEPS, [*FILTER, *extra]))
+    initial = final_weights(run.actor.model)
     samples, consumed = [], []
 
     def keep(step, out):
-        samples.append([(s.uid, s.index, s.response_ids) for s in out.samples])
-        consumed.append(out.consumed)
+        samples.append([(s.uid, s.sample_index, s.response_ids) for s in out.scored.samples])
+        consumed.append(out.scored.consumed)
 
     records = fit(run, on_step=keep)
     return {"records": records, "samples": samples, "consumed": consumed, "initial": initial,
-            "weights": final_weights(run.policy)}
+            "weights": final_weights(run.actor.model)}
 
 
 def assert_same_filtered_run(got: dict, want: dict) -> None:

@@ -243,5 +243,5 @@ def test_clip_cov_seed_decides_the_selection(setup, spy):
     start = len(spy)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        update_policy(stepped, make_optimizer(stepped), batch, cfg, step=5)
+        update_policy(stepped, make_optimizer(stepped), batch, cfg, first_optimizer_step=5)
     assert spy[start] != first

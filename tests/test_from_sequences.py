@@ -131,3 +131,20 @@ def test_bad_input_names_the_field_and_the_row(changes, message):
     with pytest.raises(BatchError) as err:
         RolloutBatch.from_sequences(**{**GOOD, **changes})
     assert message in str(err.value)
+
+
+def test_a_fixed_response_width_pads_every_row_to_it_and_names_a_longer_row():
+    """``response_width`` (the RL step's ``data.max_response_length``) widens the responses; the token
+    layout alone (``TokenBatch.from_sequences``) is the same padding."""
+    from splitproof.batch import TokenBatch
+
+    wide = RolloutBatch.from_sequences(**GOOD, response_width=5)
+    tight = RolloutBatch.from_sequences(**GOOD)
+    assert wide.response_width == 5 and tight.response_width == 3
+    assert torch.equal(wide.responses[:, :3], tight.responses) and not wide.response_mask[:, 3:].any()
+    assert torch.equal(wide.old_log_probs[:, :3], tight.old_log_probs) and not wide.old_log_probs[:, 3:].any()
+    tokens = TokenBatch.from_sequences(GOOD["prompt_ids"], GOOD["response_ids"], response_width=5)
+    for name in ("prompts", "responses", "attention_mask", "response_mask"):
+        assert torch.equal(getattr(tokens, name), getattr(wide, name)), name
+    with pytest.raises(BatchError, match=r"response_ids\[0\]: 3 tokens > response_width 2"):
+        RolloutBatch.from_sequences(**GOOD, response_width=2)

@@ -21,7 +21,7 @@ from splitproof.rl.config.load import load_train_config
 from splitproof.rl.loop import StepFailed, fit
 from splitproof.rl.rollout.pipeline import batch_version
 from splitproof.rl.rollout.worker import DELAY_ENV
-from splitproof.rl.run import build_run
+from splitproof.rl.run import build_parts
 from splitproof.rl.tracking.metrics import is_machine_dependent
 
 from .rl_helpers import final_weights, run_trajectory, save_tiny_char_model, trajectory_config
@@ -41,7 +41,7 @@ def k1(model_dir):
 
 
 def _tokens(out) -> list:
-    return [[(s.uid, s.index, s.response_ids, s.log_probs) for s in step] for step in out["samples"]]
+    return [[(s.uid, s.sample_index, s.response_ids, s.log_probs) for s in step] for step in out["samples"]]
 
 
 def _metrics(out, drop=()) -> list[dict]:
@@ -73,7 +73,7 @@ def test_the_rollout_process_generates_with_its_version_s_weights(k1):
 
     run, batch = k1["run"], k1["samples"][2]
     assert batch_version(3, 1) == 1
-    policy = unwrap(run.policy)
+    policy = unwrap(run.actor.model)
     assert policy.lm_head.weight is policy.model.embed_tokens.weight
     _assert_generated_again(run, batch, k1["versions"][1], step=3)
 
@@ -83,18 +83,19 @@ def _assert_generated_again(run, batch, weights: dict, *, step: int) -> None:
     process): the same tokens and log-probs, bitwise."""
     from splitproof.hf_models import unwrap
 
-    policy = unwrap(run.policy)
+    policy = unwrap(run.actor.model)
     with torch.no_grad():
         for name, tensor in weights.items():
             policy.state_dict()[name].copy_(tensor)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the rollout process's
     try:
-        again = run.rollout.generate([(s.uid, s.index, s.prompt_ids) for s in batch], run.sampling, step=step)
+        again = run.generation.engine.generate([(s.uid, s.sample_index, s.prompt_ids) for s in batch],
+                                               run.generation.sampling, step=step)
     finally:
         torch.set_num_threads(threads)
-    assert [(s.uid, s.index, s.response_ids, s.log_probs) for s in again] == \
-           [(s.uid, s.index, s.response_ids, s.log_probs) for s in batch]
+    assert [(s.uid, s.sample_index, s.response_ids, s.log_probs) for s in again] == \
+           [(s.uid, s.sample_index, s.response_ids, s.log_probs) for s in batch]
 
 
 def test_tied_weights_travel_once_and_stay_tied(model_dir):
@@ -179,18 +180,22 @@ def test_a_checkpoint_without_the_rollouts_in_flight_is_refused_before_any_model
 
 
 def test_a_dead_rollout_process_stops_the_run_named(model_dir):
-    run = build_run(trajectory_config(model_dir, STEPS, K1))
+    run = build_parts(trajectory_config(model_dir, STEPS, K1))
     killed = []
+
+    def rollout_processes():
+        return [p for p in multiprocessing.active_children() if p.name == "splitproof-rollout-rank0"]
 
     def kill_rollout_process(step, output):
         if step == 1:
-            killed.append(run.pipeline.process.pid)
-            os.kill(run.pipeline.process.pid, signal.SIGKILL)
+            (process,) = rollout_processes()
+            killed.append(process.pid)
+            os.kill(process.pid, signal.SIGKILL)
 
     with pytest.raises(StepFailed, match=r"step [23]: the rollout process splitproof-rollout-rank0 \(pid \d+\) died "
                                          r"with exit code -9"):
         fit(run, on_step=kill_rollout_process)
-    assert killed and run.pipeline is None  # the loop let go of it
+    assert killed and not rollout_processes()  # the loop let go of it
 
 
 # ------------------------------------------------------------------------------- kill -9 and resume_mode=auto
@@ -360,5 +365,5 @@ def test_lora_the_rollout_process_holds_the_adapter(model_dir):
     assert out["records"][0]["rollout_corr/kl"] == 0.0 and out["records"][2]["rollout_corr/kl"] != 0.0
     moved = [k for k in out["initial"] if not torch.equal(out["versions"][1][k], out["initial"][k])]
     assert moved and all("lora_" in k for k in moved)  # only the adapter trains
-    assert is_lora(unwrap(run.policy))
+    assert is_lora(unwrap(run.actor.model))
     _assert_generated_again(run, batch, out["versions"][1], step=3)

@@ -27,7 +27,7 @@ EOS = TOK.eos_token_id
 @dataclass
 class Sample:  # the rollout's Sample, field for field
     uid: int
-    index: int
+    sample_index: int
     prompt_ids: list
     response_ids: list
     log_probs: list

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import splitproof.rl.step as step_module
+import splitproof.rl.models.learner as learner_module
 from splitproof.engine.launch import run_data_parallel
 from splitproof.rl.rollout.hf import HFRollout
 
@@ -35,7 +36,7 @@ BYPASS = ["algorithm.rollout_correction.bypass_mode=true"]
 
 def _shift(sample):
     return dataclasses.replace(sample, log_probs=[
-        lp - 0.4 * math.sin(1.7 * sample.uid + 2.3 * sample.index + 0.9 * t + 0.5)
+        lp - 0.4 * math.sin(1.7 * sample.uid + 2.3 * sample.sample_index + 0.9 * t + 0.5)
         for t, lp in enumerate(sample.log_probs)])
 
 
@@ -43,7 +44,7 @@ def _shift(sample):
 def observed(shift: bool):
     """Record what every update receives (and the no-grad log-prob passes); optionally shift the rollout."""
     seen = {"batches": [], "log_prob_passes": 0}
-    generate, update, passes = HFRollout.generate, step_module.update_policy, step_module.no_grad_log_probs
+    generate, update, passes = HFRollout.generate, learner_module.update_policy, step_module.no_grad_log_probs
 
     def shifted_generate(self, *args, **kwargs):
         samples = generate(self, *args, **kwargs)
@@ -58,12 +59,12 @@ def observed(shift: bool):
         return passes(*args, **kwargs)
 
     HFRollout.generate = shifted_generate
-    step_module.update_policy, step_module.no_grad_log_probs = recording_update, counting_passes
+    learner_module.update_policy, step_module.no_grad_log_probs = recording_update, counting_passes
     try:
         yield seen
     finally:
         HFRollout.generate = generate
-        step_module.update_policy, step_module.no_grad_log_probs = update, passes
+        learner_module.update_policy, step_module.no_grad_log_probs = update, passes
 
 
 def run(model_dir, overrides, *, shift=True, dtype="fp64"):

@@ -35,7 +35,7 @@ def generate(m, requests, params, *, max_num_seqs=256, step=0, stream=0, eos=EOS
 
 
 def by_key(samples):
-    return {(s.uid, s.index): s for s in samples}
+    return {(s.uid, s.sample_index): s for s in samples}
 
 
 def layouts(m, requests, params):
@@ -60,13 +60,13 @@ def test_layout_independent_in_float64(arch):
     m = model(arch)
     requests = requests_for(prompts(), PARAMS.n)
     base = generate(m, requests, PARAMS)
-    assert [(s.uid, s.index) for s in base] == [(u, j) for u, j, _ in requests]  # request order
+    assert [(s.uid, s.sample_index) for s in base] == [(u, j) for u, j, _ in requests]  # request order
     finished = [s.finished for s in base]
     assert any(finished) and not all(finished)  # both kinds of ending are exercised
     for name, samples in layouts(m, requests, PARAMS):
         got = by_key(samples)
         for s in base:
-            o = got[s.uid, s.index]
+            o = got[s.uid, s.sample_index]
             assert (o.response_ids, o.log_probs, o.finished) == (s.response_ids, s.log_probs, s.finished), name
 
 
@@ -80,7 +80,7 @@ def test_float32_layout_drift_is_small():
     for _, samples in layouts(m, requests, PARAMS):
         for s in samples:
             total += 1
-            differing += s.response_ids != base[s.uid, s.index].response_ids
+            differing += s.response_ids != base[s.uid, s.sample_index].response_ids
     assert differing <= total // 4
 
 
@@ -233,29 +233,48 @@ def test_bad_requests_are_named():
     assert generate(m, [], params) == []
 
 
-def test_pad_samples_lays_out_every_row():
-    from splitproof.rl.rollout.assemble import pad_samples
+def test_samples_to_tokens_lays_out_every_row():
+    from splitproof.rl.rollout.assemble import samples_to_tokens
     from splitproof.rl.rollout.hf import Sample
 
     g = random.Random(4)
     samples = []
     for uid in range(40):
         response = [g.randrange(99) for _ in range(g.randint(0, 4))]
-        samples.append(Sample(uid=uid, index=0, prompt_ids=[g.randrange(99) for _ in range(g.randint(1, 9))],
+        samples.append(Sample(uid=uid, sample_index=0, prompt_ids=[g.randrange(99) for _ in range(g.randint(1, 9))],
                               response_ids=response, log_probs=[g.uniform(-5, 0) for _ in response],
                               finished=bool(response)))
     for dtype in (torch.float32, torch.float64):
-        seqs = pad_samples(samples, response_width=4, pad_token_id=7, dtype=dtype)
+        seqs, rollout_log_probs = samples_to_tokens(samples, response_width=4, pad_token_id=7, dtype=dtype)
         P = max(len(s.prompt_ids) for s in samples)
-        assert seqs.prompts.shape == (40, P) and seqs.responses.shape == (40, 4) and seqs.rollout_log_probs.dtype == dtype
+        assert seqs.prompts.shape == (40, P) and seqs.responses.shape == (40, 4) and rollout_log_probs.dtype == dtype
         for row, s in enumerate(samples):
             p, t = len(s.prompt_ids), len(s.response_ids)
             assert seqs.prompts[row].tolist() == [7] * (P - p) + s.prompt_ids
             assert seqs.responses[row].tolist() == s.response_ids + [7] * (4 - t)
             assert seqs.attention_mask[row].tolist() == [False] * (P - p) + [True] * (p + t) + [False] * (4 - t)
             assert seqs.response_mask[row].tolist() == [True] * t + [False] * (4 - t)
-            assert seqs.rollout_log_probs[row].tolist() == torch.tensor(s.log_probs + [0.0] * (4 - t), dtype=dtype).tolist()
-    with pytest.raises(ValueError, match=r"uid 3, index 0\) has 5 response tokens > max_response_length 4"):
-        pad_samples(samples[:3] + [Sample(3, 0, [1], [1] * 5, [0.0] * 5, False)], response_width=4, pad_token_id=0)
-    with pytest.raises(ValueError, match=r"uid 3, index 0\) has 1 log-probs for 2 response tokens"):
-        pad_samples([Sample(3, 0, [1], [1, 2], [0.0], True)], response_width=4, pad_token_id=0)
+            assert rollout_log_probs[row].tolist() == torch.tensor(s.log_probs + [0.0] * (4 - t), dtype=dtype).tolist()
+    with pytest.raises(ValueError, match=r"uid 3, sample_index 0\) has 5 response tokens > max_response_length 4"):
+        samples_to_tokens(samples[:3] + [Sample(3, 0, [1], [1] * 5, [0.0] * 5, False)], response_width=4,
+                          pad_token_id=0)
+    with pytest.raises(ValueError, match=r"uid 3, sample_index 0\) has 1 log-probs for 2 response tokens"):
+        samples_to_tokens([Sample(3, 0, [1], [1, 2], [0.0], True)], response_width=4, pad_token_id=0)
+
+
+def test_samples_to_batch_takes_a_multi_turn_token_mask():
+    """An episode's tool tokens are in the attention mask but not in ``response_mask`` (its ``token_mask``),
+    in ``samples_to_batch`` as in the RL step's ``samples_to_tokens``."""
+    from splitproof.rl.rollout.assemble import samples_to_tokens
+    from splitproof.rl.rollout.episode import Episode
+
+    episodes = [Episode(uid=0, sample_index=0, prompt_ids=[3, 4], response_ids=[5, 6, 7, 8], log_probs=[-1.0] * 4,
+                        finished=True, token_mask=[1, 0, 0, 1]),
+                Episode(uid=0, sample_index=1, prompt_ids=[3], response_ids=[9], log_probs=[-0.5], finished=True,
+                        token_mask=[1])]
+    batch = samples_to_batch(episodes)
+    assert batch.response_mask.tolist() == [[True, False, False, True], [True, False, False, False]]
+    assert batch.attention_mask[:, batch.prompt_width:].tolist() == [[True] * 4, [True, False, False, False]]
+    tokens, _ = samples_to_tokens(episodes, response_width=6, pad_token_id=0)
+    assert tokens.response_mask[:, :4].tolist() == batch.response_mask.tolist()
+    assert not tokens.response_mask[:, 4:].any()

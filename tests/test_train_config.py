@@ -10,8 +10,8 @@ import pytest
 from splitproof import LossConfig
 from splitproof.rl.config import verl_keys
 from splitproof.rl.config.schema import BUILTIN_MODEL, TrainConfig, schema_keys
-from splitproof.rl.config.check import (GROUP_ESTIMATORS, KNOWN_ESTIMATORS, critic_enabled, critic_strategy,
-                                        dp_strategy, reward_function, to_update_config)
+from splitproof.rl.config.check import GROUP_ESTIMATORS, KNOWN_ESTIMATORS
+from splitproof.rl.config.derive import critic_enabled, critic_strategy, dp_strategy, reward_function, to_update_config
 from splitproof.rl.config.load import config_dict, dump_config, parse_override, recipe_items
 
 from .config_helpers import USER_MODEL, VERL_LINE, error_of, load

@@ -47,16 +47,17 @@ def finished(model_dir, tmp_path_factory):
 
 
 def _adapter(run):
-    return {k: v.clone() for k, v in adapter_state(run.policy).items()}
+    return {k: v.clone() for k, v in adapter_state(run.actor.model).items()}
 
 
 def test_the_adapter_alone_trains_against_the_base_as_reference(model_dir, finished):
     result, _ = finished
-    run = result.run
-    assert run.lora and run.ref is None  # no second copy of the model
-    assert base_digest(run.policy) == base_digest(load_causal_lm(model_dir))  # bitwise as loaded
-    optimized = {id(p) for g in run.optimizer.param_groups for p in g["params"]}
-    adapter = {id(p) for name, p in run.policy.named_parameters() if ".lora_" in name}
+    run = result.parts
+    no_copy = run.reference_policy is None or run.reference_policy.frozen is None
+    assert run.lora and no_copy  # no second copy of the model
+    assert base_digest(run.actor.model) == base_digest(load_causal_lm(model_dir))  # bitwise as loaded
+    optimized = {id(p) for g in run.actor.optimizer.param_groups for p in g["params"]}
+    adapter = {id(p) for name, p in run.actor.model.named_parameters() if ".lora_" in name}
     assert optimized == adapter
     assert any(float(v.abs().max()) > 0 for k, v in _adapter(run).items() if "lora_B" in k)  # B moved from 0
     kl = [r["actor/kl_loss"] for r in result.records if "actor/kl_loss" in r]
@@ -73,10 +74,10 @@ def test_checkpoints_hold_peft_adapters_and_the_merged_model_is_written(model_di
     assert not (actor / "model.safetensors").exists()
     assert json.loads((actor / "adapter_config.json").read_text())["r"] == 4
     loaded = PeftModel.from_pretrained(load_causal_lm(model_dir), actor)
-    assert all(torch.equal(a, b) for a, b in zip(adapter_state(loaded).values(), _adapter(result.run).values()))
+    assert all(torch.equal(a, b) for a, b in zip(adapter_state(loaded).values(), _adapter(result.parts).values()))
     batch = make_rollout(loaded, 6, holes=False)
     merged = load_causal_lm(out / "merged")
-    policy = result.run.policy_for_inference()
+    policy = result.parts.actor.for_inference()
     diff = (compute_log_probs(merged, batch, micro_batch_size=6)[0] - compute_log_probs(policy, batch, micro_batch_size=6)[0])
     assert float(diff.abs().max()) <= 1e-12
     # any checkpoint's adapter merges with `splitproof export` (its config names the base model)
@@ -90,7 +91,7 @@ def test_a_lora_run_stopped_and_resumed_equals_the_uninterrupted_one(model_dir, 
     train(_config(model_dir, tmp_path, 2))
     resumed = train(_config(model_dir, tmp_path, 3))
     assert resumed.start_step == 2
-    assert all(torch.equal(a, b) for a, b in zip(_adapter(resumed.run).values(), _adapter(result.run).values()))
+    assert all(torch.equal(a, b) for a, b in zip(_adapter(resumed.parts).values(), _adapter(result.parts).values()))
     want = result.records[-1]
     got = resumed.records[-1]
     for key in ("actor/pg_loss", "actor/kl_loss", "critic/score/mean", "actor/grad_norm"):

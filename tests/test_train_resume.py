@@ -160,9 +160,9 @@ def _config(model_dir, out, layout=(), steps=FOUR, extra=()):
 
 
 def _outcome(result, out: Path) -> dict:
-    outcome = {"weights": final_weights(result.run.policy), "records": read_metrics(out / "metrics.jsonl")}
-    if result.run.critic is not None:
-        outcome["critic_weights"] = final_weights(result.run.critic.model)
+    outcome = {"weights": final_weights(result.parts.actor.model), "records": read_metrics(out / "metrics.jsonl")}
+    if result.parts.critic is not None:
+        outcome["critic_weights"] = final_weights(result.parts.critic.model)
     return outcome
 
 
@@ -258,7 +258,7 @@ def test_thread_count_is_a_speed_knob_restored_after_the_run(model_dir, uninterr
 def _resume_data_parallel(model_dir, out, strategy):
     result = train(_config(model_dir, out, [f"actor_rollout_ref.actor.strategy={strategy}",
                                             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]))
-    return {"weights": final_weights(result.run.policy), "start": result.start_step}
+    return {"weights": final_weights(result.parts.actor.model), "start": result.start_step}
 
 
 @pytest.mark.dist

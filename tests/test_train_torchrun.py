@@ -57,7 +57,7 @@ def _initial(model_dir) -> dict:
 def one_process(model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("one") / "out"
     result = train(load_train_config(None, _args(model_dir, out), on_notice=lambda m: None))
-    return {"weights": final_weights(result.run.policy), "records": read_metrics(out / "metrics.jsonl"),
+    return {"weights": final_weights(result.parts.actor.model), "records": read_metrics(out / "metrics.jsonl"),
             "initial": _initial(model_dir)["actor"]}
 
 
@@ -113,7 +113,8 @@ def test_torchrun_ppo_matches_one_process(model_dir, tmp_path):
     done = subprocess.run([*TORCHRUN, *args], env=_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     initial = _initial(model_dir)
-    for model, want in (("actor", final_weights(result.run.policy)), ("critic", final_weights(result.run.critic.model))):
+    for model, want in (("actor", final_weights(result.parts.actor.model)),
+                        ("critic", final_weights(result.parts.critic.model))):
         difference = relative_update_difference(_saved(out, model), want, initial[model])
         print(f"torchrun PPO {model} vs one process: {difference:.2e} of the update")
         assert difference <= 1e-10

@@ -96,13 +96,16 @@ def _gae(b: EstimatorInputs) -> Result:
 
 @dataclass(frozen=True)
 class Estimator:
-    """One estimator: its function, the options it reads (verl's defaults; None = required) and, for
-    estimators that compare the samples of a prompt, why they need at least two."""
+    """One estimator: its function, the options it reads (verl's defaults; None = required: an input the
+    trainer computes, the critic's ``values`` or remax's ``reward_baselines``), for estimators that compare
+    the samples of a prompt why they need at least two, and the ``algorithm.*`` keys a trainer hands it
+    (as verl's trainer does)."""
 
     name: str
     compute: Callable[[EstimatorInputs], Result]
     options: Mapping[str, object] = field(default_factory=dict)
     groups_reason: str | None = None
+    config_keys: tuple[str, ...] = ()
 
     @property
     def uses_index(self) -> bool:
@@ -113,12 +116,13 @@ _MEAN_BASELINE = "its baseline is the mean score of the prompt's samples; with o
 _GRPO_OPTIONS = {"epsilon": 1e-6, "norm_adv_by_std_in_grpo": True}
 
 ESTIMATOR_TABLE: dict[str, Estimator] = {e.name: e for e in (
-    Estimator("gae", _gae, {"values": None, "gamma": 1.0, "lam": 1.0}),
+    Estimator("gae", _gae, {"values": None, "gamma": 1.0, "lam": 1.0}, config_keys=("gamma", "lam")),
     Estimator("grpo", _grpo, _GRPO_OPTIONS,
-              _MEAN_BASELINE + "every advantage is the raw score, unbaselined"),
-    Estimator("reinforce_plus_plus", _reinforce_plus_plus, {"gamma": 1.0}),
+              _MEAN_BASELINE + "every advantage is the raw score, unbaselined",
+              config_keys=("norm_adv_by_std_in_grpo",)),
+    Estimator("reinforce_plus_plus", _reinforce_plus_plus, {"gamma": 1.0}, config_keys=("gamma",)),
     Estimator("reinforce_plus_plus_baseline", _reinforce_plus_plus_baseline, {},
-              _MEAN_BASELINE + "the baseline is 0 and only the batch whitening remains"),
+              _MEAN_BASELINE + "the baseline is 0 and only the batch whitening remains", config_keys=("gamma",)),
     Estimator("remax", _remax, {"reward_baselines": None}),
     Estimator("rloo", _rloo, {},
               "its baseline is the mean score of the prompt's other samples; with one sample per prompt "

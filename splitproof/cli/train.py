@@ -243,7 +243,7 @@ def done_message(cfg, result) -> str:
     """The last line of a finished run: the step reached and the files that were written, only those."""
     if cfg.trainer.val_only:
         return f"done: evaluated the weights of step {result.start_step} (trainer.val_only; nothing written)"
-    if result.run is None:
+    if result.parts is None:
         return ALREADY_COMPLETE.format(step=result.start_step)
     written = ", ".join(str(path) for path in result.outputs) or "no metrics file (trainer.logger has no file logger)"
     return f"done: step {result.total_steps}; wrote {written}"

@@ -29,7 +29,7 @@ from .values import response_values
 
 
 def update_critic(model: nn.Module, optimizer: torch.optim.Optimizer, batch: RolloutBatch,
-                  config: CriticUpdateConfig, *, collective=None, step: int = 0,
+                  config: CriticUpdateConfig, *, collective=None, first_optimizer_step: int = 0,
                   make_objective: Callable[..., Objective] | None = None) -> list[StepResult]:
     """Run every optimizer step of one critic update over ``batch`` (the same rollout batch on every rank,
     with ``values`` from the critic's pass before the update and ``returns``).
@@ -43,9 +43,9 @@ def update_critic(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
     make_objective = make_objective or ValueObjective
     results = []
     for i, plan in enumerate(plans):
-        objective = make_objective(config, batch, plan, collective, step + i)
+        objective = make_objective(config, batch, plan, collective, first_optimizer_step + i)
         results.append(optimizer_step(model, optimizer, batch, plan, objective, grad_clip=config.grad_clip,
-                                      collective=collective, step=step + i))
+                                      collective=collective, step=first_optimizer_step + i))
     return results
 
 

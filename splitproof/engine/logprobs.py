@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from splitproof.batch import BatchError, RolloutBatch
+from splitproof.batch import BatchError, RolloutBatch, TokenLayout
 from splitproof.loss_config import ConfigError
 from splitproof.engine.attention import attention_mask, check_attention
 from splitproof.engine.microbatch import budget_microbatches, fixed_microbatches
@@ -147,7 +147,7 @@ def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: fl
     return logp, entropy
 
 
-def inference_microbatches(batch: RolloutBatch, micro_batch_size: int | None, max_token_len: int | None,
+def inference_microbatches(batch: TokenLayout, micro_batch_size: int | None, max_token_len: int | None,
                            packed: bool, field: str) -> list[list[int]]:
     """Rows of each microbatch of a no-grad pass: fixed ``micro_batch_size`` rows or a ``max_token_len``
     budget — exactly one of the two (``field`` names the setting in errors)."""
@@ -162,10 +162,11 @@ def inference_microbatches(batch: RolloutBatch, micro_batch_size: int | None, ma
 
 
 @torch.no_grad()
-def compute_log_probs(model: nn.Module, batch: RolloutBatch, *, micro_batch_size: int | None = None,
+def compute_log_probs(model: nn.Module, batch: TokenLayout, *, micro_batch_size: int | None = None,
                       max_token_len: int | None = None, temperature: float = 1.0,
                       with_entropy: bool = False, packed: bool = False) -> tuple[Tensor, Tensor | None]:
-    """No-grad log-probs (and entropy) of the whole ``batch`` as [B, T], in the original row order.
+    """No-grad log-probs (and entropy) of the whole ``batch`` as [B, T], in the original row order; ``batch``
+    is any token layout (a ``TokenBatch`` or a ``RolloutBatch``).
 
     Split into fixed microbatches of ``micro_batch_size`` rows or under a ``max_token_len`` padded-token
     budget: exactly one of the two. This is the "old log-probs" pass. Its matrix products run in fixed

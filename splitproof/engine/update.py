@@ -35,12 +35,12 @@ def update_policy(
     config: UpdateConfig,
     *,
     collective=None,
-    step: int = 0,
+    first_optimizer_step: int = 0,
     make_objective: MakeObjective | None = None,
 ) -> list[StepResult]:
     """Run every optimizer step of one update over ``batch`` (the same rollout batch on every rank).
 
-    ``step`` numbers the first optimizer step (Clip-Cov's hash input). Each step's J(ℬ) is
+    ``first_optimizer_step`` numbers the first optimizer step (Clip-Cov's hash input). Each step's J(ℬ) is
     ``make_objective(config, batch, plan, collective, step)``, by default :class:`PolicyObjective`
     (the diagnosis passes its own, e.g. other frameworks' per-microbatch statistics).
     """
@@ -48,9 +48,9 @@ def update_policy(
     make_objective = make_objective or PolicyObjective
     results = []
     for i, plan in enumerate(plans):
-        objective = make_objective(config, batch, plan, collective, step + i)
+        objective = make_objective(config, batch, plan, collective, first_optimizer_step + i)
         results.append(optimizer_step(model, optimizer, batch, plan, objective, grad_clip=config.grad_clip,
-                                      collective=collective, step=step + i))
+                                      collective=collective, step=first_optimizer_step + i))
     return results
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from splitproof.batch import RolloutBatch
+from splitproof.batch import RolloutBatch, TokenLayout
 from splitproof.loss_config import ConfigError
 from splitproof.engine.attention import check_attention
 from splitproof.engine.logprobs import (logits_of, inference_microbatches, output_dtypes, padded_outputs,
@@ -52,7 +52,7 @@ def response_values(model: nn.Module, batch: RolloutBatch, *, packed: bool = Fal
 
 
 @torch.no_grad()
-def compute_values(model: nn.Module, batch: RolloutBatch, *, micro_batch_size: int | None = None,
+def compute_values(model: nn.Module, batch: TokenLayout, *, micro_batch_size: int | None = None,
                    max_token_len: int | None = None, packed: bool = False) -> Tensor:
     """No-grad value predictions of the whole ``batch`` as [B, T] (0 on padding), in the original row order.
 

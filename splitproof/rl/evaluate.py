@@ -9,7 +9,7 @@ never changes what training samples.
 
 from __future__ import annotations
 
-from .run import Run
+from .run import Parts
 from .step import generate, score_samples
 from .parallel import first_rank_only
 from .tracking.generations import generation_rows, write_generations
@@ -18,15 +18,18 @@ from .tracking.held_out import validation_metrics
 VALIDATION_STREAM = 1
 
 
-def validate(run: Run, step: int) -> dict[str, float]:
-    if run.val_data is None or len(run.val_data) == 0:
+def evaluate_held_out(parts: Parts, step: int) -> dict[str, float]:
+    """The validation prompts' metrics after step ``step`` (empty without validation data)."""
+    data = parts.prompts.val
+    if data is None or len(data) == 0:
         return {}
-    uids = list(range(len(run.val_data)))
-    samples = generate(run, uids, step, run.val_sampling, stream=VALIDATION_STREAM)
-    scores, extra = score_samples(run, samples, step, stream=VALIDATION_STREAM)
-    folder = run.config.trainer.validation_data_dir
-    if folder and first_rank_only(run.collective):
-        write_generations(folder, step, generation_rows(run.tokenizer, run.val_data, samples, scores.tolist(), extra,
-                                                        step))
-    return validation_metrics([run.val_data[s.uid].data_source for s in samples], [s.uid for s in samples],
-                              scores.tolist(), extra)
+    uids = list(range(len(data)))
+    samples = generate(parts.generation.engine, data, uids, step, parts.generation.val_sampling, parts.collective,
+                       stream=VALIDATION_STREAM)
+    rewards = score_samples(parts.reward, data, samples, step, parts.collective)
+    scores = rewards.scores.tolist()
+    folder = parts.config.trainer.validation_data_dir
+    if folder and first_rank_only(parts.collective):
+        write_generations(folder, step, generation_rows(parts.tokenizer, data, samples, scores, rewards.extra, step))
+    return validation_metrics([data[s.uid].data_source for s in samples], [s.uid for s in samples], scores,
+                              rewards.extra)

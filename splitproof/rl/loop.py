@@ -37,10 +37,10 @@ from .tracking.generations import generation_rows, write_generations
 from .rewards.functions import RewardError
 from .data.dynamic_sampling import FilterError
 from .rollout.pipeline import PIPELINE_ERRORS, pipelined
-from .run import Run
+from .run import Parts
 from .checkpoint.run_state import save_run
-from .step import StepOutput, train_step
-from .evaluate import validate
+from .step import StepResult, train_step
+from .evaluate import evaluate_held_out
 
 
 class Interrupted(Exception):
@@ -88,16 +88,18 @@ def _failing(step: int, fn: Callable, *args):
         raise StepFailed(step, e) from e
 
 
-def fit(run: Run, *, log: Callable[[dict, int], None] | None = None, sync: Callable[[], None] | None = None,
-        start_step: int = 0, on_step: Callable[[int, StepOutput], None] | None = None, save_checkpoints: bool = False,
+def fit(parts: Parts, *, log: Callable[[dict, int], None] | None = None, sync: Callable[[], None] | None = None,
+        start_step: int = 0, pipeline_state: dict | None = None,
+        on_step: Callable[[int, StepResult], None] | None = None, save_checkpoints: bool = False,
         should_stop: Callable[[], bool] | None = None) -> list[dict]:
-    """Train from ``start_step`` to ``run.total_steps``; return every logged record (``step`` included).
+    """Train from ``start_step`` to ``parts.total_steps``; return every logged record (``step`` included).
 
     ``log(metrics, step)`` records a step; ``sync()`` puts the records on disk before a checkpoint;
-    ``on_step(step, output)`` sees each step's output (its rollouts included); ``save_checkpoints``
+    ``pipeline_state``: a resumed pipelined run's in-flight rollouts (``checkpoint.run_state.Restored``);
+    ``on_step(step, output)`` sees each step's output (its samples included); ``save_checkpoints``
     saves ``global_step_k`` when ``trainer.save_freq`` says so.
     """
-    cfg = run.config.trainer
+    cfg = parts.config.trainer
     records = []
 
     def emit(metrics: dict, step: int) -> None:
@@ -110,46 +112,48 @@ def fit(run: Run, *, log: Callable[[dict, int], None] | None = None, sync: Calla
             raise Interrupted(last_logged)
 
     if cfg.val_only:
-        emit(_failing(start_step, validate, run, start_step), start_step)
+        emit(_failing(start_step, evaluate_held_out, parts, start_step), start_step)
         return records
-    with pipelined(run, start_step, run.extra.get("pipeline_state")):  # the rollout process starts during step 0
+    with pipelined(parts, start_step, pipeline_state) as pipeline:  # the rollout process starts during step 0
         if cfg.val_before_train and start_step == 0:
-            emit(_failing(start_step, validate, run, start_step), start_step)
-        for step in range(start_step + 1, run.total_steps + 1):
-            _one_step(run, step, emit, check_stop, on_step, sync, save_checkpoints)
+            emit(_failing(start_step, evaluate_held_out, parts, start_step), start_step)
+        for step in range(start_step + 1, parts.total_steps + 1):
+            _one_step(parts, pipeline, step, emit, check_stop, on_step, sync, save_checkpoints)
     return records
 
 
-def _one_step(run: Run, step: int, emit, check_stop, on_step, sync, save_checkpoints: bool) -> None:
+def _one_step(parts: Parts, pipeline, step: int, emit, check_stop, on_step, sync, save_checkpoints: bool) -> None:
     """Step ``step``: train, validate when due, log, checkpoint when due (the order of the module docstring)."""
-    cfg = run.config.trainer
+    cfg = parts.config.trainer
     check_stop(step - 1)
-    if run.config.algorithm.filter_groups.enable:
+    if parts.config.algorithm.filter_groups.enable:
         uids = None  # dynamic sampling: the step draws its prompts from the stream
     else:
-        uids = run.sampler.next_batch() if run.pipeline is None else run.pipeline.uids(step)
-    output = _failing(step, train_step, run, step, uids)
+        uids = parts.prompts.sampler.next_batch() if pipeline is None else pipeline.uids(step)
+    output = _failing(step, train_step, parts, step, uids, pipeline)
     pause.pause_point(f"step{step}:trained")
     if on_step is not None:
         on_step(step, output)
-    if cfg.rollout_data_dir and first_rank_only(run.collective):
+    if cfg.rollout_data_dir and first_rank_only(parts.collective):
+        scored = output.scored
         write_generations(cfg.rollout_data_dir, step, generation_rows(
-            run.tokenizer, run.train_data, output.samples, output.scores, output.extra, step))
+            parts.tokenizer, parts.prompts.train, scored.samples, scored.rewards.scores.tolist(),
+            scored.rewards.extra, step))
     check_stop(step - 1)
     metrics = dict(output.metrics)
-    if is_due(step, run.total_steps, cfg.test_freq):
+    if is_due(step, parts.total_steps, cfg.test_freq):
         started = time.perf_counter()
-        metrics.update(_failing(step, validate, run, step))
+        metrics.update(_failing(step, evaluate_held_out, parts, step))
         metrics["timing_s/testing"] = time.perf_counter() - started
         check_stop(step - 1)
     emit(metrics, step)
     pause.pause_point(f"step{step}:logged")
-    if save_checkpoints and is_due(step, run.total_steps, cfg.save_freq):
+    if save_checkpoints and is_due(step, parts.total_steps, cfg.save_freq):
         if sync is not None:
             sync()
         with _checkpoint_pauses(step):
             try:
-                save_run(run, step)
+                save_run(parts, step, pipeline)
             except PIPELINE_ERRORS as e:  # the in-flight rollouts it waits for never came
                 raise StepFailed(step, e, logged=True) from e
     pause.pause_point(f"step{step}:done")

@@ -27,7 +27,7 @@ class RankFailure(RuntimeError):
         self.rank = rank
 
 
-def share(count: int, rank: int, world_size: int) -> range:
+def rank_rows(count: int, rank: int, world_size: int) -> range:
     """Rank ``rank``'s contiguous share of ``count`` rows: sizes differ by at most one."""
     start = count * rank // world_size
     stop = count * (rank + 1) // world_size
@@ -41,7 +41,7 @@ def run_on_share(collective, count: int, work: Callable[[range], list[T]],
     An exception of the given kinds on any rank is re-raised on every rank: the original exception on
     the rank where it happened when it is alone, else a ``RankFailure`` carrying its type and message.
     """
-    rows = share(count, collective.rank, collective.world_size)
+    rows = rank_rows(count, collective.rank, collective.world_size)
     outcome: tuple[str, Any]
     caught: BaseException | None = None
     try:

@@ -17,137 +17,111 @@ are handed to it at once, for batch s + 1 + k; everything between is this same s
 from __future__ import annotations
 
 import itertools
-import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
 from ..advantages import compute_advantage
-from ..batch import RolloutBatch
-from ..engine import compute_log_probs, compute_values, update_policy
-from .rollout.assemble import SequenceTensors, pad_samples
-from .models.critic import train_critic
+from ..advantages.estimators import ESTIMATOR_TABLE
+from ..batch import RolloutBatch, TokenLayout
+from ..engine import compute_log_probs, compute_values
+from .rollout.assemble import samples_to_tokens
 from .rewards.kl_penalty import apply_kl_penalty
-from .tracking.metrics import (StageTimer, actor_metrics, data_metrics, reward_extra_metrics,
+from .tracking.metrics import (StageTimer, data_metrics, reward_extra_metrics,
                                throughput_metrics)
 from .parallel import gather_rows, run_on_share
 from .rewards.functions import RewardError, score, token_level_scores as scores_on_last_token
+from .rewards.scored import Rewards, ScoredSamples
 from .rollout.correction import rollout_correction
 from .rollout.episode import episode_metrics
 from . import pause
-from .config.check import gen_batch_size
+from .config.derive import gen_batch_size
 from .data.dynamic_sampling import filtered_batch
+from .data.prompts import PromptDataset
+from .models.learner import Learner
 from .rewards.dapo import apply_manager
-from .run import Run, greedy as greedy_params
+from .run import Generation, Parts, Reward, greedy as greedy_params, reference_split
 
 BASELINE_STREAM = 2  # remax's greedy baseline (training samples use stream 0, validation 1)
 REPEAT_STREAM = 16  # dynamic sampling: the k-th repeat of a prompt within one step draws from stream 16 + k
 
 
 @dataclass
-class StepOutput:
-    """A step's metrics (verl's names) and its rollouts, in canonical order."""
+class StepResult:
+    """A step's metrics (verl's names) and its scored samples."""
 
     metrics: dict[str, float]
-    samples: list
-    consumed: list[int] | None = None  # the prompts the step consumed, in order (dynamic sampling)
-    scores: list[float] | None = None  # each sample's reward (the reward manager's)
-    extra: dict | None = None  # the reward function's extra values, one per sample
+    scored: ScoredSamples
 
 
-@dataclass
-class Rollout:
-    """A step's scored samples in canonical order, each sample's group id, the step's prompts, and
-    (dynamic sampling) the prompts it consumed and its ``train/`` and ``training/filter_groups/`` metrics."""
-
-    samples: list
-    scores: Tensor
-    extra: dict[str, list[float]]
-    uids: list[int]
-    group_ids: list[int]
-    consumed: list[int] | None = None
-    metrics: dict = field(default_factory=dict)
-    pipelined: object = None  # the pipeline's batch (async_training.staleness_steps > 0)
-
-
-def rollout_groups(run: Run, step: int, uids: list[int] | None, timer: StageTimer) -> Rollout:
-    """``rollout.n`` scored samples of each of ``uids``; with ``algorithm.filter_groups.enable`` (``uids``
-    None), the groups dynamic sampling keeps (``data.dynamic_sampling``)."""
-    if not run.config.algorithm.filter_groups.enable:
-        pipelined = None
-        with timer("gen"):
-            if run.pipeline is None:
-                samples = generate(run, uids, step, run.sampling)
-            else:  # generated ahead by the rollout process, from the policy of step - k (rollout/pipeline.py)
-                pipelined = run.pipeline.take(step)
-                samples = pipelined.samples
-        with timer("reward"):
-            scores, extra = score_samples(run, samples, step)
-        return Rollout(samples, scores, extra, list(uids), [s.uid for s in samples], pipelined=pipelined)
-    return filtered_rollout(run, step, timer)
+def collect_samples(parts: Parts, step: int, uids: list[int] | None, timer: StageTimer,
+                    pipeline=None) -> ScoredSamples:
+    """``rollout.n`` scored samples of each of ``uids``, generated here or taken from ``pipeline`` (generated
+    ahead by the rollout process, from the policy of step - k: rollout/pipeline.py); with
+    ``algorithm.filter_groups.enable`` (``uids`` None), the groups dynamic sampling keeps."""
+    if parts.config.algorithm.filter_groups.enable:
+        return dynamic_samples(parts, step, timer)
+    pipelined = None
+    with timer("gen"):
+        if pipeline is None:
+            samples = generate(parts.generation.engine, parts.prompts.train, uids, step, parts.generation.sampling,
+                               parts.collective)
+        else:
+            pipelined = pipeline.take(step)
+            samples = pipelined.samples
+    with timer("reward"):
+        rewards = score_samples(parts.reward, parts.prompts.train, samples, step, parts.collective)
+    return ScoredSamples(samples, rewards, list(uids), [s.uid for s in samples], pipelined=pipelined)
 
 
-def filtered_rollout(run: Run, step: int, timer: StageTimer) -> Rollout:
+def dynamic_samples(parts: Parts, step: int, timer: StageTimer) -> ScoredSamples:
     """Dynamic sampling (``data.dynamic_sampling``): rounds of ``data.gen_batch_size`` prompts, each generated
     and scored here, until ``train_batch_size`` groups are eligible."""
-    cfg, fg, rounds = run.config, run.config.algorithm.filter_groups, itertools.count(1)
+    cfg, fg, rounds = parts.config, parts.config.algorithm.filter_groups, itertools.count(1)
 
     def generate_scored(uids: list[int], repeats: list[int]):
         with timer("gen"):
-            samples = generate_repeats(run, uids, repeats, step)
+            samples = generate_repeats(parts.generation, parts.prompts.train, uids, repeats, step, parts.collective)
         with timer("reward"):
-            scores, extra = score_samples(run, samples, step)
+            rewards = score_samples(parts.reward, parts.prompts.train, samples, step, parts.collective)
         pause.pause_point(f"step{step}:round{next(rounds)}")
-        return samples, scores, extra
+        return samples, rewards
 
-    kept = filtered_batch(run.sampler, batch_size=cfg.data.train_batch_size, gen_batch_size=gen_batch_size(cfg),
-                          max_rounds=fg.max_num_gen_batches, metric=fg.metric, n=run.sampling.n,
-                          rows=len(run.train_data), generate_scored=generate_scored)
-    return Rollout(kept.samples, kept.scores, kept.extra, kept.uids, kept.group_ids, kept.consumed, kept.metrics)
+    return filtered_batch(parts.prompts.sampler, batch_size=cfg.data.train_batch_size,
+                          gen_batch_size=gen_batch_size(cfg), max_rounds=fg.max_num_gen_batches, metric=fg.metric,
+                          n=parts.generation.sampling.n, rows=len(parts.prompts.train),
+                          generate_scored=generate_scored)
 
 
-def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
-    """Run training step ``step`` (1-based, as verl counts) on the prompts ``uids``."""
-    cfg, timer = run.config, StageTimer()
+def train_step(parts: Parts, step: int, uids: list[int] | None, pipeline=None) -> StepResult:
+    """Run training step ``step`` (1-based, as verl counts) on the prompts ``uids`` (None: dynamic sampling
+    draws them); ``pipeline`` (a pipelined run) holds the step's samples and takes the updated weights."""
+    cfg, timer, collective = parts.config, StageTimer(), parts.collective
     start = time.perf_counter()
 
-    rollout = rollout_groups(run, step, uids, timer)
-    samples, scores, reward_extra, uids = rollout.samples, rollout.scores, rollout.extra, rollout.uids
-    pipelined = rollout.pipelined
-    seqs = pad_samples(samples, response_width=cfg.data.max_response_length, pad_token_id=run.pad_token_id,
-                       dtype=run.float_dtype)
-
-    if cfg.algorithm.rollout_correction.bypass_mode:  # verl's bypass mode: no recompute
-        old_log_probs, entropy = seqs.rollout_log_probs, None
-    else:
-        with timer("old_log_prob"):
-            old_log_probs, entropy = no_grad_log_probs(run, run.policy_for_inference(), seqs, run.old_log_prob_split,
-                                                       with_entropy=True)
-    ref_log_probs = None
-    if run.needs_reference:
-        with timer("ref"), run.reference() as ref:
-            ref_log_probs, _ = no_grad_log_probs(run, ref, seqs, run.ref_log_prob_split)
-    values = None
-    if run.critic is not None:
-        with timer("values"):
-            values = critic_values(run, seqs)
+    scored = collect_samples(parts, step, uids, timer, pipeline)
+    samples, rewards = scored.samples, scored.rewards
+    dtype = parts.float_dtype
+    seqs, rollout_log_probs = samples_to_tokens(samples, response_width=cfg.data.max_response_length,
+                                                pad_token_id=parts.pad_token_id, dtype=dtype)
+    old_log_probs, entropy, ref_log_probs, values = no_grad_passes(parts, seqs, rollout_log_probs, timer)
 
     with timer("adv"):
         is_weights, corr_metrics = rollout_correction(
             cfg.algorithm.rollout_correction, old_log_probs,
-            seqs.rollout_log_probs if cfg.actor_rollout_ref.rollout.calculate_log_probs else None, seqs.response_mask)
-        token_level_scores = scores_on_last_token(scores.to(run.float_dtype), seqs.response_mask)
+            rollout_log_probs if cfg.actor_rollout_ref.rollout.calculate_log_probs else None, seqs.response_mask)
+        token_level_scores = scores_on_last_token(rewards.scores.to(dtype), seqs.response_mask)
         token_level_rewards, kl_metrics = token_level_scores, {}
         if cfg.algorithm.use_kl_in_reward:
             token_level_rewards, kl_metrics = apply_kl_penalty(
-                token_level_scores, old_log_probs, ref_log_probs, seqs.response_mask, run.kl_ctrl,
+                token_level_scores, old_log_probs, ref_log_probs, seqs.response_mask, parts.kl_ctrl,
                 kl_penalty=cfg.algorithm.kl_penalty)
-        index = rollout.group_ids
+        index = scored.group_ids
         advantages, returns = compute_advantage(
             cfg.algorithm.adv_estimator, token_level_rewards, seqs.response_mask, index,
-            **advantage_options(run, samples, uids, step, values))
+            **advantage_inputs(parts, scored, step, values))
 
     group_ids = torch.tensor(index, dtype=torch.long)
     batch = RolloutBatch(prompts=seqs.prompts, responses=seqs.responses, attention_mask=seqs.attention_mask,
@@ -155,164 +129,171 @@ def train_step(run: Run, step: int, uids: list[int]) -> StepOutput:
                          ref_log_probs=ref_log_probs if cfg.actor_rollout_ref.actor.use_kl_loss else None,
                          rollout_is_weights=is_weights, index=group_ids.to(seqs.prompts.device))
     update_metrics = {}
-    if run.critic is not None:
+    if parts.critic is not None:
         with timer("update_critic"):
-            update_metrics.update(train_critic(run.critic, replace(batch, values=values, returns=returns),
-                                               collective=run.collective))
+            update_metrics.update(parts.critic.update(replace(batch, values=values, returns=returns), collective))
     if step >= cfg.trainer.critic_warmup:  # verl's rule: the actor waits while the critic warms up
         with timer("update_actor"):
-            update_metrics.update(update_actor(run, batch))
-    if run.pipeline is not None:  # these weights go to the rollout process: they generate batch step + 1 + k
+            update_metrics.update(parts.actor.update(batch, collective))
+    if pipeline is not None:  # these weights go to the rollout process: they generate batch step + 1 + k
         with timer("weight_sync"):
-            run.pipeline.publish(step)
+            pipeline.publish(step)
 
-    metrics = {"training/global_step": float(step), "training/epoch": float(run.sampler.epoch), **rollout.metrics}
+    metrics = {"training/global_step": float(step), "training/epoch": float(parts.prompts.sampler.epoch),
+               **scored.metrics}
     metrics.update(data_metrics(
         token_level_scores=token_level_scores, token_level_rewards=token_level_rewards, advantages=advantages,
-        returns=returns, response_mask=seqs.response_mask, prompt_lengths=seqs.prompt_lengths,
+        returns=returns, response_mask=seqs.response_mask, prompt_lengths=seqs.prompt_lengths(),
         max_response_length=cfg.data.max_response_length, max_prompt_length=cfg.data.max_prompt_length,
-        values=values, response_lengths=seqs.response_token_counts))
+        values=values, response_lengths=seqs.response_lengths()))
     metrics.update(episode_metrics(samples))  # multi-turn: turns, tool calls and failures
     metrics.update(update_metrics)
-    if pipelined is not None:
-        metrics.update(run.pipeline.metrics(pipelined))
+    if scored.pipelined is not None:
+        metrics.update(pipeline.metrics(scored.pipelined))
     if entropy is not None:
-        metrics["actor/entropy"] = run.token_aggregate(entropy, seqs.response_mask, group_ids)
+        metrics["actor/entropy"] = parts.token_aggregate(entropy, seqs.response_mask, group_ids)
     metrics.update(kl_metrics)
     metrics.update(corr_metrics)
-    metrics.update(reward_extra_metrics(reward_extra))
+    metrics.update(reward_extra_metrics(rewards.extra))
     metrics.update(timer.metrics())
     seconds = time.perf_counter() - start
     metrics["timing_s/step"] = seconds
-    metrics.update(throughput_metrics(int(seqs.attention_mask.sum()), seconds, run.collective.world_size))
-    return StepOutput(metrics, samples, rollout.consumed, scores.tolist(), reward_extra)
+    metrics.update(throughput_metrics(int(seqs.attention_mask.sum()), seconds, collective.world_size))
+    return StepResult(metrics, scored)
 
 
-def update_actor(run: Run, batch: RolloutBatch) -> dict[str, float]:
-    """Every policy optimizer step over ``batch``, then one step of the LR schedule; ``actor/*`` metrics
-    (``actor/lr``: the rate these steps used)."""
-    run.policy.train()
-    results = update_policy(run.policy, run.optimizer, batch, run.update_config, collective=run.collective,
-                            step=run.optimizer_steps)
-    run.optimizer_steps += len(results)
-    lr = run.optimizer.param_groups[0]["lr"]
-    run.scheduler.step()
-    run.after_update()
-    return {**actor_metrics(r.metrics for r in results), "actor/lr": lr}
+def no_grad_passes(parts: Parts, tokens: TokenLayout, rollout_log_probs: Tensor, timer: StageTimer):
+    """The step's no-grad passes over ``tokens``: the old log-probs and entropy (the rollout's log-probs in
+    verl's bypass mode), the reference policy's log-probs and the critic's values (None when not needed)."""
+    cfg, collective, dtype = parts.config, parts.collective, parts.float_dtype
+    temperature, packed = cfg.actor_rollout_ref.rollout.temperature, parts.actor.update_config.use_remove_padding
+    if cfg.algorithm.rollout_correction.bypass_mode:  # verl's bypass mode: no recompute
+        old_log_probs, entropy = rollout_log_probs, None
+    else:
+        with timer("old_log_prob"):
+            old_log_probs, entropy = no_grad_log_probs(
+                parts.actor.for_inference(), tokens, parts.actor.no_grad_split, collective, temperature=temperature,
+                packed=packed, dtype=dtype, with_entropy=True)
+    ref_log_probs = None
+    if parts.reference_policy is not None:
+        with timer("ref"), parts.reference_policy.model() as ref:
+            ref_log_probs, _ = no_grad_log_probs(ref, tokens, reference_split(cfg), collective,
+                                                 temperature=temperature, packed=packed, dtype=dtype)
+    values = None
+    if parts.critic is not None:
+        with timer("values"):
+            values = critic_values(parts.critic, tokens, collective, dtype)
+    return old_log_probs, entropy, ref_log_probs, values
 
 
-def advantage_options(run: Run, samples: list, uids: list[int], step: int, values: Tensor | None) -> dict:
-    """The estimator's options under verl's names; `remax` scores a greedy baseline of every prompt, `gae`
-    reads the critic's values."""
-    algo = run.config.algorithm
-    estimator = algo.adv_estimator
-    if estimator == "grpo":
-        return {"norm_adv_by_std_in_grpo": algo.norm_adv_by_std_in_grpo}
-    if estimator in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
-        return {"gamma": algo.gamma}
+def advantage_inputs(parts: Parts, scored: ScoredSamples, step: int, values: Tensor | None) -> dict:
+    """The estimator's options under verl's names (``advantage_options``), and the inputs the step supplies:
+    `remax` scores a greedy baseline of every prompt, `gae` reads the critic's values."""
+    estimator = parts.config.algorithm.adv_estimator
+    options = advantage_options(parts.config)
     if estimator == "remax":
-        greedy = generate(run, uids, step, greedy_params(run.sampling), stream=BASELINE_STREAM)
-        baseline, _ = score_samples(run, greedy, step)
+        generation = parts.generation
+        greedy = generate(generation.engine, parts.prompts.train, scored.uids, step,
+                          greedy_params(generation.sampling), parts.collective, stream=BASELINE_STREAM)
+        baseline = score_samples(parts.reward, parts.prompts.train, greedy, step, parts.collective).scores
         by_uid = {s.uid: float(b) for s, b in zip(greedy, baseline)}
-        return {"reward_baselines": torch.tensor([by_uid[s.uid] for s in samples], dtype=run.float_dtype)}
+        options["reward_baselines"] = torch.tensor([by_uid[s.uid] for s in scored.samples], dtype=parts.float_dtype)
     if estimator == "gae":
-        return {"gamma": algo.gamma, "lam": algo.lam, "values": values}
-    return {}
+        options["values"] = values
+    return options
 
 
-def generate_repeats(run: Run, uids: list[int], repeats: list[int], step: int) -> list:
+def advantage_options(cfg) -> dict:
+    """The ``algorithm.*`` options the estimator reads (``advantages.ESTIMATOR_TABLE``), by verl's names."""
+    algo = cfg.algorithm
+    return {name: getattr(algo, name) for name in ESTIMATOR_TABLE[algo.adv_estimator].config_keys}
+
+
+def generate_repeats(generation: Generation, dataset: PromptDataset, uids: list[int], repeats: list[int], step: int,
+                     collective) -> list:
     """Training samples of ``uids`` in canonical order, the k-th repeat of a prompt within a step drawn from
     sampling stream ``REPEAT_STREAM + k`` (k = 0: the training stream 0), so that it differs from the
     first and depends on (step, uid, k) alone."""
-    n, by_candidate = run.sampling.n, {}
+    params = generation.sampling
+    n, by_candidate = params.n, {}
     for k in sorted(set(repeats)):
         chosen = [i for i, r in enumerate(repeats) if r == k]
-        samples = generate(run, [uids[i] for i in chosen], step, run.sampling, stream=REPEAT_STREAM + k if k else 0)
+        samples = generate(generation.engine, dataset, [uids[i] for i in chosen], step, params, collective,
+                           stream=REPEAT_STREAM + k if k else 0)
         by_candidate.update({i: samples[c * n:(c + 1) * n] for c, i in enumerate(chosen)})
     return [s for i in range(len(uids)) for s in by_candidate[i]]
 
 
-def generate(run: Run, uids: list[int], step: int, params, *, stream: int = 0) -> list:
-    """``params.n`` samples of every prompt, in canonical order (prompt order × sample index); each rank
-    generates a share of them and every rank gets them all."""
-    requests = [(uid, j, list(run.dataset_for(stream)[uid].prompt_ids)) for uid in uids for j in range(params.n)]
-    return run_on_share(run.collective, len(requests),
-                        lambda rows: run.rollout.generate([requests[r] for r in rows], params, step=step,
-                                                          stream=stream))
+def generate(engine, dataset: PromptDataset, uids: list[int], step: int, params, collective, *,
+             stream: int = 0) -> list:
+    """``params.n`` samples of every prompt ``dataset[uid]``, in canonical order (prompt order × sample
+    index), drawn from sampling stream ``stream``; each rank generates a share of them and every rank
+    gets them all."""
+    requests = [(uid, j, list(dataset[uid].prompt_ids)) for uid in uids for j in range(params.n)]
+    return run_on_share(collective, len(requests),
+                        lambda rows: engine.generate([requests[r] for r in rows], params, step=step, stream=stream))
 
 
-def score_samples(run: Run, samples: list, step: int, *, stream: int = 0) -> tuple[torch.Tensor, dict]:
+def score_samples(reward: Reward, dataset: PromptDataset, samples: list, step: int, collective) -> Rewards:
     """Every sample's score (float64 [B]) and the reward function's extra values ``{key: [B values]}``,
-    NaN where a sample has no number for the key; each rank scores a share, and the keys are gathered
-    over the whole batch (so a key that only another rank's share returned is NaN here, not missing).
-    A reward function that fails on any rank stops the step on every rank, before anything is updated."""
-    dataset = run.dataset_for(stream)
-
+    NaN where a sample has no number for the key, under the reward manager; each rank scores a share,
+    and the keys are gathered over the whole batch (so a key that only another rank's share returned is
+    NaN here, not missing). A reward function that fails on any rank stops the step on every rank,
+    before anything is updated."""
     def work(rows):
         part = [samples[r] for r in rows]
-        result = score(run.reward_fn, [dataset[s.uid] for s in part], part, run.tokenizer, step=step,
-                       max_steps=run.total_steps)
-        values = result.scores.tolist()  # one conversion, not one tensor index per sample
-        extras = [{name: extra[k] for name, extra in result.extra.items() if not math.isnan(extra[k])}
-                  for k in range(len(part))]
-        values, extras = apply_manager(run.reward_manager, values, extras, [len(s.response_ids) for s in part])
-        return list(zip(values, extras))
+        result = score(reward.fn, [dataset[s.uid] for s in part], part, reward.tokenizer, step=step,
+                       max_steps=reward.total_steps)
+        return [apply_manager(reward.manager, Rewards(result.scores, result.extra),
+                              [len(s.response_ids) for s in part])]
 
-    scored = run_on_share(run.collective, len(samples), work, errors=(RewardError,))
-    scores = torch.tensor([value for value, _ in scored], dtype=torch.float64)
-    names = dict.fromkeys(name for _, values in scored for name in values)
-    extra = {name: [values.get(name, math.nan) for _, values in scored] for name in names}
-    return scores, extra
+    return Rewards.concat(run_on_share(collective, len(samples), work, errors=(RewardError,)))
 
 
-def no_grad_log_probs(run: Run, model, seqs: SequenceTensors, split: dict, *, with_entropy: bool = False):
+def no_grad_log_probs(model, tokens: TokenLayout, split: dict, collective, *, temperature: float, packed: bool,
+                      dtype: torch.dtype, with_entropy: bool = False):
     """No-grad log-probs [B, T] (and entropy) of every row; each rank computes a share. ``split`` holds the
     pass's micro-batching (``micro_batch_size`` or ``max_token_len``), which never changes the values."""
     def compute(part):
-        logp, entropy = compute_log_probs(model, part, **_split_kwargs(split, part), with_entropy=with_entropy,
-                                          temperature=run.config.actor_rollout_ref.rollout.temperature,
-                                          packed=run.update_config.use_remove_padding)
+        logp, entropy = compute_log_probs(model, part, **split_kwargs(split, part), with_entropy=with_entropy,
+                                          temperature=temperature, packed=packed)
         return [logp, entropy] if with_entropy else [logp]
 
-    stacked = _no_grad_rows(run, model, seqs, compute, channels=2 if with_entropy else 1)
+    stacked = no_grad_rows(model, tokens, compute, collective, channels=2 if with_entropy else 1, dtype=dtype)
     return stacked[:, 0], (stacked[:, 1] if with_entropy else None)
 
 
-def critic_values(run: Run, seqs: SequenceTensors) -> Tensor:
+def critic_values(critic: Learner, tokens: TokenLayout, collective, dtype: torch.dtype) -> Tensor:
     """The critic's no-grad values [B, T] of every row (the state before each response token); each rank
     computes a share, split by ``critic.forward_*`` (which never changes them)."""
-    critic = run.critic
     model = critic.for_inference()
 
     def compute(part):
-        return [compute_values(model, part, **_split_kwargs(critic.forward_split, part),
+        return [compute_values(model, part, **split_kwargs(critic.no_grad_split, part),
                                packed=critic.update_config.use_remove_padding)]
 
-    return _no_grad_rows(run, model, seqs, compute, channels=1)[:, 0]
+    return no_grad_rows(model, tokens, compute, collective, channels=1, dtype=dtype)[:, 0]
 
 
-def _split_kwargs(split: dict, part: RolloutBatch) -> dict:
+def split_kwargs(split: dict, part: TokenLayout) -> dict:
     """``micro_batch_size`` / ``max_token_len`` of a no-grad pass over ``part`` (null: the whole share)."""
     if split.get("max_token_len"):
         return {"micro_batch_size": None, "max_token_len": split["max_token_len"]}
     return {"micro_batch_size": split.get("micro_batch_size") or len(part), "max_token_len": None}
 
 
-def _no_grad_rows(run: Run, model, seqs: SequenceTensors, compute, *, channels: int) -> Tensor:
+def no_grad_rows(model, tokens: TokenLayout, compute, collective, *, channels: int, dtype: torch.dtype) -> Tensor:
     """``compute(part)`` -> ``channels`` tensors [rows, T] on this rank's share of the rows, with ``model`` in
     eval mode; gathered on every rank as [B, channels, T] in row order."""
-    batch = RolloutBatch(prompts=seqs.prompts, responses=seqs.responses, attention_mask=seqs.attention_mask,
-                         response_mask=seqs.response_mask, old_log_probs=seqs.rollout_log_probs,
-                         advantages=torch.zeros(len(seqs.prompts), dtype=run.float_dtype))
     was_training = model.training
     model.eval()
 
     def work(rows):
         if not len(rows):
-            return torch.zeros(0, channels, seqs.responses.shape[1], dtype=run.float_dtype)
-        return torch.stack([p.to(run.float_dtype) for p in compute(batch.select(list(rows)))], dim=1)
+            return torch.zeros(0, channels, tokens.response_width, dtype=dtype)
+        return torch.stack([p.to(dtype) for p in compute(tokens.select(list(rows)))], dim=1)
 
     try:
-        return gather_rows(run.collective, len(batch), work)
+        return gather_rows(collective, len(tokens), work)
     finally:
         model.train(was_training)

@@ -25,10 +25,10 @@ from ..collective import default_collective
 from ..loss_config import ConfigError
 from .checkpoint.resume import finished_message, latest_checkpoint
 from .config.schema import TrainConfig
-from .config.check import critic_enabled
+from .config.derive import critic_enabled
 from .loop import fit
-from .run import Run, RunInputs, build_run, prepare_inputs
-from .checkpoint.run_state import ResumePoint, restore_run, resume_point
+from .run import Parts, RunInputs, build_parts, prepare_inputs
+from .checkpoint.run_state import Restored, ResumePoint, restore_run, resume_point
 from .tracking.loggers import METRICS_FILE, Tracker, check_backends
 
 SETUP_ERRORS = (ValueError, OSError, ImportError)  # ConfigError, DataError, RewardError are ValueErrors
@@ -40,7 +40,7 @@ class SetupError(Exception):
 
 @dataclass
 class TrainResult:
-    run: Run | None  # None: the run was already complete, so nothing was loaded
+    parts: Parts | None  # None: the run was already complete, so nothing was loaded
     records: list[dict]  # this launch's records (those before ``start_step`` are in metrics.jsonl)
     start_step: int
     total_steps: int
@@ -97,7 +97,7 @@ def check_model_config(cfg: TrainConfig) -> None:
 def check_lora(cfg: TrainConfig) -> None:
     """The actor's LoRA keys against the model's config and a saved adapter's files (no weights loaded)."""
     from ..lora import check_before_loading
-    from .config.check import lora_settings
+    from .config.derive import lora_settings
     from .models.policy import model_directory
 
     model = cfg.actor_rollout_ref.model
@@ -164,19 +164,19 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
     inputs, point = _agreed(collective, lambda: setup(cfg))
     if point is not None and point.step >= inputs.total_steps and not cfg.trainer.val_only:
         say(finished_message(cfg, point.path, point.step))  # no model loaded, no file touched
-        return TrainResult(run=None, records=[], start_step=point.step, total_steps=inputs.total_steps, curve=None,
+        return TrainResult(parts=None, records=[], start_step=point.step, total_steps=inputs.total_steps, curve=None,
                            outputs=[])
     previous = Path(cfg.trainer.default_local_dir) / METRICS_FILE
     if point is None and previous.is_file() and "file" in cfg.trainer.logger and not cfg.trainer.val_only:
         why = ("trainer.resume_mode=disable" if cfg.trainer.resume_mode == "disable"
                else "no complete checkpoint there to resume from")
         say(f"starting over ({why}): {previous} and the curve beside it are replaced")
-    start_step = 0
+    restored = Restored(step=0)
     try:
-        run = build_run(cfg, collective=collective, inputs=inputs)
+        parts = build_parts(cfg, collective=collective, inputs=inputs)
         if point is not None:
-            start_step = restore_run(run, point)
-            say(f"resuming from {point.path} (step {start_step} of {run.total_steps})")
+            restored = restore_run(parts, point)
+            say(f"resuming from {point.path} (step {restored.step} of {parts.total_steps})")
     except ConfigError as e:  # found with the weights (LoRA: an adapter or checkpoint of other ones), on every rank
         raise SetupError(_one_line(e)) from None
 
@@ -184,41 +184,43 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
         wish = int(bool(stop_requested and stop_requested()))
         return collective.max_int(wish) > 0
 
-    tracker = Tracker.from_config(cfg, total_steps=run.total_steps,
+    start_step = restored.step
+    tracker = Tracker.from_config(cfg, total_steps=parts.total_steps,
                                   resume_step=start_step if point is not None else None, stream=console)
     curve = None
     if cfg.trainer.val_only:
         say(f"trainer.val_only: evaluating the weights of step {start_step}; the result is shown, not recorded "
             "(the run's metrics.jsonl, TensorBoard, wandb and curve.png stay as the training run left them)")
     try:
-        records = fit(run, log=tracker.log, sync=tracker.sync, start_step=start_step, on_step=on_step,
-                      save_checkpoints=True, should_stop=should_stop if stop_requested is not None else None)
+        records = fit(parts, log=tracker.log, sync=tracker.sync, start_step=start_step,
+                      pipeline_state=restored.pipeline_state, on_step=on_step, save_checkpoints=True,
+                      should_stop=should_stop if stop_requested is not None else None)
     finally:
         curve = tracker.finish()
-    if run.lora and records and int(records[-1].get("training/global_step", 0)) >= run.total_steps:
-        path = export_merged_policy(run)
+    if parts.lora and records and int(records[-1].get("training/global_step", 0)) >= parts.total_steps:
+        path = export_merged_policy(parts)
         say(f"wrote the merged model (base + LoRA adapter) to {path}")
         tracker.outputs.append(path)
-    return TrainResult(run=run, records=records, start_step=start_step, total_steps=run.total_steps, curve=curve,
+    return TrainResult(parts=parts, records=records, start_step=start_step, total_steps=parts.total_steps, curve=curve,
                        outputs=tracker.outputs)
 
 
 MERGED_DIR = "merged"  # under trainer.default_local_dir: the merged model of a LoRA run's last step
 
 
-def export_merged_policy(run: Run) -> Path:
+def export_merged_policy(parts: Parts) -> Path:
     """Write the LoRA policy merged (W + s·B·A) as a Hugging Face directory with the tokenizer, on rank 0,
     into ``{trainer.default_local_dir}/merged``; the live base weights are not touched."""
     from ..lora import export_merged
 
-    path = Path(run.config.trainer.default_local_dir) / MERGED_DIR
-    if run.collective.rank == 0:
+    path = Path(parts.config.trainer.default_local_dir) / MERGED_DIR
+    if parts.collective.rank == 0:
         if path.exists():
             import shutil
 
             shutil.rmtree(path)
-        export_merged(run.policy_for_inference(), path)
-        run.tokenizer.save_pretrained(path)
+        export_merged(parts.actor.for_inference(), path)
+        parts.tokenizer.save_pretrained(path)
     return path
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...loss_config import ConfigError
-from ..config.check import critic_enabled
+from ..config.derive import critic_enabled
 from ..config.schema import TrainConfig, TrainerConfig
 
 TRACKER = "latest_checkpointed_iteration.txt"
@@ -60,7 +60,7 @@ def is_complete(path: str | os.PathLike) -> bool:
     return STEP_DIR.match(path.name) is not None and (path / COMPLETE).is_file()
 
 
-def _complete_steps(root: Path) -> list[int]:
+def complete_steps(root: Path) -> list[int]:
     if not root.is_dir():
         return []
     return sorted(int(m.group(1)) for e in root.iterdir() if (m := STEP_DIR.match(e.name)) and is_complete(e))
@@ -74,7 +74,7 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
         text = tracker.read_text().strip()
         if text.isdigit() and is_complete(checkpoint_dir(root, int(text))):
             return checkpoint_dir(root, int(text))
-    steps = _complete_steps(root)
+    steps = complete_steps(root)
     return checkpoint_dir(root, steps[-1]) if steps else None
 
 

@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from ...hf_models import unwrap
 from ...lora import adapter_state, base_digest, is_lora, write_adapter
 from .resume import (COMPLETE, LAYOUT_KEYS, SCHEDULE_LENGTH_KEYS, STEP_DIR, TRACKER, Resumed,  # noqa: F401
-                     _complete_steps, check_resume_config, checkpoint_dir, find_resume_checkpoint, is_complete,
+                     complete_steps, check_resume_config, checkpoint_dir, find_resume_checkpoint, is_complete,
                      latest_checkpoint, resume_differences, schedule_uses_run_length)
 
 FORMAT = 1
@@ -287,7 +287,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model, optimizer, tra
         _write_atomic(root / TRACKER, f"{step}\n".encode())
         _progress_hook("tracker")
         if max_to_keep is not None:
-            older = [s for s in _complete_steps(root) if s < step]
+            older = [s for s in complete_steps(root) if s < step]
             for old in older[: max(0, len(older) - (max_to_keep - 1))]:
                 _discard(checkpoint_dir(root, old))
     _barrier()

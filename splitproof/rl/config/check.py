@@ -1,8 +1,8 @@
-"""Checks and derived views of a resolved `TrainConfig`; every error names its dotted key.
+"""Checks of a resolved `TrainConfig`; every error names its dotted key.
 
-``normalize`` settles verl's alternative spellings in place; ``validate`` checks every value before any
-model is loaded; ``to_loss_config`` / ``to_update_config`` build the engine's settings from the actor's
-keys. Two rules where verl has two names for one thing:
+``normalize`` settles verl's alternative spellings in place; ``check_config`` checks every value before any
+model is loaded (the components' settings it derives on the way are ``config.derive``'s). Two rules where
+verl has two names for one thing:
 
 - gradient clipping: ``actor.grad_clip`` (verl's actor) and ``actor.optim.clip_grad`` (verl's engine)
   are one threshold. A value that differs from the default 1.0 wins; both set to different non-default
@@ -16,25 +16,18 @@ import math
 import os
 from dataclasses import fields
 
-from ...loss_config import KL_TYPES, ConfigError, LossConfig
-from ...engine import CriticUpdateConfig, UpdateConfig
-from ...lora_settings import LoraSettings
-from ..rewards.dapo import reward_manager
-from .schema import ActorConfig, MultiTurnConfig, OptimConfig, PolicyLossConfig, TrainConfig
-
-ARR = "actor_rollout_ref"
-ACTOR = f"{ARR}.actor"
-ROLLOUT = f"{ARR}.rollout"
+from ...loss_config import KL_TYPES, ConfigError
+from .derive import (ACTOR, ARR, CRITIC_ESTIMATORS, ROLLOUT, STRATEGIES, critic_enabled, lora_settings,
+                     reward_manager_of, to_critic_update_config, to_update_config)
+from .schema import MultiTurnConfig, OptimConfig, TrainConfig
 
 # verl's estimator names (splitproof.advantages implements them; gae also needs a critic)
 KNOWN_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax", "opo",
                     "gpg", "grpo_passk", "gae")
 # estimators that compare the n responses of one prompt: with n = 1 they are degenerate
 GROUP_ESTIMATORS = ("grpo", "rloo", "opo", "grpo_passk", "gpg", "reinforce_plus_plus_baseline")
-CRITIC_ESTIMATORS = ("gae",)  # read the critic's values: need critic.enable (null turns it on for them)
 
 DTYPES = {"fp32": "fp32", "float32": "fp32", "bf16": "bf16", "bfloat16": "bf16", "fp64": "fp64", "float64": "fp64"}
-STRATEGIES = {"fsdp": "fsdp2", "fsdp2": "fsdp2", "ddp": "ddp"}
 ROLLOUT_NAMES = ("hf",)
 LATER_ROLLOUTS = ("vllm", "sglang", "trtllm")
 LOGGERS = ("console", "file", "tensorboard", "wandb")
@@ -121,115 +114,6 @@ def normalize(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
-# ---------------------------------------------------------------------------------------------- views
-
-_POLICY_LOSS_FIELDS = {f.name for f in fields(PolicyLossConfig)}
-_ACTOR_FIELDS = {f.name for f in fields(ActorConfig)}
-
-
-def _loss_key(name: str) -> str:
-    if name == "seed":
-        return f"{ACTOR}.data_loader_seed"
-    if name in _POLICY_LOSS_FIELDS:
-        return f"{ACTOR}.policy_loss.{name}"
-    return f"{ACTOR}.{name}"
-
-
-def to_loss_config(cfg: TrainConfig) -> LossConfig:
-    """The policy objective from ``actor`` and ``actor.policy_loss`` (fields shared by name)."""
-    actor = cfg.actor_rollout_ref.actor
-    values = {}
-    for f in fields(LossConfig):
-        if f.name in _POLICY_LOSS_FIELDS:
-            values[f.name] = getattr(actor.policy_loss, f.name)
-        elif f.name in _ACTOR_FIELDS:
-            values[f.name] = getattr(actor, f.name)
-    values["seed"] = actor.data_loader_seed
-    try:
-        return LossConfig(**values)
-    except ConfigError as e:
-        raise ConfigError(_loss_key(e.field), str(e).split(": ", 1)[1]) from None
-
-
-_UPDATE_KEYS = {"rollout_n": f"{ROLLOUT}.n", "temperature": f"{ROLLOUT}.temperature",
-                "cov_strategy": f"{ACTOR}.policy_loss.cov_strategy"}
-
-
-def to_update_config(cfg: TrainConfig) -> UpdateConfig:
-    """The engine's update: actor keys, ``rollout.n``, ``rollout.temperature`` (the log-prob temperature)."""
-    actor = cfg.actor_rollout_ref.actor
-    loss = to_loss_config(cfg)
-    try:
-        return UpdateConfig(
-            loss=loss,
-            ppo_mini_batch_size=actor.ppo_mini_batch_size,
-            rollout_n=cfg.actor_rollout_ref.rollout.n,
-            ppo_epochs=actor.ppo_epochs,
-            shuffle=actor.shuffle,
-            data_loader_seed=actor.data_loader_seed,
-            ppo_micro_batch_size_per_gpu=actor.ppo_micro_batch_size_per_gpu,
-            use_dynamic_bsz=actor.use_dynamic_bsz,
-            ppo_max_token_len_per_gpu=actor.ppo_max_token_len_per_gpu,
-            use_remove_padding=actor.use_remove_padding,
-            grad_clip=actor.grad_clip,
-            temperature=cfg.actor_rollout_ref.rollout.temperature,
-            cov_strategy=actor.policy_loss.cov_strategy,
-        )
-    except ConfigError as e:
-        key = _UPDATE_KEYS.get(e.field, f"{ACTOR}.{e.field}")
-        raise ConfigError(key, str(e).split(": ", 1)[1]) from None
-
-
-def to_critic_update_config(cfg: TrainConfig) -> CriticUpdateConfig:
-    """The engine's critic update from ``critic.*`` (and ``rollout.n``)."""
-    c = cfg.critic
-    try:
-        return CriticUpdateConfig(
-            ppo_mini_batch_size=c.ppo_mini_batch_size, rollout_n=cfg.actor_rollout_ref.rollout.n,
-            ppo_epochs=c.ppo_epochs, shuffle=c.shuffle, data_loader_seed=c.data_loader_seed,
-            ppo_micro_batch_size_per_gpu=c.ppo_micro_batch_size_per_gpu, use_dynamic_bsz=c.use_dynamic_bsz,
-            ppo_max_token_len_per_gpu=c.ppo_max_token_len_per_gpu, use_remove_padding=c.model.use_remove_padding,
-            grad_clip=c.grad_clip, cliprange_value=c.cliprange_value, loss_agg_mode=c.loss_agg_mode,
-            loss_scale_factor=c.loss_scale_factor)
-    except ConfigError as e:
-        key = {"rollout_n": f"{ROLLOUT}.n", "use_remove_padding": "critic.model.use_remove_padding"}.get(
-            e.field, f"critic.{e.field}")
-        raise ConfigError(key, str(e).split(": ", 1)[1]) from None
-
-
-def dp_strategy(cfg: TrainConfig) -> str:
-    """``ddp`` or ``fsdp2`` (verl's ``fsdp`` is run as FSDP2)."""
-    return STRATEGIES[cfg.actor_rollout_ref.actor.strategy]
-
-
-def critic_strategy(cfg: TrainConfig) -> str:
-    """The critic's ``ddp`` or ``fsdp2`` (``critic.strategy``, the actor's unless set)."""
-    return STRATEGIES[cfg.critic.strategy]
-
-
-def critic_enabled(cfg: TrainConfig) -> bool:
-    """verl's rule: ``critic.enable`` when set, else on exactly for an estimator that reads values (gae)."""
-    if cfg.critic.enable is not None:
-        return bool(cfg.critic.enable)
-    return cfg.algorithm.adv_estimator in CRITIC_ESTIMATORS
-
-
-def reward_function(cfg: TrainConfig) -> tuple[str | None, str]:
-    """(path, name) of the reward function from either of verl's two places; (None, ...) when none is named."""
-    top, nested = cfg.custom_reward_function, cfg.reward.custom_reward_function
-    if top.path is not None:
-        return top.path, top.name or "compute_score"
-    if nested.path is not None:
-        return nested.path, nested.name or "compute_score"
-    return None, "compute_score"
-
-
-def reward_kwargs(cfg: TrainConfig) -> dict:
-    """``reward_kwargs`` of the place that names the reward function (``{}`` when none does)."""
-    top, nested = cfg.custom_reward_function, cfg.reward.custom_reward_function
-    return dict((top if top.path is not None else nested).reward_kwargs or {})
-
-
 # ---------------------------------------------------------------------------------------------- validate
 
 def _check_optim(optim: OptimConfig, key: str) -> None:
@@ -289,11 +173,6 @@ def _check_gen_batch_size(cfg: TrainConfig) -> None:
              "able to fill a step")
 
 
-def gen_batch_size(cfg: TrainConfig) -> int:
-    """Prompts per generation round: ``data.gen_batch_size``, or ``train_batch_size`` when null."""
-    return cfg.data.gen_batch_size or cfg.data.train_batch_size
-
-
 def _check_filter_groups(cfg: TrainConfig) -> None:
     fg, key = cfg.algorithm.filter_groups, "algorithm.filter_groups"
     _require(isinstance(fg.metric, str) and bool(fg.metric), f"{key}.metric", f"must be a metric name, got {fg.metric!r}")
@@ -303,12 +182,6 @@ def _check_filter_groups(cfg: TrainConfig) -> None:
         _require(not cfg.algorithm.use_kl_in_reward, f"{key}.metric",
                  "seq_final_reward with algorithm.use_kl_in_reward=true is not supported (it would need the KL "
                  "of every generation round); use reward or seq_reward")
-
-
-def reward_manager_of(cfg: TrainConfig):
-    """The run's reward manager (``rewards.dapo.RewardManager``) from verl's keys, checked."""
-    return reward_manager(cfg.reward.reward_manager.name, cfg.reward_model.reward_manager, cfg.reward.reward_kwargs,
-                          cfg.reward_model.reward_kwargs, cfg.data.max_response_length)
 
 
 def _check_actor(cfg: TrainConfig) -> None:
@@ -519,16 +392,6 @@ def _check_reward(cfg: TrainConfig) -> None:
     reward_manager_of(cfg)
 
 
-def lora_settings(cfg: TrainConfig) -> LoraSettings:
-    """The actor's LoRA keys (``actor_rollout_ref.model.lora_*``, ``target_modules``, ``exclude_modules``),
-    checked; ``lora_rank`` 0 is full fine-tuning."""
-    m = cfg.actor_rollout_ref.model
-    targets = m.target_modules if isinstance(m.target_modules, str) else list(m.target_modules or ())
-    return LoraSettings(lora_rank=m.lora_rank, lora_alpha=m.lora_alpha, target_modules=targets,
-                        exclude_modules=list(m.exclude_modules) if m.exclude_modules is not None else None,
-                        lora_adapter_path=m.lora_adapter_path, prefix=f"{ARR}.model.")
-
-
 def _check_async(cfg: TrainConfig) -> None:
     key, k = "async_training.staleness_steps", cfg.async_training.staleness_steps
     _require(_is_int(k) and k >= 0, key, f"must be an integer >= 0 (0: synchronous), got {k!r}")
@@ -544,7 +407,7 @@ def _check_async(cfg: TrainConfig) -> None:
                  "next generation round from the current round's rewards; use 0")
 
 
-def validate(cfg: TrainConfig) -> None:
+def check_config(cfg: TrainConfig) -> None:
     """Raise ``ConfigError`` (dotted key + reason) for the first bad value; a normalized config is assumed."""
     _check_data(cfg)
     _check_actor(cfg)

@@ -5,7 +5,7 @@ section of that file (between ``BEGIN``/``END`` markers). The tables:
 
 - every key of ``config.TrainConfig``: its default (verl's unless the comment says ``ours:``; a default
   ``${a.b}`` follows key ``a.b``), the built-in model's recipe value, and the field's comment;
-- the verl keys accepted with no effect here (``config_verl.NO_EFFECT``), with the reason.
+- the verl keys accepted with no effect here (``verl_keys.NO_EFFECT``), with the reason.
 """
 
 from __future__ import annotations

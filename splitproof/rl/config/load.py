@@ -26,7 +26,8 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 from ...loss_config import ConfigError
 from . import verl_keys
 from .schema import BUILTIN_MODEL, TrainConfig, schema_keys
-from .check import CRITIC_ESTIMATORS, normalize, validate
+from .check import check_config, normalize
+from .derive import CRITIC_ESTIMATORS
 from .origins import Origins, own_data_items, recipe_for_data, run_notices
 
 RECIPES = {BUILTIN_MODEL: "charlm.yaml"}
@@ -242,7 +243,7 @@ def load_train_config(config_file: str | None, overrides: Iterable[str] = (), *,
     layers = [_layer(_accept(items, [], {})) for items in (recipe, own) if items] + user_layers
     try:
         cfg = normalize(_resolve(_merge(layers), layers))
-        validate(cfg)
+        check_config(cfg)
     except ConfigError as e:
         raise ConfigError(e.field, origins.annotate(str(e)[len(e.field) + 2:], e.field)) from None
     for message in notices + layer_notices + run_notices(cfg, origins):

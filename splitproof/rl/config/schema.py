@@ -2,9 +2,9 @@
 
 Every key splitproof reads is a field below, with verl 0.9.1's default unless the field's comment says
 ``ours:``. A default written ``II("a.b")`` follows key ``a.b`` unless set (verl's interpolations).
-Keys verl has and this schema does not are handled by ``config_verl``: infrastructure knobs with no
+Keys verl has and this schema does not are handled by ``config.verl_keys``: infrastructure knobs with no
 effect here are accepted with a notice, "off" values are accepted, anything else is an error.
-``config_load.load_train_config`` merges and resolves; ``config_check.validate`` checks values.
+``config.load.load_train_config`` merges and resolves; ``config.check.check_config`` checks values.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class OptimConfig:
     min_lr_ratio: float = 0.0  # cosine: the floor, as a fraction of lr
     num_cycles: float = 0.5  # cosine: 0.5 = one half-period over the run
     total_training_steps: int = -1  # -1: the trainer's
-    clip_grad: float = 1.0  # verl's engine name for grad_clip: see config_check.combine_grad_clip
+    clip_grad: float = 1.0  # verl's engine name for grad_clip: one threshold with it (config.check)
 
 
 @dataclass

@@ -28,9 +28,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import torch
-from torch import Tensor
-
+from ..rewards.scored import Rewards, ScoredSamples
 from .prompts import prompt_order
 
 
@@ -166,49 +164,33 @@ def select_groups(stream: PromptStream, batch_size: int, gen_batch_size: int, ma
     return Selection(groups=kept, positions=positions, consumed_uids=consumed, generated=generated, rounds=rounds)
 
 
-@dataclass
-class FilteredBatch:
-    """A step's kept groups flattened: samples and scores in stream order, the reward function's extra
-    values (NaN where a group lacks a key), each kept group's uid, each sample's group id (uid + k × rows
-    for the k-th repeat of a prompt within the step), the consumed uids, and the step's ``train/`` and
-    ``training/filter_groups/`` metrics."""
-
-    samples: list
-    scores: Tensor
-    extra: dict[str, list[float]]
-    uids: list[int]
-    group_ids: list[int]
-    consumed: list[int]
-    metrics: dict[str, float]
-
-
 def filtered_batch(stream: PromptStream, *, batch_size: int, gen_batch_size: int, max_rounds: int, metric: str,
-                   n: int, rows: int, generate_scored: Callable) -> FilteredBatch:
-    """Generation rounds of ``gen_batch_size`` prompts until ``batch_size`` groups are eligible.
+                   n: int, rows: int, generate_scored: Callable) -> ScoredSamples:
+    """Generation rounds of ``gen_batch_size`` prompts until ``batch_size`` groups are eligible: the kept
+    groups flattened in stream order (their uids, each sample's group id, the consumed uids, and the
+    step's ``train/`` and ``training/filter_groups/`` metrics).
 
-    ``generate_scored(uids, repeats)`` -> (samples, scores [len(uids) · n], extra {key: values}): one round's
-    ``n`` scored samples of each candidate, in candidate order. ``metric``: a score metric or an extra key."""
+    ``generate_scored(uids, repeats)`` -> (samples, rewards [len(uids) · n]): one round's ``n`` scored
+    samples of each candidate, in candidate order. ``metric``: a score metric or an extra key."""
     def generate_round(uids: list[int], repeats: list[int]) -> Round:
-        samples, scores, extra = generate_scored(uids, repeats)
-        values = scores.tolist() if metric in SCORE_METRICS else extra.get(metric)
+        samples, rewards = generate_scored(uids, repeats)
+        values = rewards.scores.tolist() if metric in SCORE_METRICS else rewards.extra.get(metric)
         if values is None:
             raise FilterError(f"algorithm.filter_groups.metric={metric!r}: the reward function returned no such "
-                              f"value (it returned: {', '.join(sorted(extra)) or 'a number only'})")
+                              f"value (it returned: {', '.join(sorted(rewards.extra)) or 'a number only'})")
         groups = []
         for g, (uid, k) in enumerate(zip(uids, repeats)):
             part = slice(g * n, (g + 1) * n)
-            groups.append((samples[part], scores[part], {name: v[part] for name, v in extra.items()}, uid + k * rows))
+            groups.append((samples[part], rewards.rows(part), uid + k * rows))
         return Round(groups, [values[g * n:(g + 1) * n] for g in range(len(uids))])
 
     selection = select_groups(stream, batch_size, gen_batch_size, max_rounds, generate_round, metric)
     groups = selection.groups
-    names = dict.fromkeys(name for group in groups for name in group[2])
-    return FilteredBatch(
+    return ScoredSamples(
         samples=[s for group in groups for s in group[0]],
-        scores=torch.cat([group[1] for group in groups]),
-        extra={name: [v for group in groups for v in group[2].get(name, [math.nan] * n)] for name in names},
+        rewards=Rewards.concat([group[1] for group in groups]),
         uids=[group[0][0].uid for group in groups],
-        group_ids=[group[3] for group in groups for _ in range(n)],
+        group_ids=[group[2] for group in groups for _ in range(n)],
         consumed=selection.consumed_uids,
         metrics={"train/num_gen_batches": float(selection.rounds),
                  "training/filter_groups/evicted_samples": float((selection.consumed - len(groups)) * n),

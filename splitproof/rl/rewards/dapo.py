@@ -18,9 +18,14 @@ verl computes the penalty in float32 (a tensor length); here it is float64.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ...loss_config import ConfigError
+
+if TYPE_CHECKING:
+    from .scored import Rewards
 
 MANAGERS = ("naive", "dapo")
 OVERLONG_KEYS = ("enable", "len", "penalty_factor", "log")
@@ -58,25 +63,37 @@ def overlong_reward(length: int, buffer: OverlongBuffer) -> float:
     return min(-exceed / buffer.length * buffer.penalty_factor, 0.0)
 
 
-def apply_manager(manager: RewardManager, scores: list[float], extras: list[dict], lengths: list[int]
-                  ) -> tuple[list[float], list[dict]]:
-    """Each sample's reward and extra values under ``manager``; ``extras[i]`` is what the reward function
-    returned beside the score (empty for a number), ``lengths[i]`` the response's token count."""
+def apply_manager(manager: RewardManager, rewards: Rewards, lengths: list[int]) -> Rewards:
+    """Each sample's reward and extra values under ``manager``; ``rewards`` holds the reward function's
+    scores and extra values (``scored.Rewards``), ``lengths[i]`` the response's token count. ``acc`` is
+    added for a sample with no extra value (its score), then the overlong values."""
+    import torch  # here: the config checks import this module, torch-free
+
+    from .scored import Rewards, present_extra
+
+    held = present_extra(rewards.extra)
     if manager.name == "naive":
-        return scores, extras
-    rewards, out = [], []
-    for score, extra, length in zip(scores, extras, lengths):
-        extra = dict(extra) if extra else {"acc": score}
-        reward = score
-        if manager.overlong is not None:
-            penalty = overlong_reward(length, manager.overlong)
-            reward = score + penalty
-            if manager.overlong.log:
-                extra["overlong_reward"] = penalty
-                extra["overlong"] = float(penalty < 0)
-        rewards.append(reward)
-        out.append(extra)
-    return rewards, out
+        return Rewards(rewards.scores, held)
+    count, order = len(rewards), {name: k for k, name in enumerate(held)}
+    bare = [all(math.isnan(values[i]) for values in held.values()) for i in range(count)]
+    scores = rewards.scores.tolist()
+    extra = dict(held)
+    acc = extra.get("acc", [math.nan] * count)
+    extra["acc"] = [score if empty else value for score, empty, value in zip(scores, bare, acc)]
+    if manager.overlong is not None:
+        penalties = [overlong_reward(length, manager.overlong) for length in lengths]
+        scores = [score + penalty for score, penalty in zip(scores, penalties)]
+        if manager.overlong.log:
+            extra["overlong_reward"] = penalties
+            extra["overlong"] = [float(penalty < 0) for penalty in penalties]
+    added = {"acc": -1, "overlong_reward": len(order), "overlong": len(order) + 1}
+
+    def position(name: str, row: int) -> int:  # where the name sat in the sample's own values
+        if name in held and not math.isnan(held[name][row]):
+            return order[name]
+        return added[name]
+
+    return Rewards(torch.tensor(scores, dtype=torch.float64), present_extra(extra, position))
 
 
 def _merged_kwargs(reward_kwargs: dict, legacy_kwargs: dict) -> tuple[dict, str]:

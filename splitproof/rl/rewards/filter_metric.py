@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ...loss_config import ConfigError
 from ..data.dynamic_sampling import SCORE_METRICS
+from .scored import Rewards
 from .dapo import RewardManager, apply_manager
 from .functions import RewardError, score
 
@@ -22,7 +23,7 @@ from .functions import RewardError, score
 @dataclass(frozen=True)
 class _Probe:
     uid: int
-    index: int = 0
+    sample_index: int = 0
     response_ids: tuple = ()
     finished: bool = False
 
@@ -31,9 +32,8 @@ def reward_extra_names(manager: RewardManager, reward_fn, dataset, tokenizer) ->
     """The extra values a sample's score comes with (raises ``RewardError`` when the probe call fails)."""
     record = dataset[0]
     result = score(reward_fn, [record], [_Probe(uid=record.uid)], tokenizer, step=0, max_steps=1)
-    extras = {name: values[0] for name, values in result.extra.items() if not math.isnan(values[0])}
-    _, out = apply_manager(manager, result.scores.tolist(), [extras], [0])
-    return frozenset(out[0])
+    managed = apply_manager(manager, Rewards(result.scores, result.extra), [0])
+    return frozenset(name for name, values in managed.extra.items() if not math.isnan(values[0]))
 
 
 def check_filter_metric(metric: str, manager: RewardManager, reward_fn, dataset, tokenizer) -> None:

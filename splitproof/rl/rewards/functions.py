@@ -51,7 +51,7 @@ class SampleLike(Protocol):
     """What scoring needs of a rollout ``Sample``."""
 
     uid: int
-    index: int
+    sample_index: int
     response_ids: Sequence[int]
     finished: bool
 
@@ -301,7 +301,7 @@ def _number(value) -> float | None:
 
 
 def _where(sample: SampleLike) -> str:
-    return f"sample (uid={sample.uid}, index={sample.index})"
+    return f"sample (uid={sample.uid}, index={sample.sample_index})"
 
 
 def _checked_score(value, reward_fn: RewardFunction, sample: SampleLike) -> float:

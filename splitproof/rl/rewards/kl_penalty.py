@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import fields
 
 import torch
 from torch import Tensor
@@ -23,27 +23,24 @@ from ...advantages.exact import count_dtype, counts_plus_eps
 from ...batch import BatchError, check_binary_mask, check_finite_on
 from ...loss_config import KL_TYPES, ConfigError, is_finite_number, require
 from ...losses.kl import kl_estimate
+from ..config.schema import KLControlConfig
 
 KL_CTRL_TYPES = ("fixed", "adaptive")
 _PREFIX = "algorithm.kl_ctrl."
 
 
-@dataclass(frozen=True)
-class KLControlConfig:
-    """verl's ``algorithm.kl_ctrl``: same keys, same defaults."""
-
-    type: str = "fixed"
-    kl_coef: float = 0.001
-    horizon: int = 10000
-    target_kl: float = 0.1
-
-    def __post_init__(self) -> None:
-        require(self.type in KL_CTRL_TYPES, _PREFIX + "type", f"unknown {self.type!r}; expected one of {', '.join(KL_CTRL_TYPES)}")
-        require(is_finite_number(self.kl_coef) and self.kl_coef >= 0, _PREFIX + "kl_coef", f"must be a finite number >= 0, got {self.kl_coef!r}")
-        if self.type == "adaptive":
-            require(isinstance(self.horizon, int) and not isinstance(self.horizon, bool) and self.horizon > 0,
-                   _PREFIX + "horizon", f"must be an int > 0, got {self.horizon!r}")
-            require(is_finite_number(self.target_kl) and self.target_kl > 0, _PREFIX + "target_kl", f"must be > 0, got {self.target_kl!r}")
+def check_kl_control(config: KLControlConfig) -> KLControlConfig:
+    """``config`` (verl's ``algorithm.kl_ctrl``: same keys, same defaults), or a ``ConfigError`` naming the key."""
+    require(config.type in KL_CTRL_TYPES, _PREFIX + "type",
+           f"unknown {config.type!r}; expected one of {', '.join(KL_CTRL_TYPES)}")
+    require(is_finite_number(config.kl_coef) and config.kl_coef >= 0, _PREFIX + "kl_coef",
+           f"must be a finite number >= 0, got {config.kl_coef!r}")
+    if config.type == "adaptive":
+        require(isinstance(config.horizon, int) and not isinstance(config.horizon, bool) and config.horizon > 0,
+               _PREFIX + "horizon", f"must be an int > 0, got {config.horizon!r}")
+        require(is_finite_number(config.target_kl) and config.target_kl > 0, _PREFIX + "target_kl",
+               f"must be > 0, got {config.target_kl!r}")
+    return config
 
 
 class _KLController:
@@ -73,7 +70,7 @@ class FixedKLController(_KLController):
     type = "fixed"
 
     def __init__(self, kl_coef: float):
-        KLControlConfig(type="fixed", kl_coef=kl_coef)
+        check_kl_control(KLControlConfig(type="fixed", kl_coef=kl_coef))
         self.value = float(kl_coef)
 
     def update(self, current_kl: float, n_steps: int) -> None:
@@ -86,7 +83,7 @@ class AdaptiveKLController(_KLController):
     type = "adaptive"
 
     def __init__(self, init_kl_coef: float, target_kl: float, horizon: int):
-        KLControlConfig(type="adaptive", kl_coef=init_kl_coef, target_kl=target_kl, horizon=horizon)
+        check_kl_control(KLControlConfig(type="adaptive", kl_coef=init_kl_coef, target_kl=target_kl, horizon=horizon))
         self.value = float(init_kl_coef)
         self.target = float(target_kl)
         self.horizon = horizon
@@ -100,7 +97,7 @@ class AdaptiveKLController(_KLController):
 def kl_control_config(kl_ctrl) -> KLControlConfig:
     """A ``KLControlConfig`` from a mapping (dict, OmegaConf), an object with the keys as attributes, or None."""
     if kl_ctrl is None or isinstance(kl_ctrl, KLControlConfig):
-        return kl_ctrl or KLControlConfig()
+        return check_kl_control(kl_ctrl or KLControlConfig())
     keys = [f.name for f in fields(KLControlConfig)]
     if isinstance(kl_ctrl, Mapping):
         given = dict(kl_ctrl)
@@ -109,7 +106,7 @@ def kl_control_config(kl_ctrl) -> KLControlConfig:
             raise ConfigError(_PREFIX + str(unknown[0]), f"unknown key; known: {', '.join(keys)}")
     else:
         given = {key: getattr(kl_ctrl, key) for key in keys if hasattr(kl_ctrl, key)}
-    return KLControlConfig(**given)
+    return check_kl_control(KLControlConfig(**given))
 
 
 def make_kl_controller(kl_ctrl) -> FixedKLController | AdaptiveKLController:

@@ -2,70 +2,44 @@
 
 Rows are in canonical order (the step's prompt order × sample index), prompts left-padded, responses
 right-padded to ``data.max_response_length`` — a fixed width, as verl pads, so that
-`seq-mean-token-sum-norm`'s default constant is the configured response length, never a batch's.
+`seq-mean-token-sum-norm`'s default constant is the configured response length, never a batch's. The
+padding is ``TokenBatch.from_sequences``'s (the layout of ``RolloutBatch.from_sequences``); a multi-turn
+sample's ``token_mask`` is its response mask (a tool's tokens are not trained).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-
-@dataclass(frozen=True)
-class SequenceTensors:
-    """The token layout of a rollout batch: what every later stage indexes by row."""
-
-    prompts: Tensor  # [B, P] left-padded
-    responses: Tensor  # [B, T] right-padded
-    attention_mask: Tensor  # [B, P + T] bool
-    response_mask: Tensor  # [B, T] bool: the generated tokens, EOS included (a tool's tokens excluded)
-    rollout_log_probs: Tensor  # [B, T], 0 on padding
-
-    @property
-    def response_lengths(self) -> Tensor:
-        return self.response_mask.sum(dim=1)
-
-    @property
-    def response_token_counts(self) -> Tensor:
-        """Every token after the prompt, tools' included (verl's response length)."""
-        return self.attention_mask[:, self.prompts.shape[1]:].sum(dim=1)
-
-    @property
-    def prompt_lengths(self) -> Tensor:
-        return self.attention_mask[:, :self.prompts.shape[1]].sum(dim=1)
+from ...batch import TokenBatch
+from ...sequences import pad_per_token
 
 
-def pad_samples(samples: Sequence, *, response_width: int, pad_token_id: int,
-                dtype: torch.dtype = torch.float32) -> SequenceTensors:
-    """Lay the samples out as padded tensors (``samples[i]`` becomes row i); each tensor is built by one
-    ``torch.tensor`` call from padded rows."""
-    count = len(samples)
-    prompt_width = max(len(s.prompt_ids) for s in samples)
+def token_masks(samples: Sequence) -> list | None:
+    """Each sample's response mask: its ``token_mask`` (multi-turn), or None (every generated token)."""
+    if any(getattr(s, "token_mask", None) is not None for s in samples):
+        return [s.token_mask for s in samples]
+    return None
+
+
+def samples_to_tokens(samples: Sequence, *, response_width: int, pad_token_id: int,
+                      dtype: torch.dtype = torch.float32) -> tuple[TokenBatch, Tensor]:
+    """The samples' token layout (``samples[i]`` becomes row i; bool masks) and their rollout log-probs
+    [B, response_width] in ``dtype`` (0 on padding); a sample that does not fit is named."""
     for sample in samples:
         t = len(sample.response_ids)
+        where = f"sample (uid {sample.uid}, sample_index {sample.sample_index})"
         if t > response_width:
-            raise ValueError(f"sample (uid {sample.uid}, index {sample.index}) has {t} response tokens > "
-                             f"max_response_length {response_width}")
+            raise ValueError(f"{where} has {t} response tokens > max_response_length {response_width}")
         if len(sample.log_probs) != t:
-            raise ValueError(f"sample (uid {sample.uid}, index {sample.index}) has {len(sample.log_probs)} "
-                             f"log-probs for {t} response tokens")
-    pad = [pad_token_id]
-    prompts = torch.tensor([pad * (prompt_width - len(s.prompt_ids)) + list(s.prompt_ids) for s in samples],
-                           dtype=torch.long).reshape(count, prompt_width)
-    responses = torch.tensor([list(s.response_ids) + pad * (response_width - len(s.response_ids)) for s in samples],
-                             dtype=torch.long).reshape(count, response_width)
-    log_probs = torch.tensor([list(s.log_probs) + [0.0] * (response_width - len(s.log_probs)) for s in samples],
-                             dtype=dtype).reshape(count, response_width)
-    prompt_lengths = torch.tensor([len(s.prompt_ids) for s in samples], dtype=torch.long).unsqueeze(1)
-    response_lengths = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.long).unsqueeze(1)
-    prompt_mask = torch.arange(prompt_width) >= prompt_width - prompt_lengths
-    response_attention = torch.arange(response_width) < response_lengths
-    response_mask = response_attention
-    if any(getattr(s, "token_mask", None) is not None for s in samples):  # multi-turn: tool tokens are not trained
-        response_mask = torch.tensor([list(map(bool, s.token_mask)) + [False] * (response_width - len(s.token_mask))
-                                      for s in samples], dtype=torch.bool).reshape(count, response_width)
-    return SequenceTensors(prompts, responses, torch.cat([prompt_mask, response_attention], dim=1), response_mask,
-                           log_probs)
+            raise ValueError(f"{where} has {len(sample.log_probs)} log-probs for {t} response tokens")
+    tokens = TokenBatch.from_sequences([s.prompt_ids for s in samples], [s.response_ids for s in samples],
+                                       response_mask=token_masks(samples), response_width=response_width,
+                                       pad_token_id=pad_token_id)
+    tokens.attention_mask, tokens.response_mask = tokens.attention_mask.bool(), tokens.response_mask.bool()
+    log_probs = pad_per_token("log_probs", [s.log_probs for s in samples], [len(s.response_ids) for s in samples],
+                              response_width, dtype)
+    return tokens, log_probs

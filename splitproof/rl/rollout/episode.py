@@ -80,7 +80,7 @@ class EpisodeRollout:
                  stream: int = 0) -> list[Episode]:
         s = self.settings
         budget = params.max_response_length
-        episodes = [Episode(uid=int(uid), index=int(j), prompt_ids=[int(t) for t in ids], response_ids=[],
+        episodes = [Episode(uid=int(uid), sample_index=int(j), prompt_ids=[int(t) for t in ids], response_ids=[],
                             log_probs=[], finished=False) for uid, j, ids in requests]
         runner = ToolRunner(self.tools, workers=s.num_workers, timeout=s.tool_timeout,
                             max_length=s.max_tool_response_length, truncate_side=s.tool_response_truncate_side)
@@ -91,7 +91,7 @@ class EpisodeRollout:
                 for start in range(0, len(live), self.max_num_seqs):
                     chunk = [episodes[i] for i in live[start:start + self.max_num_seqs]]
                     turns = self.rollout.generate(
-                        [(e.uid, e.index, e.prompt_ids + e.response_ids) for e in chunk], params, step=step,
+                        [(e.uid, e.sample_index, e.prompt_ids + e.response_ids) for e in chunk], params, step=step,
                         stream=stream, positions=[len(e.response_ids) for e in chunk],
                         budgets=[budget - len(e.response_ids) for e in chunk])
                     for i, episode, turn in zip(live[start:start + self.max_num_seqs], chunk, turns):

@@ -28,7 +28,7 @@ from __future__ import annotations
 import inspect
 import numbers
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
@@ -38,6 +38,7 @@ from splitproof.loss_config import ConfigError
 from splitproof.engine.logprobs import logits_of, param_dtype, takes_logits_to_keep
 from splitproof.engine.row_invariant import row_invariant
 from splitproof.hf_models import base_model_of, unwrap, vocab_size_of
+from splitproof.rl.rollout.assemble import token_masks
 from splitproof.rl.rollout.sampling import sample_tokens, shift_keys, stream_keys, stream_uniforms
 
 _INT64_MAX = (1 << 63) - 1
@@ -101,7 +102,7 @@ class Sample:
     (before top-k / top-p)."""
 
     uid: int
-    index: int
+    sample_index: int  # the sample's number within its prompt (0 .. n - 1)
     prompt_ids: list[int]
     response_ids: list[int]
     log_probs: list[float]
@@ -323,35 +324,23 @@ class HFRollout:
 
         responses, log_probs = responses.cpu().tolist(), log_probs.cpu().tolist()  # one conversion each
         lengths, finished = lengths.tolist(), finished.tolist()
-        return [Sample(uid=int(uid), index=int(j), prompt_ids=list(p), response_ids=responses[r][:lengths[r]],
+        return [Sample(uid=int(uid), sample_index=int(j), prompt_ids=list(p), response_ids=responses[r][:lengths[r]],
                        log_probs=log_probs[r][:lengths[r]], finished=finished[r])
                 for r, ((uid, j, _), p) in enumerate(zip(chunk, prompts))]
 
 
 def samples_to_batch(samples: Sequence[Sample], *, pad_token_id: int = 0, dtype: torch.dtype | None = None,
                      device: torch.device | str = "cpu") -> RolloutBatch:
-    """The samples as a :class:`splitproof.RolloutBatch`, one row each in the given order: prompts
-    left-padded and responses right-padded with ``pad_token_id``, ``response_mask`` = the generated
-    tokens (EOS included), ``old_log_probs`` = the rollout log-probs (``dtype``, default float64),
+    """The samples as a :class:`splitproof.RolloutBatch` (``RolloutBatch.from_sequences``), one row each in
+    the given order: prompts left-padded and responses right-padded with ``pad_token_id`` to the longest
+    response (at least one column), ``response_mask`` = the generated tokens (EOS included; a multi-turn
+    sample's ``token_mask``), ``old_log_probs`` = the rollout log-probs (``dtype``, default float64),
     advantages zero."""
     if not samples:
         raise RolloutError("samples", "no samples to batch")
-    dtype = dtype or torch.float64
-    B = len(samples)
-    P = max(len(s.prompt_ids) for s in samples)
-    T = max(max(len(s.response_ids) for s in samples), 1)
-    prompts = torch.full((B, P), pad_token_id, dtype=torch.long)
-    responses = torch.full((B, T), pad_token_id, dtype=torch.long)
-    attention = torch.zeros(B, P + T, dtype=torch.bool)
-    log_probs = torch.zeros(B, T, dtype=dtype)
-    for r, s in enumerate(samples):
-        n, m = len(s.prompt_ids), len(s.response_ids)
-        prompts[r, P - n:] = torch.tensor(s.prompt_ids, dtype=torch.long)
-        attention[r, P - n:P + m] = True
-        if m:
-            responses[r, :m] = torch.tensor(s.response_ids, dtype=torch.long)
-            log_probs[r, :m] = torch.tensor(s.log_probs, dtype=dtype)
-    batch = RolloutBatch(prompts=prompts, responses=responses, attention_mask=attention,
-                         response_mask=attention[:, P:].clone(), old_log_probs=log_probs,
-                         advantages=torch.zeros(B, dtype=dtype))
-    return batch.to(device)
+    width = max(max(len(s.response_ids) for s in samples), 1)
+    batch = RolloutBatch.from_sequences([s.prompt_ids for s in samples], [s.response_ids for s in samples],
+                                       [s.log_probs for s in samples], [0.0] * len(samples),
+                                       response_mask=token_masks(samples), pad_token_id=pad_token_id,
+                                       dtype=dtype or torch.float64, device=device, response_width=width)
+    return replace(batch, attention_mask=batch.attention_mask.bool(), response_mask=batch.response_mask.bool())

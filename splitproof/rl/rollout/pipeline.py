@@ -11,7 +11,7 @@ buffer is overwritten only after the rollout process said it has loaded the vers
 The first k + 1 batches come from the initial weights (version 0). Sampling keys are the synchronous
 step's — (seed, step, uid, sample index, token) — so the tokens are a function of the batch's step, its
 prompts and the weights of its version. Under torchrun each rank has its own rollout process, which
-generates the rank's share of the batch's rows (``parallel.share``); the shares are gathered in row
+generates the rank's share of the batch's rows (``parallel.rank_rows``); the shares are gathered in row
 order when the step takes the batch, so the batch is the same for every number of ranks.
 
 A checkpoint after step t holds the in-flight batches t + 1 .. t + 1 + k (waited for, gathered): a
@@ -28,13 +28,14 @@ from dataclasses import asdict, dataclass
 import torch
 
 from ...loss_config import ConfigError
-from ..parallel import RankFailure, run_on_share, share
+from ..parallel import RankFailure, rank_rows, run_on_share
 from .handover import aliases, copy_weights, shared_buffer
 from .hf import Sample
 from .worker import WorkerSpec, random_delay, rollout_process
 
 ROLLOUT_THREADS = 1  # torch threads of the rollout process; the trainer keeps the rest of the cores
 POLL_S = 0.2  # how often a waiting trainer checks that its rollout process is alive
+OLD_NAMES = {"index": "sample_index"}  # a Sample's fields as checkpoints before the rename hold them
 
 
 class RolloutProcessDied(RuntimeError):
@@ -61,24 +62,23 @@ class PendingBatch:
 
 
 @contextmanager
-def pipelined(run, start_step: int, state: dict | None):
-    """``run.pipeline`` for the loop's steps when ``async_training.staleness_steps`` > 0 (else None): the
+def pipelined(parts, start_step: int, state: dict | None):
+    """The pipeline for the loop's steps when ``async_training.staleness_steps`` > 0 (else None): the
     rollout process started, fed from ``state`` (a checkpoint's in-flight batches) or from scratch, and
     stopped at the end. Unless ``trainer.cpu_threads`` is set, the trainer leaves the rollout process's
     thread(s) to it: generation and training then run on different cores."""
-    k = run.config.async_training.staleness_steps
+    k = parts.config.async_training.staleness_steps
     if k == 0:
         yield None
         return
     threads = torch.get_num_threads()
-    if run.config.trainer.cpu_threads is None:
+    if parts.config.trainer.cpu_threads is None:
         torch.set_num_threads(max(1, threads - ROLLOUT_THREADS))
-    pipeline = run.pipeline = RolloutPipeline(run, k)
+    pipeline = RolloutPipeline(parts, k)
     try:
         pipeline.start(start_step, state)
         yield pipeline
     finally:
-        run.pipeline = None
         pipeline.close()
         torch.set_num_threads(threads)
 
@@ -109,10 +109,10 @@ class RolloutPipeline:
     """The trainer's side of the pipeline (one per rank): ``take(step)`` the rollouts of a step,
     ``publish(step)`` the weights after its update, ``state_dict()`` for a checkpoint, ``close()``."""
 
-    def __init__(self, run, staleness: int):
-        self.run, self.k = run, staleness
-        self.collective = run.collective
-        model = run.policy_for_inference()
+    def __init__(self, parts, staleness: int):
+        self.parts, self.k = parts, staleness
+        self.collective = parts.collective
+        model = parts.actor.for_inference()
         self._weights = model.state_dict()
         tied = aliases(self._weights)  # tied weights travel once
         self._buffers = [shared_buffer(self._weights, tied) for _ in range(max(1, staleness))]
@@ -121,15 +121,16 @@ class RolloutPipeline:
         self.batches: dict[int, PendingBatch] = {}
         ctx = torch.multiprocessing.get_context("spawn")
         self._requests, self._results = ctx.Queue(), ctx.Queue()
-        from ..config.check import lora_settings
+        from ..config.derive import lora_settings
         from ..models.policy import generation_eos_ids
 
-        cfg = run.config
+        cfg = parts.config
         spec = WorkerSpec(model_config=cfg.actor_rollout_ref.model, dtype=next(model.parameters()).dtype,
-                          vocab_size=len(run.tokenizer), eos_token_ids=list(generation_eos_ids(model, run.tokenizer)),
-                          pad_token_id=run.pad_token_id, max_num_seqs=cfg.actor_rollout_ref.rollout.max_num_seqs,
+                          vocab_size=len(parts.tokenizer),
+                          eos_token_ids=list(generation_eos_ids(model, parts.tokenizer)),
+                          pad_token_id=parts.pad_token_id, max_num_seqs=cfg.actor_rollout_ref.rollout.max_num_seqs,
                           threads=ROLLOUT_THREADS, parent_pid=os.getpid(), rank=self.collective.rank, tied=tied,
-                          lora=lora_settings(cfg) if run.lora else None)
+                          lora=lora_settings(cfg) if parts.lora else None)
         self.process = ctx.Process(target=rollout_process, args=(spec, self._buffers, self._requests, self._results),
                                    name=f"splitproof-rollout-rank{self.collective.rank}", daemon=True)
         self.process.start()
@@ -139,20 +140,21 @@ class RolloutPipeline:
     def start(self, start_step: int, state: dict | None) -> None:
         """Begin after ``start_step``: from a checkpoint's in-flight batches (``state``), or, on a fresh
         start, by asking for batches 1 .. k + 1 (all from the initial weights)."""
-        check_resumable(state, start_step, self.run.total_steps, self.k)
+        check_resumable(state, start_step, self.parts.total_steps, self.k)
         if state is not None:
             for saved in state["batches"]:
-                batch = PendingBatch(**{**saved, "samples": [Sample(**s) for s in saved["samples"]]})
+                samples = [Sample(**{OLD_NAMES.get(k, k): v for k, v in s.items()}) for s in saved["samples"]]
+                batch = PendingBatch(**{**saved, "samples": samples})
                 self.batches[batch.step] = batch
             return
-        for step in range(1, min(1 + self.k, self.run.total_steps) + 1):
+        for step in range(1, min(1 + self.k, self.parts.total_steps) + 1):
             self._request(step, load=step == 1)
 
     def publish(self, step: int) -> None:
         """After step ``step``'s update: its weights (version ``step``) go to the rollout process, which
         generates batch step + 1 + k from them."""
         target = step + 1 + self.k
-        if target > self.run.total_steps:
+        if target > self.parts.total_steps:
             return
         self._request(target, load=True)
 
@@ -192,7 +194,7 @@ class RolloutPipeline:
     # ------------------------------------------------------------------------------ the protocol
 
     def _request(self, step: int, *, load: bool) -> None:
-        run = self.run
+        parts = self.parts
         version = batch_version(step, self.k)
         slot = None
         if load:
@@ -201,12 +203,12 @@ class RolloutPipeline:
             self._wait(lambda: self._slot_load.get(slot) is None, step)
             copy_weights(self._buffers[slot], {n: self._weights[n] for n in self._buffers[slot]})
             self._slot_load[slot] = step
-        uids = run.sampler.next_batch()
-        self.batches[step] = PendingBatch(step=step, uids=list(uids), epoch=run.sampler.epoch, version=version)
-        n = run.sampling.n
-        requests = [(uid, j, list(run.train_data[uid].prompt_ids)) for uid in uids for j in range(n)]
-        rows = share(len(requests), self.collective.rank, self.collective.world_size)
-        self._requests.put((step, slot, version, [requests[r] for r in rows], run.sampling))
+        sampler, sampling = parts.prompts.sampler, parts.generation.sampling
+        uids = sampler.next_batch()
+        self.batches[step] = PendingBatch(step=step, uids=list(uids), epoch=sampler.epoch, version=version)
+        requests = [(uid, j, list(parts.prompts.train[uid].prompt_ids)) for uid in uids for j in range(sampling.n)]
+        rows = rank_rows(len(requests), self.collective.rank, self.collective.world_size)
+        self._requests.put((step, slot, version, [requests[r] for r in rows], sampling))
 
     def _gathered(self, step: int) -> PendingBatch:
         batch = self.batches[step]
@@ -220,7 +222,7 @@ class RolloutPipeline:
                     raise RolloutProcessError(f"step {step}: generated by version {version}, expected {batch.version}")
                 return samples
 
-            count = len(batch.uids) * self.run.sampling.n
+            count = len(batch.uids) * self.parts.generation.sampling.n
             batch.samples = run_on_share(self.collective, count, mine, errors=(RolloutProcessDied, RolloutProcessError))
         return batch
 
