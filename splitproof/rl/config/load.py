@@ -216,12 +216,24 @@ def _applied_layers(user_layers: list[DictConfig], user: dict) -> tuple[Items, I
     return recipe, own, notices + own_notices
 
 
-def setting_origins(config_file: str | None, overrides: Iterable[str] = ()) -> Origins:
-    """Where each key's value comes from (yours, the recipe, verl's default), for messages about values."""
+def _layers(config_file: str | None, overrides: Iterable[str]) -> tuple[list[DictConfig], Origins, list[str]]:
+    """The layers to merge over the schema (recipe, own data, file, overrides: only keys of ours), each key's
+    origin, and the notices (no-effect keys, what the recipe and the data leave out)."""
+    notices: list[str] = []
     file_items, override_items = _user_items(config_file, overrides)
     user = dict(file_items + override_items)
-    recipe, own, _ = _applied_layers([_layer(file_items), _layer(override_items)], user)
-    return Origins(user=user, recipe=dict(recipe), own_data=dict(own))
+    settings = _with_critic_switch(user)
+    user_layers = [_layer(_accept(file_items, notices, settings)), _layer(_accept(override_items, notices, settings))]
+    recipe, own, layer_notices = _applied_layers(user_layers, user)
+    origins = Origins(user=user, recipe=dict(recipe), own_data=dict(own))
+    layers = [_layer(_accept(items, [], {})) for items in (recipe, own) if items] + user_layers
+    return layers, origins, notices + layer_notices
+
+
+def setting_origins(config_file: str | None, overrides: Iterable[str] = ()) -> Origins:
+    """Where each key's value comes from (yours, the recipe, verl's default), for messages about values.
+    The keys are read as ``load_train_config`` reads them (verl's no-effect keys set aside)."""
+    return _layers(config_file, overrides)[1]
 
 
 def load_train_config(config_file: str | None, overrides: Iterable[str] = (), *,
@@ -232,20 +244,13 @@ def load_train_config(config_file: str | None, overrides: Iterable[str] = (), *,
     ``on_notice`` receives one line per accepted key that has no effect here, and per setting that another
     decides (``origins.run_notices``) (default: stderr).
     """
-    notices: list[str] = []
-    file_items, override_items = _user_items(config_file, overrides)
-    user = dict(file_items + override_items)
-    settings = _with_critic_switch(user)
-    user_layers = [_layer(_accept(file_items, notices, settings)), _layer(_accept(override_items, notices, settings))]
-    recipe, own, layer_notices = _applied_layers(user_layers, user)
-    origins = Origins(user=user, recipe=dict(recipe), own_data=dict(own))
-    layers = [_layer(_accept(items, [], {})) for items in (recipe, own) if items] + user_layers
+    layers, origins, notices = _layers(config_file, overrides)
     try:
         cfg = normalize(_resolve(_merge(layers), layers))
         validate(cfg)
     except ConfigError as e:
         raise ConfigError(e.field, origins.annotate(str(e)[len(e.field) + 2:], e.field)) from None
-    for message in notices + layer_notices + run_notices(cfg, origins):
+    for message in notices + run_notices(cfg, origins):
         (on_notice or _print_notice)(message)
     return cfg
 
