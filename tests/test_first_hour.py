@@ -74,3 +74,29 @@ def test_a_verl_scripts_infrastructure_keys_leave_the_mistake_its_line(mistake, 
     out = tmp_path / "out"
     code = main(["train", *train_overrides(model_dir, out, 2), *VERL_SCRIPT_KEYS, *extra])
     assert_usage_error(code, capsys.readouterr().err, words, out)
+
+
+@pytest.mark.parametrize("tokenizer_in", ["adapter", "base"])
+def test_export_writes_the_tokenizer(tokenizer_in, model_dir, tmp_path, capsys):
+    """`splitproof export` writes a folder AutoTokenizer loads: the adapter's tokenizer, else the base's."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from splitproof.hf_models import load_causal_lm
+    from splitproof.lora import LoraSettings, apply_lora, save_adapter
+
+    base = tmp_path / "base"
+    shutil.copytree(model_dir, base)
+    model = apply_lora(load_causal_lm(base), LoraSettings(lora_rank=2, lora_alpha=4.0), seed=1)
+    model.peft_config["default"].base_model_name_or_path = str(base)
+    save_adapter(model, tmp_path / "adapter")
+    if tokenizer_in == "adapter":
+        AutoTokenizer.from_pretrained(base).save_pretrained(tmp_path / "adapter")
+        for name in ("tokenizer_config.json", "special_tokens_map.json"):
+            (base / name).unlink(missing_ok=True)
+    assert main(["export", str(tmp_path / "adapter"), "--out", str(tmp_path / "merged")]) == 0
+    want = AutoTokenizer.from_pretrained(tmp_path / tokenizer_in)
+    got = AutoTokenizer.from_pretrained(tmp_path / "merged")
+    assert got("1+2=")["input_ids"] == want("1+2=")["input_ids"] and got.eos_token_id == want.eos_token_id
+    assert f"tokenizer from {tmp_path / tokenizer_in}" in capsys.readouterr().out
