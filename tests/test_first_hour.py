@@ -100,3 +100,41 @@ def test_export_writes_the_tokenizer(tokenizer_in, model_dir, tmp_path, capsys):
     got = AutoTokenizer.from_pretrained(tmp_path / "merged")
     assert got("1+2=")["input_ids"] == want("1+2=")["input_ids"] and got.eos_token_id == want.eos_token_id
     assert f"tokenizer from {tmp_path / tokenizer_in}" in capsys.readouterr().out
+
+
+def test_filter_overlong_prompts_leaves_them_out_with_a_notice(model_dir, tmp_path, capsys):
+    """verl's data.filter_overlong_prompts: over-long prompts are dropped (counted), the rest train; off, the
+    error names the key that would drop them."""
+    import json
+
+    from splitproof.rl.tracking.loggers import read_metrics
+
+    rows = [{"prompt": f"{i}+1=" if i % 3 else f"{i}+1+1+1+1+1+1+1+1+1=", "data_source": "addition",
+             "reward_model": {"ground_truth": str(i + 1)}} for i in range(12)]
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    args = [*train_overrides(model_dir, out, 1), f"data.train_files={data}", "data.val_files=null",
+            "data.max_prompt_length=8"]
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err
+    assert "data.filter_overlong_prompts=true" in err and "row 0" in err and "longer than max_prompt_length=8" in err
+    assert main(["train", *args, "data.filter_overlong_prompts=true"]) == 0
+    err = capsys.readouterr().err
+    assert ("notice: data.filter_overlong_prompts=true: left out 4 of 12 prompts of data.train_files longer than "
+            "data.max_prompt_length=8 tokens; 8 remain") in err
+    assert [r["step"] for r in read_metrics(out / "metrics.jsonl")][-1] == 1
+
+
+def test_filtered_prompts_keep_their_file_rows(tmp_path):
+    from splitproof.builtin import char_tokenizer
+    from splitproof.rl.data.files import DataError
+    from splitproof.rl.data.prompts import load_prompts
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join('{"prompt": "%s"}\n' % p for p in ("1+1=", "12345678+1=", "2+2=", "3+3=")))
+    kept = load_prompts(data, char_tokenizer(), max_prompt_length=6, filter_overlong=True)
+    assert [r.prompt for r in kept] == ["1+1=", "2+2=", "3+3="] and [r.uid for r in kept] == [0, 1, 2]
+    assert kept.dropped == 1 and kept.origin(1) == f"{data} row 2"
+    with pytest.raises(DataError, match="every prompt is longer than max_prompt_length=2"):
+        load_prompts(data, char_tokenizer(), max_prompt_length=2, filter_overlong=True)

@@ -29,6 +29,7 @@ from .config.check import critic_enabled
 from .loop import fit
 from .run import Run, RunInputs, build_run, prepare_inputs
 from .checkpoint.run_state import ResumePoint, restore_run, resume_point
+from .data.prompts import overlong_notice
 from .tracking.loggers import METRICS_FILE, Tracker, check_backends
 
 SETUP_ERRORS = (ValueError, OSError, ImportError)  # ConfigError, DataError, RewardError are ValueErrors
@@ -162,6 +163,9 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
     collective = default_collective("cpu")
     say = on_message or (lambda message: None)
     inputs, point = _agreed(collective, lambda: setup(cfg))
+    for files_key, data in (("data.train_files", inputs.train_data), ("data.val_files", inputs.val_data)):
+        if data is not None and data.dropped:
+            say(f"notice: {overlong_notice(data, files_key, cfg.data.max_prompt_length)}")
     if point is not None and point.step >= inputs.total_steps and not cfg.trainer.val_only:
         say(finished_message(cfg, point.path, point.step))  # no model loaded, no file touched
         return TrainResult(run=None, records=[], start_step=point.step, total_steps=inputs.total_steps, curve=None,

@@ -37,7 +37,7 @@ class DataConfig:
     validation_shuffle: bool = False  # validation always runs every held-out prompt
     seed: Optional[int] = None  # null -> 1, as verl's sampler does
     truncation: str = "error"  # error | left | right | middle (keeps both ends)
-    filter_overlong_prompts: bool = False  # over-long prompts follow data.truncation
+    filter_overlong_prompts: bool = False  # true: leave out prompts over max_prompt_length (a notice counts them)
     train_max_samples: int = -1  # -1: every row; else the first N rows
     val_max_samples: int = -1  # -1: every row; else the first N rows
     apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)  # passed to apply_chat_template
