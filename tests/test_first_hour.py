@@ -138,3 +138,14 @@ def test_filtered_prompts_keep_their_file_rows(tmp_path):
     assert kept.dropped == 1 and kept.origin(1) == f"{data} row 2"
     with pytest.raises(DataError, match="every prompt is longer than max_prompt_length=2"):
         load_prompts(data, char_tokenizer(), max_prompt_length=2, filter_overlong=True)
+
+
+def test_validation_shuffle_is_said_to_have_no_effect():
+    from splitproof.rl.config.load import load_train_config
+
+    notices: list[str] = []
+    load_train_config(None, ["data.validation_shuffle=true"], on_notice=notices.append)
+    assert any(n.startswith("data.validation_shuffle=true has no effect") for n in notices), notices
+    notices.clear()
+    load_train_config(None, [], on_notice=notices.append)
+    assert not any("validation_shuffle" in n for n in notices)

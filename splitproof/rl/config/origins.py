@@ -12,7 +12,9 @@ default is overridden or switched without a notice (``run_notices``):
   is not evaluated: ``data.val_files`` is null unless you set it;
 - ``trainer.total_epochs`` you set (to other than its default) has no effect while
   ``trainer.total_training_steps`` is set;
-- ``algorithm.adv_estimator`` left at verl's default ``gae`` trains a critic beside the policy.
+- ``algorithm.adv_estimator`` left at verl's default ``gae`` trains a critic beside the policy;
+- ``data.validation_shuffle=true`` has no effect: validation runs every held-out prompt, whose samples and
+  metrics do not depend on their order.
 """
 
 from __future__ import annotations
@@ -117,6 +119,9 @@ def run_notices(cfg, origins: Origins) -> list[str]:
         notices.append(f"algorithm.adv_estimator=gae is verl's default (a model you bring gets verl's defaults): "
                        f"a critic (critic.model.path={cfg.critic.model.path}) is trained beside the policy (PPO); "
                        "set algorithm.adv_estimator=grpo (or another estimator) for a run without one")
+    if cfg.data.validation_shuffle:
+        notices.append("data.validation_shuffle=true has no effect: validation runs every held-out prompt, and "
+                       "their samples and metrics do not depend on the order they run in")
     return notices
 
 

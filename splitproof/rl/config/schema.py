@@ -34,7 +34,7 @@ class DataConfig:
     val_batch_size: Optional[int] = None  # no effect on results: validation runs in max_num_seqs chunks
     gen_batch_size: Optional[int] = None  # prompts per generation round of dynamic sampling (speed only); null: train_batch_size
     shuffle: bool = True  # a new prompt order every epoch, from (data.seed, epoch)
-    validation_shuffle: bool = False  # validation always runs every held-out prompt
+    validation_shuffle: bool = False  # no effect (a notice): validation runs every held-out prompt
     seed: Optional[int] = None  # null -> 1, as verl's sampler does
     truncation: str = "error"  # error | left | right | middle (keeps both ends)
     filter_overlong_prompts: bool = False  # true: leave out prompts over max_prompt_length (a notice counts them)
