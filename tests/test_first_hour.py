@@ -33,6 +33,7 @@ def _one_key_per_no_effect_pattern() -> list[str]:
 
 
 NO_EFFECT_KEYS = _one_key_per_no_effect_pattern()
+BROKEN_REWARD = "def compute_score(data_source, solution_str, ground_truth, extra_info=None:\n    return 1\n"
 
 
 def test_every_no_effect_pattern_names_a_verl_key():
@@ -45,13 +46,15 @@ def test_every_no_effect_pattern_names_a_verl_key():
 @pytest.mark.parametrize("key", NO_EFFECT_KEYS)
 def test_a_no_effect_key_beside_a_later_mistake_gives_that_mistakes_line(key, model_dir, tmp_path, monkeypatch,
                                                                          capsys):
-    """verl's infrastructure keys are accepted with a notice; the mistake after them is its own one line."""
+    """verl's infrastructure keys are accepted with a notice; the mistake found after them (a reward file
+    that does not import, found with the data) is its own one line."""
     _no_model(monkeypatch)
     out = tmp_path / "out"
-    code = main(["train", *train_overrides(model_dir, out, 2), f"{key}=2",
-                 f"custom_reward_function.path={tmp_path}/no_reward.py"])
+    broken = tmp_path / "broken_reward.py"
+    broken.write_text(BROKEN_REWARD)
+    code = main(["train", *train_overrides(model_dir, out, 2), f"{key}=2", f"custom_reward_function.path={broken}"])
     err = capsys.readouterr().err
-    assert_usage_error(code, err, ["no_reward.py", "not found"], out)
+    assert_usage_error(code, err, ["broken_reward.py"], out)
     assert f"splitproof: notice: {key}: no effect" in err
 
 
@@ -68,7 +71,7 @@ def test_a_verl_scripts_infrastructure_keys_leave_the_mistake_its_line(mistake, 
                                                                         capsys):
     _no_model(monkeypatch)
     broken = tmp_path / "broken_reward.py"
-    broken.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None:\n    return 1\n")
+    broken.write_text(BROKEN_REWARD)
     extra, words = {"missing data file": ([f"data.train_files={tmp_path}/nowhere.parquet"], ["nowhere.parquet"]),
                     "reward syntax error": ([f"custom_reward_function.path={broken}"], ["broken_reward.py"])}[mistake]
     out = tmp_path / "out"
@@ -149,3 +152,21 @@ def test_validation_shuffle_is_said_to_have_no_effect():
     notices.clear()
     load_train_config(None, [], on_notice=notices.append)
     assert not any("validation_shuffle" in n for n in notices)
+
+
+def test_a_missing_file_or_folder_comes_first_with_every_other_problem(model_dir, tmp_path, monkeypatch, capsys):
+    """A missing data file before the lengths error, a missing model before GRPO's n >= 2, in one line."""
+    _no_model(monkeypatch)
+    out = tmp_path / "out"
+    base = train_overrides(model_dir, out, 2)
+    code = main(["train", *base, f"data.train_files={tmp_path}/nowhere.parquet", "data.max_prompt_length=100000"])
+    err = capsys.readouterr().err
+    assert_usage_error(code, err, ["nowhere.parquet: prompt file not found"], out)
+    assert err.startswith("splitproof: error: data.train_files: ")
+    code = main(["train", *base, f"actor_rollout_ref.model.path={tmp_path}/no_model", "actor_rollout_ref.rollout.n=1",
+                 f"data.val_files={tmp_path}/no_val.jsonl"])
+    err = capsys.readouterr().err
+    assert_usage_error(code, err, ["data.val_files: ", "no_val.jsonl: prompt file not found",
+                                   f"also actor_rollout_ref.model.path: '{tmp_path}/no_model' is not a local directory",
+                                   "also actor_rollout_ref.rollout.n: "], out)
+    assert err.index("no_val.jsonl") < err.index("no_model") < err.index("rollout.n")

@@ -171,7 +171,8 @@ def run(args) -> int:
 
     argv = list(getattr(args, "argv", None) or [])
     try:
-        cfg = load_train_config(args.config, args.overrides, on_notice=lambda m: _say(f"notice: {m}"))
+        cfg = load_train_config(args.config, args.overrides, on_notice=lambda m: _say(f"notice: {m}"),
+                                check_paths=not args.print_config)
     except ConfigError as e:
         cfg, code = None, EXIT_USAGE
         _init_distributed(ActorRolloutRefConfig.nccl_timeout)

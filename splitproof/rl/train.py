@@ -26,6 +26,7 @@ from ..loss_config import ConfigError
 from .checkpoint.resume import finished_message, latest_checkpoint
 from .config.schema import TrainConfig
 from .config.check import critic_enabled
+from .config.paths import check_paths
 from .loop import fit
 from .run import Run, RunInputs, build_run, prepare_inputs
 from .checkpoint.run_state import ResumePoint, restore_run, resume_point
@@ -124,6 +125,7 @@ def _agreed(collective, work: Callable):
 
 def setup(cfg: TrainConfig) -> tuple[RunInputs, ResumePoint | None]:
     """Everything checked before a model is loaded (see the module's docstring)."""
+    check_paths(cfg)  # a missing file or folder first: it blocks the rest
     check_backends(cfg.trainer.logger)
     check_output_dir(cfg.trainer.default_local_dir)
     check_model_config(cfg)

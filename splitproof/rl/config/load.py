@@ -28,6 +28,7 @@ from . import verl_keys
 from .schema import BUILTIN_MODEL, TrainConfig, schema_keys
 from .check import CRITIC_ESTIMATORS, normalize, validate
 from .origins import Origins, own_data_items, recipe_for_data, run_notices
+from .paths import blocking_message, missing_paths
 
 RECIPES = {BUILTIN_MODEL: "charlm.yaml"}
 MODEL_PATH = "actor_rollout_ref.model.path"
@@ -237,22 +238,36 @@ def setting_origins(config_file: str | None, overrides: Iterable[str] = ()) -> O
 
 
 def load_train_config(config_file: str | None, overrides: Iterable[str] = (), *,
-                      on_notice: Callable[[str], None] | None = None) -> TrainConfig:
+                      on_notice: Callable[[str], None] | None = None, check_paths: bool = False) -> TrainConfig:
     """The resolved, normalized and validated config; ``ConfigError`` names the offending dotted key (and
     the origin of any value it names that the user did not set: the recipe, or verl's default).
 
     ``on_notice`` receives one line per accepted key that has no effect here, and per setting that another
-    decides (``origins.run_notices``) (default: stderr).
+    decides (``origins.run_notices``) (default: stderr). ``check_paths``: the files and folders it names must
+    exist (``paths.missing_paths``), reported before, and with, any other error.
     """
     layers, origins, notices = _layers(config_file, overrides)
     try:
         cfg = normalize(_resolve(_merge(layers), layers))
-        validate(cfg)
+        _validate(cfg, check_paths)
     except ConfigError as e:
         raise ConfigError(e.field, origins.annotate(str(e)[len(e.field) + 2:], e.field)) from None
     for message in notices + run_notices(cfg, origins):
         (on_notice or _print_notice)(message)
     return cfg
+
+
+def _validate(cfg: TrainConfig, check_paths: bool) -> None:
+    """``validate``, with the files and folders that do not exist reported first (they block the rest)."""
+    problems = missing_paths(cfg) if check_paths else []
+    try:
+        validate(cfg)
+    except ConfigError as e:
+        if not problems:
+            raise
+        raise ConfigError(*blocking_message(problems, str(e))) from None
+    if problems:
+        raise ConfigError(*blocking_message(problems, None))
 
 
 def dump_config(cfg: TrainConfig) -> str:
