@@ -2,8 +2,9 @@
 
 Exit status: 0 the run finished; 1 a step failed (a reward function raised, a rank failed) — the last
 complete checkpoint is intact and nothing of the failed step was written; 2 a user mistake (one line
-on stderr, before any model is loaded or any file written); 130 stopped by Ctrl-C, between stages,
-with the command that resumes. Under torchrun every rank stops the same way; only rank 0 prints.
+on stderr, before any model is loaded or any file written); 130 stopped by Ctrl-C within seconds (the
+step under way discarded; the run after the last finished step saved when that is exact: rl/stop.py),
+with where and how it resumes. Under torchrun every rank stops the same way; only rank 0 prints.
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def _error(message: str) -> None:
 
 
 class StopRequest:
-    """Ctrl-C asks the run to stop at the next boundary between stages; a second Ctrl-C stops at once."""
+    """Ctrl-C asks the run to stop at the next stop point (between stages, decode steps, optimizer steps:
+    ``splitproof.rl.stop``); a second Ctrl-C stops at once."""
 
     def __init__(self):
         self.requested = False
@@ -85,7 +87,7 @@ class StopRequest:
             raise KeyboardInterrupt
         self.requested = True
         if _rank() == 0:  # os.write: a handler may interrupt a print in progress
-            os.write(2, b"\nsplitproof: stopping at the next boundary between stages "
+            os.write(2, b"\nsplitproof: stopping within seconds; the step under way is discarded "
                         b"(Ctrl-C again to stop at once; the newest checkpoint stays intact)\n")
 
     @contextmanager
@@ -159,7 +161,8 @@ def _stopped_message(cfg, argv: list[str], stopped: str) -> str:
         where = ("no checkpoint was saved (trainer.save_freq<=0), so rerunning starts over"
                  if cfg.trainer.save_freq <= 0 else "no checkpoint yet, so rerunning starts over")
         return f"{stopped}; {where}"
-    return (f"{stopped}; the newest checkpoint is {newest}. "
+    step = newest.name.rsplit("_", 1)[-1]
+    return (f"{stopped}; the newest checkpoint is {newest}, so the run resumes after step {step}. "
             f"To resume: {resume_command(argv, cfg.trainer.resume_mode)}")
 
 
@@ -231,7 +234,7 @@ def _train(cfg, argv: list[str], annotate) -> int:
         _error(f"{e}. {done}; {kept}.")
         return EXIT_FAIL
     except Interrupted as e:
-        _say(_stopped_message(cfg, argv, f"stopped after step {e.step}"))
+        _say(_stopped_message(cfg, argv, str(e)))
         return EXIT_INTERRUPTED
     except KeyboardInterrupt:
         _say(_stopped_message(cfg, argv, "stopped"))

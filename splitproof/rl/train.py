@@ -27,6 +27,7 @@ from .checkpoint.resume import finished_message, latest_checkpoint
 from .config.schema import TrainConfig
 from .config.check import critic_enabled
 from .config.paths import check_paths
+from .stop import stop_points
 from .loop import fit
 from .run import Run, RunInputs, build_run, prepare_inputs
 from .checkpoint.run_state import ResumePoint, restore_run, resume_point
@@ -196,9 +197,11 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
     if cfg.trainer.val_only:
         say(f"trainer.val_only: evaluating the weights of step {start_step}; the result is shown, not recorded "
             "(the run's metrics.jsonl, TensorBoard, wandb and curve.png stay as the training run left them)")
+    optimizers = [run.optimizer, None if run.critic is None else run.critic.optimizer]
     try:
-        records = fit(run, log=tracker.log, sync=tracker.sync, start_step=start_step, on_step=on_step,
-                      save_checkpoints=True, should_stop=should_stop if stop_requested is not None else None)
+        with stop_points(stop_requested or (lambda: False), collective, optimizers):  # Ctrl-C inside a step
+            records = fit(run, log=tracker.log, sync=tracker.sync, start_step=start_step, on_step=on_step,
+                          save_checkpoints=True, should_stop=should_stop if stop_requested is not None else None)
     finally:
         curve = tracker.finish()
     if run.lora and records and int(records[-1].get("training/global_step", 0)) >= run.total_steps:
