@@ -170,3 +170,13 @@ def test_a_missing_file_or_folder_comes_first_with_every_other_problem(model_dir
                                    f"also actor_rollout_ref.model.path: '{tmp_path}/no_model' is not a local directory",
                                    "also actor_rollout_ref.rollout.n: "], out)
     assert err.index("no_val.jsonl") < err.index("no_model") < err.index("rollout.n")
+
+
+def test_readme_says_what_float32_does_and_how_to_get_the_cpu_torch():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    intro = " ".join(readme.split("## ")[0].split())
+    assert "never change the gradient" not in intro
+    assert "In float64" in intro and "In float32" in intro and "rounding" in intro
+    assert "--index-url https://download.pytorch.org/whl/cpu" in readme
