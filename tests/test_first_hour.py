@@ -180,3 +180,54 @@ def test_readme_says_what_float32_does_and_how_to_get_the_cpu_torch():
     assert "never change the gradient" not in intro
     assert "In float64" in intro and "In float32" in intro and "rounding" in intro
     assert "--index-url https://download.pytorch.org/whl/cpu" in readme
+
+
+def test_console_and_curve_keep_a_data_source_with_a_slash_and_name_the_metric(tmp_path):
+    import io
+
+    from splitproof.rl.tracking import loggers as tracking
+
+    records = [{"step": 1, "critic/score/mean": 0.5, "timing_s/step": 2.0, "val-core/openai/gsm8k/acc/mean@4": 0.25,
+                "val-core/openai/math/acc/mean@4": 0.75}]
+    axes = tracking.curve_figure(records).axes[0]
+    assert [t.get_text() for t in axes.get_legend().get_texts()] == [
+        "training reward (critic/score/mean)", "held-out openai/gsm8k (acc/mean@4)", "held-out openai/math (acc/mean@4)"]
+    assert axes.get_lines()[0].get_marker() == "o"  # a one-point curve is drawn
+    out = io.StringIO()
+    tracker = tracking.Tracker(["console"], local_dir=tmp_path, total_steps=1, stream=out, header="first line")
+    tracker.log({}, 0)  # nothing evaluated before training: no line
+    tracker.log(records[0], 1)
+    tracker.finish()
+    assert out.getvalue().splitlines() == [
+        "first line", "step 1/1 | reward 0.500 | held-out openai/gsm8k acc/mean@4 0.250, openai/math acc/mean@4 0.750 "
+        "(step 1) | 2.00 s/step | ETA 0s"]
+
+
+def test_the_console_starts_with_the_model_data_device_and_output(tmp_path):
+    import io
+
+    from splitproof.rl.config.load import load_train_config
+    from splitproof.rl.tracking.loggers import Tracker
+
+    out = io.StringIO()
+    cfg = load_train_config(None, [f"trainer.default_local_dir={tmp_path}", "trainer.logger=[console]"],
+                            on_notice=lambda m: None)
+    Tracker.from_config(cfg, total_steps=7, stream=out).finish()
+    assert out.getvalue().splitlines()[0] == (
+        f"splitproof train: model builtin://charlm | data builtin://addition/train | grpo, 7 steps | device cpu | "
+        f"output {tmp_path}")
+
+
+def test_quiet_loading_reaches_the_processes_a_run_starts(monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    from splitproof.cli.arguments import PROGRESS_BARS_OFF, quiet_loading
+
+    monkeypatch.delenv(PROGRESS_BARS_OFF, raising=False)
+    with quiet_loading():
+        child = subprocess.run([sys.executable, "-c", "from transformers.utils import logging; "
+                                "print(logging.is_progress_bar_enabled())"], capture_output=True, text=True, timeout=120)
+    assert child.stdout.strip() == "False", child.stderr
+    assert PROGRESS_BARS_OFF not in os.environ

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from .arguments import EXIT_PASS, UsageError
+from .arguments import EXIT_PASS, UsageError, quiet_loading
 
 DTYPES = ("float32", "float64", "bfloat16")
 
@@ -35,7 +35,8 @@ def run(args) -> int:
 
     dtype = getattr(torch, args.dtype) if args.dtype else None
     try:
-        path = merge_adapter(args.adapter, args.out, model_path=args.model, dtype=dtype)
+        with quiet_loading():
+            path = merge_adapter(args.adapter, args.out, model_path=args.model, dtype=dtype)
         base = args.model or read_adapter_config(args.adapter, None).get("base_model_name_or_path")
     except (ConfigError, ImportError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from None

@@ -17,7 +17,7 @@ import sys
 from contextlib import contextmanager
 from datetime import timedelta
 
-from .arguments import EXIT_FAIL, EXIT_PASS, EXIT_USAGE
+from .arguments import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, quiet_loading
 
 EXIT_INTERRUPTED = 130
 LEAVE_TIMEOUT_S = 60  # how long a rank waits for the others before it exits
@@ -106,20 +106,6 @@ def resume_command(argv: list[str], resume_mode: str) -> str:
         kept.append("trainer.resume_mode=auto")
     launcher = "splitproof train" if _world() == 1 else f"torchrun --standalone --nproc_per_node {_world()} -m splitproof train"
     return " ".join([launcher, shlex.join(kept)]).strip()
-
-
-@contextmanager
-def _quiet_loading():
-    """No ``transformers`` progress bars (loading weights) between the progress lines."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 def _init_distributed(timeout_s: int) -> None:
@@ -221,7 +207,7 @@ def _train(cfg, argv: list[str], annotate) -> int:
 
     stop = StopRequest()
     try:
-        with stop.installed(), _quiet_loading():
+        with stop.installed(), quiet_loading():
             result = train(cfg, stop_requested=stop, on_message=_say)
     except SetupError as e:
         _error(annotate(str(e)))
