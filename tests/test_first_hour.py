@@ -6,6 +6,7 @@ from __future__ import annotations
 import fnmatch
 
 import pytest
+import torch
 
 from splitproof.cli import main
 from splitproof.rl import run as run_module
@@ -231,3 +232,59 @@ def test_quiet_loading_reaches_the_processes_a_run_starts(monkeypatch):
                                 "print(logging.is_progress_bar_enabled())"], capture_output=True, text=True, timeout=120)
     assert child.stdout.strip() == "False", child.stderr
     assert PROGRESS_BARS_OFF not in os.environ
+
+
+def test_checkpoint_disk_use_is_said_at_the_start_and_matches_the_disk(tmp_path, capsys):
+    """The start-up notice's size of one checkpoint is what global_step_N takes on disk (within 5%; a model
+    of 1.2M parameters, so that per-tensor overheads are small, as they are for real models)."""
+    import re
+
+    from splitproof.builtin.tokenizer import char_tokenizer
+    from splitproof.hf_models import tiny_causal_lm
+
+    tokenizer = char_tokenizer()
+    model = tiny_causal_lm("llama", vocab_size=len(tokenizer), hidden_size=256, num_layers=2, num_heads=4,
+                           num_kv_heads=2, intermediate_size=512, seed=0, dtype=torch.float32)
+    model.config.eos_token_id, model.config.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    out = tmp_path / "out"
+    assert main(["train", *train_overrides(str(tmp_path / "model"), out, 2, extra=["trainer.save_freq=1"])]) == 0
+    err = capsys.readouterr().err
+    line = next(line for line in err.splitlines() if "notice: checkpoints:" in line)
+    assert "trainer.max_actor_ckpt_to_keep=null (verl's default) keeps all 2 this run writes" in line, line
+    said = float(re.search(r"about ([0-9.]+) MB each", line).group(1)) * 1e6
+    on_disk = sum(p.stat().st_size for p in (out / "global_step_1").rglob("*") if p.is_file())
+    assert abs(said - on_disk) <= 0.05 * on_disk, (said, on_disk)
+
+
+def test_a_model_you_bring_runs_on_one_thread_by_default(model_dir):
+    from splitproof.rl.config.load import load_train_config
+
+    cfg = load_train_config(None, [f"actor_rollout_ref.model.path={model_dir}"], on_notice=lambda m: None)
+    assert cfg.trainer.cpu_threads == 1
+    assert load_train_config(None, ["trainer.cpu_threads=null"], on_notice=lambda m: None).trainer.cpu_threads is None
+
+
+def test_built_in_rules_report_their_answer_so_held_out_maj_at_k_exists(model_dir, tmp_path):
+    import math
+
+    from splitproof.rl.rewards.functions import default_reward_for
+    from splitproof.rl.rewards.rules import answer_id
+    from splitproof.rl.tracking.loggers import read_metrics
+
+    addition = default_reward_for("addition").fn
+    assert addition("addition", " 12 ", "12") == {"score": 1.0, "pred": 12.0}
+    assert addition("addition", "13", "12") == {"score": 0.0, "pred": 13.0}
+    assert math.isnan(addition("addition", "  ", "12")["pred"])
+    reversal = default_reward_for("reversal").fn
+    assert reversal("reversal", "cba", "cba")["pred"] == answer_id("cba") != answer_id("abc")
+    assert default_reward_for("product").fn("product", "x\n56088", "56088") == {"score": 1.0, "pred": 56088.0}
+    assert default_reward_for("openai/gsm8k").fn("openai/gsm8k", "so #### 18", "18")["pred"] == 18.0
+    out = tmp_path / "out"
+    args = [*train_overrides(model_dir, out, 1), "custom_reward_function.path=null", "custom_reward_function.name=null",
+            "trainer.val_before_train=true", "actor_rollout_ref.rollout.val_kwargs.n=4",
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"]
+    assert main(["train", *args]) == 0
+    first = read_metrics(out / "metrics.jsonl")[0]
+    assert "val-core/addition/reward/maj@4/mean" in first and "val-aux/addition/reward/maj@2/mean" in first, first

@@ -28,6 +28,7 @@ from .config.schema import TrainConfig
 from .config.check import critic_enabled
 from .config.paths import check_paths
 from .stop import stop_points
+from .checkpoint.disk import checkpoint_count, part_bytes, size_notice
 from .loop import fit
 from .run import Run, RunInputs, build_run, prepare_inputs
 from .checkpoint.run_state import ResumePoint, restore_run, resume_point
@@ -184,6 +185,9 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
         if point is not None:
             start_step = restore_run(run, point)
             say(f"resuming from {point.path} (step {start_step} of {run.total_steps})")
+        disk = _disk_notice(run, start_step)
+        if disk and not cfg.trainer.val_only:
+            say(f"notice: {disk}")
     except ConfigError as e:  # found with the weights (LoRA: an adapter or checkpoint of other ones), on every rank
         raise SetupError(_one_line(e)) from None
 
@@ -210,6 +214,13 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
         tracker.outputs.append(path)
     return TrainResult(run=run, records=records, start_step=start_step, total_steps=run.total_steps, curve=curve,
                        outputs=tracker.outputs)
+
+
+def _disk_notice(run: Run, start_step: int) -> str | None:
+    parts = [(run.policy, run.optimizer)] + ([] if run.critic is None else [(run.critic.model, run.critic.optimizer)])
+    trainer = run.config.trainer
+    return size_notice(sum(part_bytes(m, o) for m, o in parts), checkpoint_count(start_step, run.total_steps,
+                       trainer.save_freq), trainer.max_actor_ckpt_to_keep, trainer.save_freq)
 
 
 MERGED_DIR = "merged"  # under trainer.default_local_dir: the merged model of a LoRA run's last step
