@@ -288,3 +288,15 @@ def test_built_in_rules_report_their_answer_so_held_out_maj_at_k_exists(model_di
     assert main(["train", *args]) == 0
     first = read_metrics(out / "metrics.jsonl")[0]
     assert "val-core/addition/reward/maj@4/mean" in first and "val-aux/addition/reward/maj@2/mean" in first, first
+
+
+def test_a_resume_mismatch_says_the_checkpoints_value_and_this_runs(tmp_path):
+    from splitproof import ConfigError
+    from splitproof.rl.checkpoint.resume import Resumed, check_resume_config
+    from splitproof.rl.config.load import dump_config, load_train_config
+
+    saved = load_train_config(None, ["actor_rollout_ref.actor.optim.lr=0.001"], on_notice=lambda m: None)
+    now = load_train_config(None, ["actor_rollout_ref.actor.optim.lr=0.01"], on_notice=lambda m: None)
+    resumed = Resumed(path=tmp_path / "global_step_2", step=2, trainer_state={}, config_yaml=dump_config(saved))
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.optim\.lr was 0\.001 there, 0\.01 now"):
+        check_resume_config(resumed, now)
