@@ -300,3 +300,16 @@ def test_a_resume_mismatch_says_the_checkpoints_value_and_this_runs(tmp_path):
     resumed = Resumed(path=tmp_path / "global_step_2", step=2, trainer_state={}, config_yaml=dump_config(saved))
     with pytest.raises(ConfigError, match=r"actor_rollout_ref\.actor\.optim\.lr was 0\.001 there, 0\.01 now"):
         check_resume_config(resumed, now)
+
+
+def test_the_audit_explains_each_cause_once():
+    from splitproof.diagnose.audit import run_audit
+
+    from . import audit_examples as ex
+
+    report = run_audit(ex.microbatch_topk, name="topk")
+    causes = [r["cause"] for r in report.rows if r["verdict"] != "pass"]
+    assert len(causes) >= 2 and len(set(causes)) < len(causes)  # several splits fail for one reason
+    table = " ".join(report.format_table().split())
+    for cause in set(causes):
+        assert table.count(" ".join(cause.split())) == 1, cause
