@@ -313,3 +313,31 @@ def test_the_audit_explains_each_cause_once():
     table = " ".join(report.format_table().split())
     for cause in set(causes):
         assert table.count(" ".join(cause.split())) == 1, cause
+
+
+def test_the_diagnosis_says_when_verls_gradient_differs_by_a_scale_the_update_hides():
+    from splitproof.diagnose.report import scale_note
+
+    def split(name, grad, update):
+        return {"split": name, "legacy": {"grad_rel_diff": grad, "update_rel_diff": update}}
+
+    note = " ".join(scale_note({"splits": [split("even:4", 7.0, 4.1e-6), split("dp:2", 1e-3, 1e-3)]}))
+    assert "on even:4 verl's grad rel is over 100x its update rel" in note and "dp:2" not in note
+    assert "clipped" in note
+    assert scale_note({"splits": [split("dp:2", 1e-3, 1e-3), {"split": "x"}]}) == []
+
+
+def test_a_budget_that_ends_every_episode_on_its_tool_response_gets_a_hint():
+    from splitproof.rl.rollout.episode import Episode
+    from splitproof.rl.tracking.hints import budget_hint
+
+    def episode(mask, finished=False, calls=1):
+        return Episode(uid=0, index=0, prompt_ids=[1], response_ids=[2] * len(mask), log_probs=[0.0] * len(mask),
+                       finished=finished, token_mask=mask, tool_calls=calls)
+
+    cut = [episode([1, 1, 0, 0]), episode([1, 0, 0])]
+    hint = budget_hint(cut, 4, 256)
+    assert hint and hint.startswith("every episode with a tool call (2) used up its data.max_response_length=4")
+    assert "max_tool_response_length=256" in hint
+    assert budget_hint([*cut, episode([1, 0, 1], finished=True)], 4, 256) is None  # one answered
+    assert budget_hint([episode([1, 1], calls=0)], 4, 256) is None

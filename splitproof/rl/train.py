@@ -29,6 +29,7 @@ from .config.check import critic_enabled
 from .config.paths import check_paths
 from .stop import stop_points
 from .checkpoint.disk import checkpoint_count, part_bytes, size_notice
+from .tracking.hints import budget_hint
 from .loop import fit
 from .run import Run, RunInputs, build_run, prepare_inputs
 from .checkpoint.run_state import ResumePoint, restore_run, resume_point
@@ -204,7 +205,8 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
     optimizers = [run.optimizer, None if run.critic is None else run.critic.optimizer]
     try:
         with stop_points(stop_requested or (lambda: False), collective, optimizers):  # Ctrl-C inside a step
-            records = fit(run, log=tracker.log, sync=tracker.sync, start_step=start_step, on_step=on_step,
+            records = fit(run, log=tracker.log, sync=tracker.sync, start_step=start_step,
+                          on_step=_with_hints(run, on_step, say),
                           save_checkpoints=True, should_stop=should_stop if stop_requested is not None else None)
     finally:
         curve = tracker.finish()
@@ -214,6 +216,23 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
         tracker.outputs.append(path)
     return TrainResult(run=run, records=records, start_step=start_step, total_steps=run.total_steps, curve=curve,
                        outputs=tracker.outputs)
+
+
+def _with_hints(run: Run, on_step, say):
+    """``on_step`` that also says a step's ``tracking.hints`` (once per launch)."""
+    said: list[int] = []
+    cfg = run.config
+
+    def seen(step, output) -> None:
+        hint = None if said else budget_hint(output.samples, cfg.data.max_response_length,
+                                            cfg.actor_rollout_ref.rollout.multi_turn.max_tool_response_length)
+        if hint:
+            said.append(step)
+            say(f"notice: step {step}: {hint}")
+        if on_step is not None:
+            on_step(step, output)
+
+    return seen
 
 
 def _disk_notice(run: Run, start_step: int) -> str | None:
