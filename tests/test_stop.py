@@ -128,3 +128,28 @@ def test_sigint_mid_run_stops_within_seconds_and_resumes_to_the_same_result(mode
                           timeout=300)
     assert done.returncode == 0, done.stderr
     _same_result(out, whole)
+
+
+def test_ctrl_c_at_the_terminal_stops_a_pipelined_run_and_it_resumes_to_the_same_result(model_dir, tmp_path):
+    """SIGINT to the whole process group (as a terminal sends it: the rollout process gets it too): exit 130,
+    nothing saved at the stop (rollouts in flight), and the rerun ends as the uninterrupted pipelined run."""
+    extra = [*EXTRA, "async_training.staleness_steps=1", "trainer.save_freq=2"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    whole, out = tmp_path / "whole", tmp_path / "out"
+    command = [sys.executable, "-m", "splitproof", "train"]
+    done = subprocess.run([*command, *train_overrides(model_dir, whole, STEPS, extra=extra)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    args = train_overrides(model_dir, out, STEPS, extra=extra)
+    proc = subprocess.Popen([*command, *args], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not (out / "metrics.jsonl").is_file() or len(read_metrics(out / "metrics.jsonl")) < 4:
+        assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled before step 3"
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "so the run resumes after step 2" in err, err
+    done = subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    _same_result(out, (None, whole))

@@ -54,6 +54,7 @@ class WorkerSpec:
 
 def rollout_process(spec: WorkerSpec, buffers: list, requests, results) -> None:
     """The rollout process's main loop (``torch.multiprocessing`` spawn target)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the trainer's to act on (rl/stop.py)
     torch.set_num_threads(spec.threads)
     from ..models.policy import load_policy  # the architecture; every weight is then copied from ``buffers``
     from .handover import copy_weights, tie
