@@ -151,8 +151,11 @@ def test_validation_shuffle_is_said_to_have_no_effect():
     load_train_config(None, ["data.validation_shuffle=true"], on_notice=notices.append)
     assert any(n.startswith("data.validation_shuffle=true has no effect") for n in notices), notices
     notices.clear()
+    load_train_config(None, ["data.val_batch_size=64"], on_notice=notices.append)
+    assert any(n.startswith("data.val_batch_size=64 has no effect") for n in notices), notices
+    notices.clear()
     load_train_config(None, [], on_notice=notices.append)
-    assert not any("validation_shuffle" in n for n in notices)
+    assert not any("validation_shuffle" in n or "val_batch_size" in n for n in notices)
 
 
 def test_a_missing_file_or_folder_comes_first_with_every_other_problem(model_dir, tmp_path, monkeypatch, capsys):

@@ -31,7 +31,7 @@ class DataConfig:
     max_prompt_length: int = 512  # prompt tokens, at most (longer: data.truncation)
     max_response_length: int = 512  # generated tokens per response, at most
     train_batch_size: int = 1024  # prompts per training step
-    val_batch_size: Optional[int] = None  # no effect on results: validation runs in max_num_seqs chunks
+    val_batch_size: Optional[int] = None  # no effect (a notice): validation runs in max_num_seqs chunks
     gen_batch_size: Optional[int] = None  # prompts per generation round of dynamic sampling (speed only); null: train_batch_size
     shuffle: bool = True  # a new prompt order every epoch, from (data.seed, epoch)
     validation_shuffle: bool = False  # no effect (a notice): validation runs every held-out prompt
