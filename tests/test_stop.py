@@ -153,3 +153,29 @@ def test_ctrl_c_at_the_terminal_stops_a_pipelined_run_and_it_resumes_to_the_same
     done = subprocess.run([*command, *args], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     _same_result(out, (None, whole))
+
+
+def _stop_on_rank_0_in_step_3(model_dir, out):
+    """One rank wishes a stop before one of step 3's optimizer steps; the ranks agree there, without a hang."""
+    import torch.distributed as dist
+
+    cfg = load_train_config(None, train_overrides(model_dir, out, STEPS, extra=[
+        *EXTRA, "actor_rollout_ref.actor.strategy=ddp"]), on_notice=lambda m: 0)
+    wish = _WishAt("before_optimizer_step" if dist.get_rank() == 0 else "nowhere", 2)
+    stopped = None
+    try:
+        train(cfg, stop_requested=wish, on_step=wish.on_step)
+    except Interrupted as e:
+        stopped = (e.step, str(e))
+    resumed = train(cfg)
+    return stopped, resumed.start_step, [r.get("critic/score/mean") for r in resumed.records]
+
+
+@pytest.mark.dist
+def test_a_stop_wished_on_one_rank_stops_every_rank_at_the_same_optimizer_step(model_dir, tmp_path):
+    from splitproof.engine.launch import run_data_parallel
+
+    ranks = run_data_parallel(_stop_on_rank_0_in_step_3, 2, model_dir, tmp_path / "out")
+    assert [r[0][0] for r in ranks] == [2, 2]
+    assert all("stopped in step 3's update; step 3 is discarded" in r[0][1] for r in ranks)
+    assert [r[1] for r in ranks] == [0, 0] and ranks[0][2] == ranks[1][2]
