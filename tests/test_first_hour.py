@@ -195,7 +195,8 @@ def test_console_and_curve_keep_a_data_source_with_a_slash_and_name_the_metric(t
                 "val-core/openai/math/acc/mean@4": 0.75}]
     axes = tracking.curve_figure(records).axes[0]
     assert [t.get_text() for t in axes.get_legend().get_texts()] == [
-        "training reward (critic/score/mean)", "held-out openai/gsm8k (acc/mean@4)", "held-out openai/math (acc/mean@4)"]
+        "training reward (critic/score/mean)", "held-out openai/gsm8k (acc/mean@4)",
+        "held-out openai/math (acc/mean@4)"]
     assert axes.get_lines()[0].get_marker() == "o"  # a one-point curve is drawn
     out = io.StringIO()
     tracker = tracking.Tracker(["console"], local_dir=tmp_path, total_steps=1, stream=out, header="first line")
@@ -232,7 +233,8 @@ def test_quiet_loading_reaches_the_processes_a_run_starts(monkeypatch):
     monkeypatch.delenv(PROGRESS_BARS_OFF, raising=False)
     with quiet_loading():
         child = subprocess.run([sys.executable, "-c", "from transformers.utils import logging; "
-                                "print(logging.is_progress_bar_enabled())"], capture_output=True, text=True, timeout=120)
+                                "print(logging.is_progress_bar_enabled())"], capture_output=True, text=True,
+                               timeout=120)
     assert child.stdout.strip() == "False", child.stderr
     assert PROGRESS_BARS_OFF not in os.environ
 
@@ -287,7 +289,8 @@ def test_built_in_rules_report_their_answer_so_held_out_maj_at_k_exists(model_di
     out = tmp_path / "out"
     args = [*train_overrides(model_dir, out, 1), "custom_reward_function.path=null", "custom_reward_function.name=null",
             "trainer.val_before_train=true", "actor_rollout_ref.rollout.val_kwargs.n=4",
-            "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"]
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+            "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"]
     assert main(["train", *args]) == 0
     first = read_metrics(out / "metrics.jsonl")[0]
     assert "val-core/addition/reward/maj@4/mean" in first and "val-aux/addition/reward/maj@2/mean" in first, first

@@ -17,7 +17,8 @@ training (step 0) runs on a fresh start only: a resumed run's records already ho
 ``should_stop`` is asked between stages (before a step, after it, after its validation), and inside the
 rollout and the update (``splitproof.rl.stop``); when it says yes the loop raises ``Interrupted`` naming
 the last step whose record was logged (the unfinished step is discarded), after saving that step's
-checkpoint when it has none and the stop came where the run is exactly that step's (``stop.save_at_stop``). A failure inside a
+checkpoint when it has none and the stop came where the run is exactly that step's
+(``stop.save_at_stop``). A failure inside a
 step (a reward function that raises, a rank that fails) is a ``StepFailed``: nothing of that step is
 logged or saved.
 

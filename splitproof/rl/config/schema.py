@@ -277,7 +277,7 @@ class TrainerConfig:
     seed: int = 0  # ours: the model-initialisation and global RNG seed
     rollout_data_dir: Optional[str] = None  # a folder: each step's samples as <step>.jsonl (input, output, gts, score, step, extras)
     validation_data_dir: Optional[str] = None  # a folder: each evaluation's samples as <step>.jsonl
-    cpu_threads: Optional[int] = 1  # ours: torch's CPU threads per process (null: torch's default, a thread per core); speed only
+    cpu_threads: Optional[int] = 1  # ours: torch's CPU threads per process (null: torch's, one per core); speed only
 
 
 @dataclass

@@ -220,7 +220,8 @@ def default_reward_for(data_source: str) -> RewardFunction:
             f"{what} no built-in reward rule; name a reward function (custom_reward_function.path and .name) "
             f"or use a data_source with a rule: {', '.join(rules.RULES)}"
         )
-    return RewardFunction(fn=_rule_function(rule, rules.ANSWERS.get(data_source)), name=f"built-in rule for {data_source!r}", convention="verl")
+    return RewardFunction(fn=_rule_function(rule, rules.ANSWERS.get(data_source)),
+                          name=f"built-in rule for {data_source!r}", convention="verl")
 
 
 # ---------------------------------------------------------------------------------------------------------
