@@ -347,3 +347,16 @@ def test_a_budget_that_ends_every_episode_on_its_tool_response_gets_a_hint():
     assert "max_tool_response_length=256" in hint
     assert budget_hint([*cut, episode([1, 0, 1], finished=True)], 4, 256) is None  # one answered
     assert budget_hint([episode([1, 1], calls=0)], 4, 256) is None
+
+
+def test_every_problem_the_config_check_sees_is_in_one_line():
+    from splitproof import ConfigError
+    from splitproof.rl.config.load import load_train_config
+
+    with pytest.raises(ConfigError) as info:
+        load_train_config(None, ["actor_rollout_ref.rollout.n=1", "data.truncation=up",
+                                 "actor_rollout_ref.actor.optim.lr=-1"], on_notice=lambda m: None)
+    message = str(info.value)
+    assert message.startswith("data.truncation: ") and "\n" not in message
+    for key in ("also actor_rollout_ref.actor.optim.lr: ", "also actor_rollout_ref.rollout.n: "):
+        assert key in message, message

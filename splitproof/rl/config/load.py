@@ -26,7 +26,7 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 from ...loss_config import ConfigError
 from . import verl_keys
 from .schema import BUILTIN_MODEL, TrainConfig, schema_keys
-from .check import CRITIC_ESTIMATORS, normalize, validate
+from .check import CRITIC_ESTIMATORS, normalize, problems
 from .origins import Origins, own_data_items, recipe_for_data, run_notices
 from .paths import blocking_message, missing_paths
 
@@ -250,7 +250,7 @@ def load_train_config(config_file: str | None, overrides: Iterable[str] = (), *,
     try:
         cfg = normalize(_resolve(_merge(layers), layers))
         _validate(cfg, check_paths)
-    except ConfigError as e:
+    except ConfigError as e:  # one line: every problem, each value the user did not set with its origin
         raise ConfigError(e.field, origins.annotate(str(e)[len(e.field) + 2:], e.field)) from None
     for message in notices + run_notices(cfg, origins):
         (on_notice or _print_notice)(message)
@@ -258,16 +258,12 @@ def load_train_config(config_file: str | None, overrides: Iterable[str] = (), *,
 
 
 def _validate(cfg: TrainConfig, check_paths: bool) -> None:
-    """``validate``, with the files and folders that do not exist reported first (they block the rest)."""
-    problems = missing_paths(cfg) if check_paths else []
-    try:
-        validate(cfg)
-    except ConfigError as e:
-        if not problems:
-            raise
-        raise ConfigError(*blocking_message(problems, str(e))) from None
-    if problems:
-        raise ConfigError(*blocking_message(problems, None))
+    """One ``ConfigError`` naming every problem ``check.problems`` finds, after the files and folders that
+    do not exist (they block the rest: ``paths.missing_paths``)."""
+    found = (missing_paths(cfg) if check_paths else []) + [(e.field, str(e)[len(e.field) + 2:])
+                                                           for e in problems(cfg)]
+    if found:
+        raise ConfigError(*blocking_message(found))
 
 
 def dump_config(cfg: TrainConfig) -> str:

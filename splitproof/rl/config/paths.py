@@ -1,5 +1,5 @@
 """The files and folders a config names, checked before any other value: a missing one blocks the run
-whatever else is wrong, so it is reported first (with every other missing one, and the first other error).
+whatever else is wrong, so it is reported first (with every other missing one, then the other problems).
 
 Checked without reading them (no torch, no data library): the prompt files (``data.train_files``,
 ``data.val_files``; ``builtin://`` tasks need none), the model and tokenizer folders, the critic's model
@@ -69,12 +69,10 @@ def check_paths(cfg: TrainConfig) -> None:
     """``ConfigError`` naming every file or folder of ``cfg`` that does not exist."""
     problems = missing_paths(cfg)
     if problems:
-        raise ConfigError(*blocking_message(problems, None))
+        raise ConfigError(*blocking_message(problems))
 
 
-def blocking_message(problems: list[tuple[str, str]], later: str | None) -> tuple[str, str]:
-    """One (key, message) for the missing paths, naming every one and the first other error (``later``,
-    ``KEY: message``) after them."""
+def blocking_message(problems: list[tuple[str, str]]) -> tuple[str, str]:
+    """One (key, message) for several ``(key, message)`` problems: the first's key, then every message."""
     (key, first), rest = problems[0], problems[1:]
-    others = [f"{k}: {m}" for k, m in rest] + ([later] if later else [])
-    return key, first + "".join(f"; also {o}" for o in others)
+    return key, first + "".join(f"; also {k}: {m}" for k, m in rest)
