@@ -12,7 +12,7 @@ buffer length L, penalty factor f and M = ``max_resp_len``:
 
 zero up to M - L tokens, then falling linearly to -f at M. The reward is score + overlong_reward.
 The ``dapo`` manager's extra values, as verl's: ``acc`` = the score when the reward function returns a
-number, and with ``log``: ``overlong_reward`` and ``overlong`` (1.0 when the penalty is negative).
+number (or, as the built-in rules do, a number with the ``pred`` it compared), and with ``log``: ``overlong_reward`` and ``overlong`` (1.0 when the penalty is negative).
 verl computes the penalty in float32 (a tensor length); here it is float64.
 """
 
@@ -66,7 +66,7 @@ def apply_manager(manager: RewardManager, scores: list[float], extras: list[dict
         return scores, extras
     rewards, out = [], []
     for score, extra, length in zip(scores, extras, lengths):
-        extra = dict(extra) if extra else {"acc": score}
+        extra = {"acc": score, **extra} if set(extra) <= {"pred"} else dict(extra)
         reward = score
         if manager.overlong is not None:
             penalty = overlong_reward(length, manager.overlong)
