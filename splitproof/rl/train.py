@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,7 +204,8 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
             "(the run's metrics.jsonl, TensorBoard, wandb and curve.png stay as the training run left them)")
     optimizers = [run.optimizer, None if run.critic is None else run.critic.optimizer]
     try:
-        with stop_points(stop_requested or (lambda: False), collective, optimizers):  # Ctrl-C inside a step
+        inside = nullcontext() if stop_requested is None else stop_points(stop_requested, collective, optimizers)
+        with inside:  # Ctrl-C inside a step
             records = fit(run, log=tracker.log, sync=tracker.sync, start_step=start_step,
                           on_step=_with_hints(run, on_step, say),
                           save_checkpoints=True, should_stop=should_stop if stop_requested is not None else None)

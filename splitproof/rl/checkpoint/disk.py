@@ -17,8 +17,8 @@ from ...lora import is_lora
 def _bytes(tensors) -> int:
     seen, total = set(), 0
     for t in tensors:
-        if t.data_ptr() not in seen:  # tied weights are saved once
-            seen.add(t.data_ptr())
+        if id(t) not in seen:  # tied weights (one tensor under two names) are saved once
+            seen.add(id(t))
             total += t.numel() * t.element_size()
     return total
 
@@ -32,7 +32,7 @@ def _slots(optimizer: torch.optim.Optimizer) -> int:
 def part_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """The bytes one model (and its optimizer) adds to a checkpoint (the estimate of the module docstring)."""
     trainable = _bytes(p for p in model.parameters() if p.requires_grad)
-    hf = trainable if is_lora(model) else _bytes(model.state_dict().values())
+    hf = trainable if is_lora(model) else _bytes(model.state_dict(keep_vars=True).values())
     return trainable * (1 + _slots(optimizer)) + hf
 
 
