@@ -37,9 +37,11 @@ def test_console_line_per_step_when_not_a_terminal(tmp_path):
     run(tmp_path, range(3), loggers=("console",), stream=out).finish()
     lines = out.getvalue().splitlines()
     assert lines == [
-        "step 0/6 | held-out 0.300 (step 0)",
-        "step 1/6 | reward 0.125 | held-out 0.300 (step 0) | resp len 4.3 | 1.50 s/step | ETA 8s",
-        "step 2/6 | reward 0.250 | held-out 0.400 (step 2) | resp len 4.7 | 1.50 s/step | ETA 6s",
+        "step 0/6 | held-out addition reward/mean@1 0.300 (step 0)",
+        "step 1/6 | reward 0.125 | held-out addition reward/mean@1 0.300 (step 0) | resp len 4.3 | 1.50 s/step "
+        "| ETA 8s",
+        "step 2/6 | reward 0.250 | held-out addition reward/mean@1 0.400 (step 2) | resp len 4.7 | 1.50 s/step "
+        "| ETA 6s",
     ]
 
 
@@ -48,7 +50,8 @@ def test_resumed_console_keeps_the_last_held_out_score(tmp_path, loggers):
     run(tmp_path, range(3), loggers=("file",)).finish()
     out = io.StringIO()
     run(tmp_path, [3], loggers=loggers, resume_step=2, stream=out).finish()
-    assert out.getvalue().splitlines()[0].startswith("step 3/6 | reward 0.375 | held-out 0.400 (step 2) |")
+    assert out.getvalue().splitlines()[0].startswith(
+        "step 3/6 | reward 0.375 | held-out addition reward/mean@1 0.400 (step 2) |")
 
 def test_console_live_line_on_a_terminal(tmp_path):
     out = io.StringIO()
@@ -165,7 +168,7 @@ def test_a_short_runs_curve_has_integer_steps_and_a_sensible_score_axis():
     ticks = [t for t in axes.get_xticks() if 0 <= t <= 4]
     assert ticks and all(float(t).is_integer() for t in ticks)
     assert [text.get_text() for text in axes.get_legend().get_texts()] == [
-        "training reward (critic/score/mean)", "held-out unknown (mean@1)"]
+        "training reward (critic/score/mean)", "held-out unknown (reward/mean@1)"]
 
 
 def test_curve_png_from_the_whole_run(tmp_path):

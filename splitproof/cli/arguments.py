@@ -94,3 +94,26 @@ def output_stream(path: str, option: str, *, binary: bool = False) -> Iterator[I
             yield f
     except OSError as exc:
         raise UsageError(f"{option} {path}: cannot write ({exc.strerror or type(exc).__name__})") from None
+
+
+PROGRESS_BARS_OFF = "HF_HUB_DISABLE_PROGRESS_BARS"  # read by huggingface_hub (and transformers) at import
+
+
+@contextmanager
+def quiet_loading() -> Iterator[None]:
+    """No ``transformers`` progress bars (loading weights, writing shards) in this process, nor in the
+    processes it starts (a pipelined run's rollout process: through the environment)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled, before = hf_logging.is_progress_bar_enabled(), os.environ.get(PROGRESS_BARS_OFF)
+    hf_logging.disable_progress_bar()
+    os.environ[PROGRESS_BARS_OFF] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(PROGRESS_BARS_OFF, None)
+        else:
+            os.environ[PROGRESS_BARS_OFF] = before
+        if was_enabled:
+            hf_logging.enable_progress_bar()

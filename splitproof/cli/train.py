@@ -2,8 +2,9 @@
 
 Exit status: 0 the run finished; 1 a step failed (a reward function raised, a rank failed) — the last
 complete checkpoint is intact and nothing of the failed step was written; 2 a user mistake (one line
-on stderr, before any model is loaded or any file written); 130 stopped by Ctrl-C, between stages,
-with the command that resumes. Under torchrun every rank stops the same way; only rank 0 prints.
+on stderr, before any model is loaded or any file written); 130 stopped by Ctrl-C within seconds (the
+step under way discarded; the run after the last finished step saved when that is exact: rl/stop.py),
+with where and how it resumes. Under torchrun every rank stops the same way; only rank 0 prints.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from contextlib import contextmanager
 from datetime import timedelta
 
-from .arguments import EXIT_FAIL, EXIT_PASS, EXIT_USAGE
+from .arguments import EXIT_FAIL, EXIT_PASS, EXIT_USAGE, quiet_loading
 
 EXIT_INTERRUPTED = 130
 LEAVE_TIMEOUT_S = 60  # how long a rank waits for the others before it exits
@@ -72,7 +73,8 @@ def _error(message: str) -> None:
 
 
 class StopRequest:
-    """Ctrl-C asks the run to stop at the next boundary between stages; a second Ctrl-C stops at once."""
+    """Ctrl-C asks the run to stop at the next stop point (between stages, decode steps, optimizer steps:
+    ``splitproof.rl.stop``); a second Ctrl-C stops at once."""
 
     def __init__(self):
         self.requested = False
@@ -85,7 +87,7 @@ class StopRequest:
             raise KeyboardInterrupt
         self.requested = True
         if _rank() == 0:  # os.write: a handler may interrupt a print in progress
-            os.write(2, b"\nsplitproof: stopping at the next boundary between stages "
+            os.write(2, b"\nsplitproof: stopping within seconds; the step under way is discarded "
                         b"(Ctrl-C again to stop at once; the newest checkpoint stays intact)\n")
 
     @contextmanager
@@ -104,20 +106,6 @@ def resume_command(argv: list[str], resume_mode: str) -> str:
         kept.append("trainer.resume_mode=auto")
     launcher = "splitproof train" if _world() == 1 else f"torchrun --standalone --nproc_per_node {_world()} -m splitproof train"
     return " ".join([launcher, shlex.join(kept)]).strip()
-
-
-@contextmanager
-def _quiet_loading():
-    """No ``transformers`` progress bars (loading weights) between the progress lines."""
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
 
 
 def _init_distributed(timeout_s: int) -> None:
@@ -159,7 +147,8 @@ def _stopped_message(cfg, argv: list[str], stopped: str) -> str:
         where = ("no checkpoint was saved (trainer.save_freq<=0), so rerunning starts over"
                  if cfg.trainer.save_freq <= 0 else "no checkpoint yet, so rerunning starts over")
         return f"{stopped}; {where}"
-    return (f"{stopped}; the newest checkpoint is {newest}. "
+    step = newest.name.rsplit("_", 1)[-1]
+    return (f"{stopped}; the newest checkpoint is {newest}, so the run resumes after step {step}. "
             f"To resume: {resume_command(argv, cfg.trainer.resume_mode)}")
 
 
@@ -171,7 +160,8 @@ def run(args) -> int:
 
     argv = list(getattr(args, "argv", None) or [])
     try:
-        cfg = load_train_config(args.config, args.overrides, on_notice=lambda m: _say(f"notice: {m}"))
+        cfg = load_train_config(args.config, args.overrides, on_notice=lambda m: _say(f"notice: {m}"),
+                                check_paths=not args.print_config)
     except ConfigError as e:
         cfg, code = None, EXIT_USAGE
         _init_distributed(ActorRolloutRefConfig.nccl_timeout)
@@ -217,7 +207,7 @@ def _train(cfg, argv: list[str], annotate) -> int:
 
     stop = StopRequest()
     try:
-        with stop.installed(), _quiet_loading():
+        with stop.installed(), quiet_loading():
             result = train(cfg, stop_requested=stop, on_message=_say)
     except SetupError as e:
         _error(annotate(str(e)))
@@ -230,7 +220,7 @@ def _train(cfg, argv: list[str], annotate) -> int:
         _error(f"{e}. {done}; {kept}.")
         return EXIT_FAIL
     except Interrupted as e:
-        _say(_stopped_message(cfg, argv, f"stopped after step {e.step}"))
+        _say(_stopped_message(cfg, argv, str(e)))
         return EXIT_INTERRUPTED
     except KeyboardInterrupt:
         _say(_stopped_message(cfg, argv, "stopped"))

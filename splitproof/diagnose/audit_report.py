@@ -42,9 +42,12 @@ class AuditReport:
                          + (f" ({r['error']})" if r.get("error") else ""))
         fn = self.settings.get("loss_fn", "loss function")
         failed = [r for r in self.rows if r["verdict"] != "pass"]
-        for r in failed:
-            lines.append(textwrap.fill(f"FAIL {r['split']} ({r['description']}): {r['cause']}", width=110,
-                                       subsequent_indent="  "))
+        by_cause: dict[str, list[dict]] = {}
+        for r in failed:  # one explanation per cause, naming every split it explains
+            by_cause.setdefault(r["cause"], []).append(r)
+        for cause, rows in by_cause.items():
+            splits = "; ".join(f"{r['split']} ({r['description']})" for r in rows)
+            lines.append(textwrap.fill(f"FAIL {splits}: {cause}", width=110, subsequent_indent="  "))
         where = f" on {', '.join(r['split'] for r in failed)}" if failed else " on every split"
         lines.append(f"{fn}: {'PASS' if self.passed else 'FAIL'}{where} "
                      f"(pass: grad_rel_diff <= max({TOLERANCE_FACTOR:g} x control, {TOLERANCE_FLOOR:g}))")

@@ -141,7 +141,23 @@ def _legacy_table(record: dict, cov: bool) -> list[str]:
                     + ([_sel(leg)] if cov else []) + [result])
     intro = (f"verl convention (legacy, not splitproof): the same splits with {record['legacy']}; DIFFERS = the "
              f"difference {bug} reports, reproduced (expected; it does not enter the verdict)")
-    return _wrap(intro) + _table(header, rows)
+    return _wrap(intro) + _table(header, rows) + scale_note(record)
+
+
+SCALE_GAP = 100.0  # grad rel this many times update rel: the difference is mostly a change of the gradient's scale
+
+
+def scale_note(record: dict) -> list[str]:
+    """A word where verl's gradient differs far more than its update: a rescaled gradient that the update
+    (gradient clipping, then AdamW's per-weight normalisation) largely hides."""
+    gaps = [s["split"] for s in record["splits"] if s.get("legacy") and s["legacy"]["update_rel_diff"] is not None
+            and s["legacy"]["grad_rel_diff"] > SCALE_GAP * max(s["legacy"]["update_rel_diff"], 1e-300)]
+    if not gaps:
+        return []
+    return _wrap(f"on {', '.join(gaps)} verl's grad rel is over {SCALE_GAP:g}x its update rel: its gradient there "
+                 "is mostly the right one at another scale, which the update hides (the gradient is clipped to "
+                 "actor.grad_clip before the step, and AdamW divides by its running scale), so the weights move "
+                 "almost as they should; a smaller grad_clip or another optimizer would not hide it")
 
 
 def scenario_text(record: dict) -> list[str]:

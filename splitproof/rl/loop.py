@@ -14,8 +14,11 @@ metrics are missing; records after the newest checkpoint are dropped on resume a
 metrics file ends equal to an uninterrupted run's. (verl saves before it logs.) Validation before
 training (step 0) runs on a fresh start only: a resumed run's records already hold it.
 
-``should_stop`` is asked between stages (before a step, after it, after its validation); when it says
-yes the loop raises ``Interrupted`` naming the last step whose record was logged. A failure inside a
+``should_stop`` is asked between stages (before a step, after it, after its validation), and inside the
+rollout and the update (``splitproof.rl.stop``); when it says yes the loop raises ``Interrupted`` naming
+the last step whose record was logged (the unfinished step is discarded), after saving that step's
+checkpoint when it has none and the stop came where the run is exactly that step's
+(``stop.save_at_stop``). A failure inside a
 step (a reward function that raises, a rank that fails) is a ``StepFailed``: nothing of that step is
 logged or saved.
 
@@ -30,7 +33,7 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
-from . import pause
+from . import pause, stop
 from .checkpoint import store
 from .parallel import RankFailure, first_rank_only
 from .tracking.generations import generation_rows, write_generations
@@ -44,11 +47,13 @@ from .evaluate import evaluate_held_out
 
 
 class Interrupted(Exception):
-    """The loop stopped on request; ``step`` is the last step whose record was logged."""
+    """The loop stopped on request; ``step`` is the last step whose record was logged; ``detail`` says what
+    was discarded and saved."""
 
-    def __init__(self, step: int):
-        super().__init__(f"stopped after step {step}")
+    def __init__(self, step: int, detail: str = ""):
+        super().__init__(f"stopped after step {step}{detail}")
         self.step = step
+        self.detail = detail
 
 
 class StepFailed(Exception):
@@ -111,26 +116,63 @@ def fit(parts: Parts, *, log: Callable[[dict, int], None] | None = None, sync: C
         if should_stop is not None and should_stop():
             raise Interrupted(last_logged)
 
-    if cfg.val_only:
-        emit(_failing(start_step, evaluate_held_out, parts, start_step), start_step)
-        return records
-    with pipelined(parts, start_step, pipeline_state) as pipeline:  # the rollout process starts during step 0
-        if cfg.val_before_train and start_step == 0:
+    try:
+        if cfg.val_only:
             emit(_failing(start_step, evaluate_held_out, parts, start_step), start_step)
-        for step in range(start_step + 1, parts.total_steps + 1):
-            _one_step(parts, pipeline, step, emit, check_stop, on_step, sync, save_checkpoints)
+            return records
+        with pipelined(parts, start_step, pipeline_state) as pipeline:  # the rollout process starts in step 0
+            if cfg.val_before_train and start_step == 0:
+                emit(_failing(start_step, evaluate_held_out, parts, start_step), start_step)
+            for step in range(start_step + 1, parts.total_steps + 1):
+                _one_step(parts, pipeline, step, emit, check_stop, on_step, sync, save_checkpoints)
+    except stop.StepAbandoned as e:  # in a validation: the step it belongs to is discarded
+        last = records[-1]["step"] if records else start_step
+        raise Interrupted(last, f" (stopped in a validation's {e.stage}; nothing after step {last} kept)") from None
     return records
+
+
+def _stop_inside(parts: Parts, pipeline, step: int, e: stop.StepAbandoned, snapshot: stop.Snapshot | None, sync,
+                 save_checkpoints: bool) -> Interrupted:
+    """The ``Interrupted`` of a stop inside step ``step``'s train_step, after saving step ``step - 1`` where
+    that is exact (``stop.save_at_stop``)."""
+    saved = None
+    if e.exact and save_checkpoints and snapshot is not None:
+        snapshot.restore(parts.prompts.sampler)
+        saved = _save_at_stop(parts, pipeline, step - 1, sync)
+    kept = f"; saved global_step_{step - 1} at the stop" if saved else ""
+    return Interrupted(step - 1, f" (stopped in step {step}'s {e.stage}; step {step} is discarded{kept})")
+
+
+def _save_at_stop(parts: Parts, pipeline, step: int, sync):
+    """``global_step_{step}`` saved at a stop when that is exact and it has none yet (``stop.save_at_stop``)."""
+
+    def save(s: int):
+        if sync is not None:
+            sync()
+        return save_run(parts, s, pipeline)
+
+    due = is_due(step, parts.total_steps, parts.config.trainer.save_freq)
+    return stop.save_at_stop(parts, pipeline, step, save, saved_already=due)
 
 
 def _one_step(parts: Parts, pipeline, step: int, emit, check_stop, on_step, sync, save_checkpoints: bool) -> None:
     """Step ``step``: train, validate when due, log, checkpoint when due (the order of the module docstring)."""
     cfg = parts.config.trainer
-    check_stop(step - 1)
+    try:
+        check_stop(step - 1)
+    except Interrupted:  # between steps: the run is exactly step - 1's
+        saved = save_checkpoints and _save_at_stop(parts, pipeline, step - 1, sync)
+        raise Interrupted(step - 1, f" (saved global_step_{step - 1} at the stop)" if saved else "") from None
+    sampler = parts.prompts.sampler
+    snapshot = stop.Snapshot.of(sampler) if stop.can_save_at_stop(parts, pipeline) else None
     if parts.config.algorithm.filter_groups.enable:
         uids = None  # dynamic sampling: the step draws its prompts from the stream
     else:
-        uids = parts.prompts.sampler.next_batch() if pipeline is None else pipeline.uids(step)
-    output = _failing(step, train_step, parts, step, uids, pipeline)
+        uids = sampler.next_batch() if pipeline is None else pipeline.uids(step)
+    try:
+        output = _failing(step, train_step, parts, step, uids, pipeline)
+    except stop.StepAbandoned as e:
+        raise _stop_inside(parts, pipeline, step, e, snapshot, sync, save_checkpoints) from None
     pause.pause_point(f"step{step}:trained")
     if on_step is not None:
         on_step(step, output)

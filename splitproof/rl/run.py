@@ -143,7 +143,7 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
         template_kwargs.setdefault("tools", [tool.schema for tool in tools.values()])
     data_kwargs = dict(prompt_key=cfg.data.prompt_key, max_prompt_length=cfg.data.max_prompt_length,
                        truncation=cfg.data.truncation, apply_chat_template_kwargs=template_kwargs,
-                       reward_fn_key=cfg.data.reward_fn_key)
+                       reward_fn_key=cfg.data.reward_fn_key, filter_overlong=cfg.data.filter_overlong_prompts)
     train_data = load_prompts(_files(cfg.data.train_files), tokenizer, max_samples=cfg.data.train_max_samples,
                               **data_kwargs)
     val_data = None

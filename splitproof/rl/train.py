@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,9 +26,14 @@ from ..loss_config import ConfigError
 from .checkpoint.resume import finished_message, latest_checkpoint
 from .config.schema import TrainConfig
 from .config.derive import critic_enabled
+from .config.paths import check_paths
+from .stop import stop_points
+from .checkpoint.disk import checkpoint_count, part_bytes, size_notice
+from .tracking.hints import budget_hint
 from .loop import fit
 from .run import Parts, RunInputs, build_parts, prepare_inputs
 from .checkpoint.run_state import Restored, ResumePoint, restore_run, resume_point
+from .data.prompts import overlong_notice
 from .tracking.loggers import METRICS_FILE, Tracker, check_backends
 
 SETUP_ERRORS = (ValueError, OSError, ImportError)  # ConfigError, DataError, RewardError are ValueErrors
@@ -123,6 +128,7 @@ def _agreed(collective, work: Callable):
 
 def setup(cfg: TrainConfig) -> tuple[RunInputs, ResumePoint | None]:
     """Everything checked before a model is loaded (see the module's docstring)."""
+    check_paths(cfg)  # a missing file or folder first: it blocks the rest
     check_backends(cfg.trainer.logger)
     check_output_dir(cfg.trainer.default_local_dir)
     check_model_config(cfg)
@@ -162,6 +168,9 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
     collective = default_collective("cpu")
     say = on_message or (lambda message: None)
     inputs, point = _agreed(collective, lambda: setup(cfg))
+    for files_key, data in (("data.train_files", inputs.train_data), ("data.val_files", inputs.val_data)):
+        if data is not None and data.dropped:
+            say(f"notice: {overlong_notice(data, files_key, cfg.data.max_prompt_length)}")
     if point is not None and point.step >= inputs.total_steps and not cfg.trainer.val_only:
         say(finished_message(cfg, point.path, point.step))  # no model loaded, no file touched
         return TrainResult(parts=None, records=[], start_step=point.step, total_steps=inputs.total_steps, curve=None,
@@ -177,6 +186,9 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
         if point is not None:
             restored = restore_run(parts, point)
             say(f"resuming from {point.path} (step {restored.step} of {parts.total_steps})")
+        disk = _disk_notice(parts, restored.step)
+        if disk and not cfg.trainer.val_only:
+            say(f"notice: {disk}")
     except ConfigError as e:  # found with the weights (LoRA: an adapter or checkpoint of other ones), on every rank
         raise SetupError(_one_line(e)) from None
 
@@ -191,10 +203,13 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
     if cfg.trainer.val_only:
         say(f"trainer.val_only: evaluating the weights of step {start_step}; the result is shown, not recorded "
             "(the run's metrics.jsonl, TensorBoard, wandb and curve.png stay as the training run left them)")
+    optimizers = [parts.actor.optimizer, None if parts.critic is None else parts.critic.optimizer]
     try:
-        records = fit(parts, log=tracker.log, sync=tracker.sync, start_step=start_step,
-                      pipeline_state=restored.pipeline_state, on_step=on_step, save_checkpoints=True,
-                      should_stop=should_stop if stop_requested is not None else None)
+        inside = nullcontext() if stop_requested is None else stop_points(stop_requested, collective, optimizers)
+        with inside:  # Ctrl-C inside a step
+            records = fit(parts, log=tracker.log, sync=tracker.sync, start_step=start_step,
+                          pipeline_state=restored.pipeline_state, on_step=_with_hints(parts, on_step, say),
+                          save_checkpoints=True, should_stop=should_stop if stop_requested is not None else None)
     finally:
         curve = tracker.finish()
     if parts.lora and records and int(records[-1].get("training/global_step", 0)) >= parts.total_steps:
@@ -203,6 +218,31 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
         tracker.outputs.append(path)
     return TrainResult(parts=parts, records=records, start_step=start_step, total_steps=parts.total_steps, curve=curve,
                        outputs=tracker.outputs)
+
+
+def _with_hints(parts: Parts, on_step, say):
+    """``on_step`` that also says a step's ``tracking.hints`` (once per launch)."""
+    said: list[int] = []
+    cfg = parts.config
+
+    def seen(step, output) -> None:
+        hint = None if said else budget_hint(output.scored.samples, cfg.data.max_response_length,
+                                            cfg.actor_rollout_ref.rollout.multi_turn.max_tool_response_length)
+        if hint:
+            said.append(step)
+            say(f"notice: step {step}: {hint}")
+        if on_step is not None:
+            on_step(step, output)
+
+    return seen
+
+
+def _disk_notice(parts: Parts, start_step: int) -> str | None:
+    learners = [parts.actor] + ([] if parts.critic is None else [parts.critic])
+    trainer = parts.config.trainer
+    size = sum(part_bytes(learner.model, learner.optimizer) for learner in learners)
+    return size_notice(size, checkpoint_count(start_step, parts.total_steps, trainer.save_freq),
+                       trainer.max_actor_ckpt_to_keep, trainer.save_freq)
 
 
 MERGED_DIR = "merged"  # under trainer.default_local_dir: the merged model of a LoRA run's last step

@@ -117,9 +117,10 @@ def schedule_uses_run_length(cfg: TrainConfig) -> bool:
                for o in optims)
 
 
-def resume_differences(saved_yaml: str, cfg: TrainConfig) -> list[str]:
-    """Result-affecting keys whose value differs between the checkpoint's config and ``cfg``, or that one of
-    them has and the other lacks (a key added to or removed from a mapping-valued setting)."""
+def resume_changes(saved_yaml: str, cfg: TrainConfig) -> list[tuple[str, object, object]]:
+    """``(key, checkpoint's value, this run's value)`` for each result-affecting key whose value differs
+    between the checkpoint's config and ``cfg``, or that one of them has and the other lacks (a key added to
+    or removed from a mapping-valued setting; the missing side is ``MISSING``), by key."""
     from omegaconf import OmegaConf
 
     from ..config.load import config_dict
@@ -127,19 +128,33 @@ def resume_differences(saved_yaml: str, cfg: TrainConfig) -> list[str]:
     saved = _flat(OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=True))
     now = _flat(config_dict(cfg))
     free = [p for p in LAYOUT_KEYS if not (p in SCHEDULE_LENGTH_KEYS and schedule_uses_run_length(cfg))]
-    missing = object()
-    return sorted(k for k in saved.keys() | now.keys()
-                  if saved.get(k, missing) != now.get(k, missing) and not any(fnmatch.fnmatchcase(k, p) for p in free))
+    return [(k, saved.get(k, MISSING), now.get(k, MISSING)) for k in sorted(saved.keys() | now.keys())
+            if saved.get(k, MISSING) != now.get(k, MISSING) and not any(fnmatch.fnmatchcase(k, p) for p in free)]
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "(unset)"
+
+
+MISSING = _Missing()
+
+
+def resume_differences(saved_yaml: str, cfg: TrainConfig) -> list[str]:
+    """The keys of ``resume_changes``."""
+    return [key for key, _, _ in resume_changes(saved_yaml, cfg)]
 
 
 def check_resume_config(resumed: Resumed, cfg: TrainConfig) -> None:
-    """A ``ConfigError`` naming every result-affecting key that changed, unless the user allows it."""
+    """A ``ConfigError`` naming every result-affecting key that changed, with the checkpoint's value and
+    this run's, unless the user allows it."""
     if cfg.trainer.resume_allow_config_change:
         return
-    changed = resume_differences(resumed.config_yaml, cfg)
-    if changed:
-        raise ConfigError(", ".join(changed),
-                          f"differs from the checkpoint being resumed ({resumed.path}); resume with the "
+    changes = resume_changes(resumed.config_yaml, cfg)
+    if changes:
+        shown = "; ".join(f"{key} was {old!r} there, {new!r} now" for key, old, new in changes)
+        raise ConfigError(", ".join(key for key, _, _ in changes),
+                          f"differs from the checkpoint being resumed ({resumed.path}): {shown}; resume with the "
                           "checkpoint's values, or set trainer.resume_allow_config_change=true")
 
 

@@ -136,7 +136,7 @@ def _remove_leftovers(root: Path) -> None:
 
 # ----------------------------------------------------------------------------------------------- state
 
-def _rng_state() -> dict:
+def rng_state() -> dict:
     np_state = np.random.get_state()
     version, words, gauss = random.getstate()
     state = {
@@ -150,7 +150,7 @@ def _rng_state() -> dict:
     return state
 
 
-def _set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict) -> None:
     version, words, gauss = state["python"]
     random.setstate((version, tuple(words), gauss))
     nps = state["numpy"]
@@ -248,7 +248,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model, optimizer, tra
         payload[f"{prefix}optimizer"] = split[name][1]
         payload[f"{prefix}lr_scheduler"] = part.lr_scheduler.state_dict() if part.lr_scheduler is not None else None
     _weights_only_bytes(payload, "trainer_state")  # on every rank, before any file or collective
-    rngs = _gather_to_rank0(_rng_state())
+    rngs = _gather_to_rank0(rng_state())
     if rank == 0:
         state_bytes = _weights_only_bytes({**payload, "rng": rngs}, "trainer_state")
         root.mkdir(parents=True, exist_ok=True)
@@ -352,7 +352,7 @@ def load_checkpoint(path: str | os.PathLike, *, model, optimizer, lr_scheduler=N
                 raise ValueError(f"{path}: the checkpoint holds no LR schedule state of the {name}")
             part.lr_scheduler.load_state_dict(payload[f"{prefix}lr_scheduler"])
     rngs = payload["rng"]
-    _set_rng_state(rngs[rank] if len(rngs) == world else rngs[0])
+    set_rng_state(rngs[rank] if len(rngs) == world else rngs[0])
     return Resumed(path=path, step=int(payload["step"]), trainer_state=payload["trainer_state"],
                    config_yaml=(path / "config.yaml").read_text())
 

@@ -407,13 +407,27 @@ def _check_async(cfg: TrainConfig) -> None:
                  "next generation round from the current round's rewards; use 0")
 
 
+CHECKS = (_check_data, _check_actor, _check_rollout, _check_algorithm, _check_critic, _check_trainer, _check_reward,
+          _check_async)
+
+
 def check_config(cfg: TrainConfig) -> None:
     """Raise ``ConfigError`` (dotted key + reason) for the first bad value; a normalized config is assumed."""
-    _check_data(cfg)
-    _check_actor(cfg)
-    _check_rollout(cfg)
-    _check_algorithm(cfg)
-    _check_critic(cfg)
-    _check_trainer(cfg)
-    _check_reward(cfg)
-    _check_async(cfg)
+    for check in CHECKS:
+        check(cfg)
+
+
+def problems(cfg: TrainConfig) -> list[ConfigError]:
+    """The first bad value of each part of the config (``CHECKS``), in order; a part that cannot be judged
+    after an earlier bad value (it fails other than with a ``ConfigError``) ends the list."""
+    found: list[ConfigError] = []
+    for check in CHECKS:
+        try:
+            check(cfg)
+        except ConfigError as e:
+            found.append(e)
+        except Exception:
+            if not found:
+                raise
+            break
+    return found

@@ -26,9 +26,10 @@ from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseExceptio
 from ...loss_config import ConfigError
 from . import verl_keys
 from .schema import BUILTIN_MODEL, TrainConfig, schema_keys
-from .check import check_config, normalize
+from .check import normalize, problems
 from .derive import CRITIC_ESTIMATORS
 from .origins import Origins, own_data_items, recipe_for_data, run_notices
+from .paths import blocking_message, missing_paths
 
 RECIPES = {BUILTIN_MODEL: "charlm.yaml"}
 MODEL_PATH = "actor_rollout_ref.model.path"
@@ -217,22 +218,9 @@ def _applied_layers(user_layers: list[DictConfig], user: dict) -> tuple[Items, I
     return recipe, own, notices + own_notices
 
 
-def setting_origins(config_file: str | None, overrides: Iterable[str] = ()) -> Origins:
-    """Where each key's value comes from (yours, the recipe, verl's default), for messages about values."""
-    file_items, override_items = _user_items(config_file, overrides)
-    user = dict(file_items + override_items)
-    recipe, own, _ = _applied_layers([_layer(file_items), _layer(override_items)], user)
-    return Origins(user=user, recipe=dict(recipe), own_data=dict(own))
-
-
-def load_train_config(config_file: str | None, overrides: Iterable[str] = (), *,
-                      on_notice: Callable[[str], None] | None = None) -> TrainConfig:
-    """The resolved, normalized and validated config; ``ConfigError`` names the offending dotted key (and
-    the origin of any value it names that the user did not set: the recipe, or verl's default).
-
-    ``on_notice`` receives one line per accepted key that has no effect here, and per setting that another
-    decides (``origins.run_notices``) (default: stderr).
-    """
+def _layers(config_file: str | None, overrides: Iterable[str]) -> tuple[list[DictConfig], Origins, list[str]]:
+    """The layers to merge over the schema (recipe, own data, file, overrides: only keys of ours), each key's
+    origin, and the notices (no-effect keys, what the recipe and the data leave out)."""
     notices: list[str] = []
     file_items, override_items = _user_items(config_file, overrides)
     user = dict(file_items + override_items)
@@ -241,14 +229,42 @@ def load_train_config(config_file: str | None, overrides: Iterable[str] = (), *,
     recipe, own, layer_notices = _applied_layers(user_layers, user)
     origins = Origins(user=user, recipe=dict(recipe), own_data=dict(own))
     layers = [_layer(_accept(items, [], {})) for items in (recipe, own) if items] + user_layers
+    return layers, origins, notices + layer_notices
+
+
+def setting_origins(config_file: str | None, overrides: Iterable[str] = ()) -> Origins:
+    """Where each key's value comes from (yours, the recipe, verl's default), for messages about values.
+    The keys are read as ``load_train_config`` reads them (verl's no-effect keys set aside)."""
+    return _layers(config_file, overrides)[1]
+
+
+def load_train_config(config_file: str | None, overrides: Iterable[str] = (), *,
+                      on_notice: Callable[[str], None] | None = None, check_paths: bool = False) -> TrainConfig:
+    """The resolved, normalized and validated config; ``ConfigError`` names the offending dotted key (and
+    the origin of any value it names that the user did not set: the recipe, or verl's default).
+
+    ``on_notice`` receives one line per accepted key that has no effect here, and per setting that another
+    decides (``origins.run_notices``) (default: stderr). ``check_paths``: the files and folders it names must
+    exist (``paths.missing_paths``), reported before, and with, any other error.
+    """
+    layers, origins, notices = _layers(config_file, overrides)
     try:
         cfg = normalize(_resolve(_merge(layers), layers))
-        check_config(cfg)
-    except ConfigError as e:
+        _validate(cfg, check_paths)
+    except ConfigError as e:  # one line: every problem, each value the user did not set with its origin
         raise ConfigError(e.field, origins.annotate(str(e)[len(e.field) + 2:], e.field)) from None
-    for message in notices + layer_notices + run_notices(cfg, origins):
+    for message in notices + run_notices(cfg, origins):
         (on_notice or _print_notice)(message)
     return cfg
+
+
+def _validate(cfg: TrainConfig, check_paths: bool) -> None:
+    """One ``ConfigError`` naming every problem ``check.problems`` finds, after the files and folders that
+    do not exist (they block the rest: ``paths.missing_paths``)."""
+    found = (missing_paths(cfg) if check_paths else []) + [(e.field, str(e)[len(e.field) + 2:])
+                                                           for e in problems(cfg)]
+    if found:
+        raise ConfigError(*blocking_message(found))
 
 
 def dump_config(cfg: TrainConfig) -> str:

@@ -12,7 +12,9 @@ default is overridden or switched without a notice (``run_notices``):
   is not evaluated: ``data.val_files`` is null unless you set it;
 - ``trainer.total_epochs`` you set (to other than its default) has no effect while
   ``trainer.total_training_steps`` is set;
-- ``algorithm.adv_estimator`` left at verl's default ``gae`` trains a critic beside the policy.
+- ``algorithm.adv_estimator`` left at verl's default ``gae`` trains a critic beside the policy;
+- a key of ``SCHEMA_NO_EFFECT`` set to other than its default has no effect (``data.validation_shuffle``,
+  ``data.val_batch_size``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,13 @@ TASK_KEYS = ("data.train_files", "data.val_files", "data.train_batch_size", "dat
 OWN_DATA_LAYER = {"data.val_files": None}  # with your own data: no held-out split unless you name one
 
 Items = list[tuple[str, Any]]
+# keys of the schema (verl's) that splitproof reads but that change nothing here: a notice when set
+SCHEMA_NO_EFFECT = {
+    "data.validation_shuffle": "validation runs every held-out prompt, and their samples and metrics do not "
+                               "depend on the order they run in",
+    "data.val_batch_size": "validation generates in chunks of actor_rollout_ref.rollout.max_num_seqs sequences, "
+                           "and its results do not depend on the chunks",
+}
 
 
 def is_builtin_data(value) -> bool:
@@ -121,6 +130,10 @@ def run_notices(cfg, origins: Origins) -> list[str]:
         notices.append(f"algorithm.adv_estimator=gae is verl's default (a model you bring gets verl's defaults): "
                        f"a critic (critic.model.path={cfg.critic.model.path}) is trained beside the policy (PPO); "
                        "set algorithm.adv_estimator=grpo (or another estimator) for a run without one")
+    for key, reason in SCHEMA_NO_EFFECT.items():
+        value = origins.user.get(key, _schema_defaults()[key])
+        if value != _schema_defaults()[key]:
+            notices.append(f"{key}={_show(value)} has no effect: {reason}")
     return notices
 
 

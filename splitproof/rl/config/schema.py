@@ -31,13 +31,13 @@ class DataConfig:
     max_prompt_length: int = 512  # prompt tokens, at most (longer: data.truncation)
     max_response_length: int = 512  # generated tokens per response, at most
     train_batch_size: int = 1024  # prompts per training step
-    val_batch_size: Optional[int] = None  # no effect on results: validation runs in max_num_seqs chunks
+    val_batch_size: Optional[int] = None  # no effect (a notice): validation runs in max_num_seqs chunks
     gen_batch_size: Optional[int] = None  # prompts per generation round of dynamic sampling (speed only); null: train_batch_size
     shuffle: bool = True  # a new prompt order every epoch, from (data.seed, epoch)
-    validation_shuffle: bool = False  # validation always runs every held-out prompt
+    validation_shuffle: bool = False  # no effect (a notice): validation runs every held-out prompt
     seed: Optional[int] = None  # null -> 1, as verl's sampler does
     truncation: str = "error"  # error | left | right | middle (keeps both ends)
-    filter_overlong_prompts: bool = False  # over-long prompts follow data.truncation
+    filter_overlong_prompts: bool = False  # true: leave out prompts over max_prompt_length (a notice counts them)
     train_max_samples: int = -1  # -1: every row; else the first N rows
     val_max_samples: int = -1  # -1: every row; else the first N rows
     apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)  # passed to apply_chat_template
@@ -277,7 +277,7 @@ class TrainerConfig:
     seed: int = 0  # ours: the model-initialisation and global RNG seed
     rollout_data_dir: Optional[str] = None  # a folder: each step's samples as <step>.jsonl (input, output, gts, score, step, extras)
     validation_data_dir: Optional[str] = None  # a folder: each evaluation's samples as <step>.jsonl
-    cpu_threads: Optional[int] = None  # ours: torch's CPU threads per process during the run (null: torch's default); speed only
+    cpu_threads: Optional[int] = 1  # ours: torch's CPU threads per process (null: torch's, one per core); speed only
 
 
 @dataclass

@@ -9,7 +9,10 @@ given; a row's ``uid`` is its index in that concatenation. The prompt is the col
 
 Tokenization never adds special tokens (``add_special_tokens=False``, as verl does). A prompt longer than
 ``max_prompt_length`` tokens is an error naming the file and row (``truncation="error"``), or keeps its
-last (``left``), first (``right``) or first half + last half (``middle``, as verl) tokens.
+last (``left``), first (``right``) or first half + last half (``middle``, as verl) tokens. With
+``filter_overlong=True`` (verl's ``data.filter_overlong_prompts``) such rows are dropped instead, after
+``max_samples`` is applied, as verl does; ``PromptDataset.dropped`` counts them and the uids number the rows
+that are kept.
 
 ``data_source`` is the row's ``reward_fn_key`` column (verl: ``data.reward_fn_key``, default
 ``data_source``); a row without one (TRL layout) gets ``""`` and then needs a reward function.
@@ -36,6 +39,7 @@ __all__ = [
     "PromptSampler",
     "TRUNCATION_MODES",
     "load_prompts",
+    "overlong_notice",
     "prompt_order",
 ]
 
@@ -54,10 +58,12 @@ class PromptRecord:
 class PromptDataset(Sequence):
     """The records of ``load_prompts``, indexed by uid, with where each row came from."""
 
-    def __init__(self, records: list[PromptRecord], origins: list[tuple[str, int]], prompt_key: str):
+    def __init__(self, records: list[PromptRecord], origins: list[tuple[str, int]], prompt_key: str,
+                 dropped: int = 0):
         self._records = records
         self._origins = origins
         self.prompt_key = prompt_key
+        self.dropped = dropped  # over-long rows left out (filter_overlong)
 
     def __len__(self) -> int:
         return len(self._records)
@@ -170,6 +176,7 @@ def load_prompts(
     max_samples: int = -1,
     apply_chat_template_kwargs: dict | None = None,
     reward_fn_key: str = "data_source",
+    filter_overlong: bool = False,
 ) -> PromptDataset:
     """Read, check and tokenize every prompt row before any model work (see the module docstring)."""
     _check_options(prompt_key, max_prompt_length, truncation, max_samples)
@@ -193,15 +200,19 @@ def load_prompts(
     batch = tokenizer(texts, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False)
     encoded = batch["input_ids"]
 
-    records = []
-    for uid, (row, ids, (name, r)) in enumerate(zip(rows, encoded, origins)):
+    records, kept_origins, dropped = [], [], []
+    for row, ids, (name, r) in zip(rows, encoded, origins):
         where = f"{name} row {r}"
         if not ids:
             raise DataError(f"{where}: {prompt_key!r} tokenizes to no tokens")
+        if len(ids) > max_prompt_length and filter_overlong:
+            dropped.append((len(ids), where))
+            continue
         if len(ids) > max_prompt_length and truncation == "error":
             raise DataError(
                 f"{where}: the prompt is {len(ids)} tokens, longer than max_prompt_length={max_prompt_length} "
-                "(data.truncation=error; raise data.max_prompt_length or set data.truncation to left, right or middle)"
+                "(data.truncation=error; raise data.max_prompt_length, set data.truncation to left, right or middle, "
+                "or data.filter_overlong_prompts=true to leave such prompts out)"
             )
         source = row.get(reward_fn_key)
         if source is None:
@@ -209,8 +220,23 @@ def load_prompts(
         elif not isinstance(source, str):
             raise DataError(f"{where}: {reward_fn_key!r} must be a string, got {type(source).__name__} {source!r}")
         ids = truncate(list(ids), max_prompt_length, truncation)
-        records.append(PromptRecord(uid, row[prompt_key], tuple(ids), source, row))
-    return PromptDataset(records, origins, prompt_key)
+        records.append(PromptRecord(len(records), row[prompt_key], tuple(ids), source, row))
+        kept_origins.append((name, r))
+    if not records:
+        longest, where = max(dropped)
+        raise DataError(f"{', '.join(_file_list(files))}: every prompt is longer than max_prompt_length="
+                        f"{max_prompt_length} (data.filter_overlong_prompts=true left out {len(dropped)}; the longest: "
+                        f"{longest} tokens, {where})")
+    return PromptDataset(records, kept_origins, prompt_key, dropped=len(dropped))
+
+
+def overlong_notice(dataset: PromptDataset, files_key: str, max_prompt_length: int) -> str | None:
+    """The notice for the rows ``filter_overlong`` left out of ``dataset`` (None when it left out none)."""
+    if not dataset.dropped:
+        return None
+    total = len(dataset) + dataset.dropped
+    return (f"data.filter_overlong_prompts=true: left out {dataset.dropped} of {total} prompts of {files_key} "
+            f"longer than data.max_prompt_length={max_prompt_length} tokens; {len(dataset)} remain")
 
 
 # ---------------------------------------------------------------------------------------------------------

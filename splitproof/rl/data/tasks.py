@@ -230,4 +230,15 @@ def final_line_score(response: str, ground_truth: object) -> float:
     return score(response.rsplit("\n", 1)[-1], ground_truth)
 
 
+def answer(response: str) -> str:
+    """The answer a response gives, as ``score`` compares it: the response, stripped."""
+    return response.strip()
+
+
+def final_line_answer(response: str) -> str:
+    """The answer ``final_line_score`` compares: the response's last line, stripped."""
+    return answer(response.rsplit("\n", 1)[-1])
+
+
 SCORES = {"addition": score, "reversal": score, "product": final_line_score}
+ANSWERS = {"addition": answer, "reversal": answer, "product": final_line_answer}  # what each rule compares

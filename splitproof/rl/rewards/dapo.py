@@ -12,7 +12,7 @@ buffer length L, penalty factor f and M = ``max_resp_len``:
 
 zero up to M - L tokens, then falling linearly to -f at M. The reward is score + overlong_reward.
 The ``dapo`` manager's extra values, as verl's: ``acc`` = the score when the reward function returns a
-number, and with ``log``: ``overlong_reward`` and ``overlong`` (1.0 when the penalty is negative).
+number (or, as the built-in rules do, a number with the ``pred`` it compared), and with ``log``: ``overlong_reward`` and ``overlong`` (1.0 when the penalty is negative).
 verl computes the penalty in float32 (a tensor length); here it is float64.
 """
 
@@ -75,7 +75,8 @@ def apply_manager(manager: RewardManager, rewards: Rewards, lengths: list[int]) 
     if manager.name == "naive":
         return Rewards(rewards.scores, held)
     count, order = len(rewards), {name: k for k, name in enumerate(held)}
-    bare = [all(math.isnan(values[i]) for values in held.values()) for i in range(count)]
+    # a sample whose function returned no extra value but the answer it voted for (``pred``) scores ``acc``
+    bare = [all(math.isnan(values[i]) for name, values in held.items() if name != "pred") for i in range(count)]
     scores = rewards.scores.tolist()
     extra = dict(held)
     acc = extra.get("acc", [math.nan] * count)

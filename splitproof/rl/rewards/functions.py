@@ -201,9 +201,12 @@ def _check_verl_signature(fn: Callable, label: str, reward_kwargs: dict) -> None
         )
 
 
-def _rule_function(rule: Callable[[str, Any], float]) -> Callable:
+def _rule_function(rule: Callable[[str, Any], float], answer: Callable[[str], str | None] | None) -> Callable:
+    """verl's ``compute_score`` of a rule: the score, with the answer it compared as ``pred`` when known."""
     def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-        return rule(solution_str, ground_truth)
+        if answer is None:
+            return rule(solution_str, ground_truth)
+        return {"score": rule(solution_str, ground_truth), "pred": rules.answer_id(answer(solution_str))}
 
     return compute_score
 
@@ -217,7 +220,8 @@ def default_reward_for(data_source: str) -> RewardFunction:
             f"{what} no built-in reward rule; name a reward function (custom_reward_function.path and .name) "
             f"or use a data_source with a rule: {', '.join(rules.RULES)}"
         )
-    return RewardFunction(fn=_rule_function(rule), name=f"built-in rule for {data_source!r}", convention="verl")
+    return RewardFunction(fn=_rule_function(rule, rules.ANSWERS.get(data_source)),
+                          name=f"built-in rule for {data_source!r}", convention="verl")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -1,11 +1,15 @@
 """Built-in reward rules: pure functions of (response text, ground truth) → score.
 
 They are the rules ``data_source`` selects when no reward function is named, and helpers a user's own
-reward file may import (``from splitproof.rl.rewards.rules import exact_match``).
+reward file may import (``from splitproof.rl.rewards.rules import exact_match``). A rule with an entry in
+``ANSWERS`` also reports the answer it compared, as the number ``answer_id`` (the reward's ``pred``: what
+the held-out ``maj@k`` votes on).
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import re
 from decimal import Decimal, InvalidOperation
 
@@ -105,3 +109,24 @@ RULES = {
     "exact_match": exact_match,
     "last_number": last_number_match,
 }
+
+
+# data_source → the answer its rule compares (None: no answer found), for the held-out maj@k (``pred``)
+ANSWERS = {
+    "openai/gsm8k": gsm8k_answer,
+    **tasks.ANSWERS,
+    "exact_match": lambda response: response.strip(),
+    "last_number": last_number,
+}
+_TEXT_IDS = 1 << 53  # text answers map into [2^53, 2^54), where float64 holds the even integers exactly
+
+
+def answer_id(answer: str | None) -> float:
+    """A number that is equal for equal answers (the held-out ``pred``): an integer answer is its value
+    (when |value| < 2^53), any other text 2^53 + 2 × (52 bits of its BLAKE2b digest); no answer is NaN."""
+    if answer is None or answer == "":
+        return math.nan
+    if re.fullmatch(r"[+-]?\d+", answer) and abs(int(answer)) < _TEXT_IDS:
+        return float(int(answer))
+    digest = int.from_bytes(hashlib.blake2b(answer.encode("utf-8"), digest_size=8).digest(), "little")
+    return float(_TEXT_IDS + 2 * (digest % (1 << 52)))

@@ -40,6 +40,7 @@ from splitproof.engine.row_invariant import row_invariant
 from splitproof.hf_models import base_model_of, unwrap, vocab_size_of
 from splitproof.rl.rollout.assemble import token_masks
 from splitproof.rl.rollout.sampling import sample_tokens, shift_keys, stream_keys, stream_uniforms
+from splitproof.rl.stop import decode_point
 
 _INT64_MAX = (1 << 63) - 1
 _COMPACT_SHARE = 8  # compact the decode batch when that removes at least 1/8 of its rows
@@ -298,6 +299,7 @@ class HFRollout:
         out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
                     use_cache=True, **kwargs)
         for t in range(T):
+            decode_point()  # a Ctrl-C abandons the step here (splitproof.rl.stop)
             tokens, lp = self._sample(logits_of(out)[:, -1], uniforms[row_of, t], params)
             writing = row_of[live]
             responses[writing, t] = tokens[live]

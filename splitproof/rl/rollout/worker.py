@@ -38,7 +38,7 @@ def random_delay() -> None:
         time.sleep(random.Random(os.urandom(8)).uniform(0, most))
 
 
-def quiet_loading() -> None:
+def no_progress_bars() -> None:
     """No ``transformers`` progress bar in this process: a bar would print between the trainer's lines,
     and tqdm's bar lock is a semaphore that a killed process leaves behind (Python's resource tracker
     then warns of a leaked semaphore after the trainer's error line)."""
@@ -66,12 +66,13 @@ class WorkerSpec:
 
 def rollout_process(spec: WorkerSpec, buffers: list, requests, results) -> None:
     """The rollout process's main loop (``torch.multiprocessing`` spawn target)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the trainer's to act on (rl/stop.py)
     from ..models.policy import load_policy  # the architecture; every weight is then copied from ``buffers``
     from .handover import copy_weights, tie
     from .hf import HFRollout
 
     torch.set_num_threads(spec.threads)
-    quiet_loading()
+    no_progress_bars()
 
     model = load_policy(spec.model_config, dtype=spec.dtype, vocab_size=spec.vocab_size)
     if spec.lora is not None:  # the same PEFT model as the trainer's; the adapter's values come with version 0

@@ -9,7 +9,8 @@ value of the reward function, e.g. ``acc``), over the prompts' N samples each:
   estimates them with 1000 bootstrap draws; here they are the exact expectations: with the prompt's values
   sorted v_(1) ≤ ... ≤ v_(N), P(best = v_(i)) = (i/N)^k − ((i−1)/N)^k and
   P(worst = v_(i)) = ((N−i+1)/N)^k − ((N−i)/N)^k (ties telescope);
-- ``maj@k/mean``, ``maj@k/std`` when the reward function returns a numeric ``pred``: the value of the
+- ``maj@k/mean``, ``maj@k/std`` when the reward function returns a numeric ``pred`` (the built-in rules
+  do; NaN, no answer, counts as one prediction): the value of the
   most common prediction among k samples drawn with replacement (ties: the prediction seen first; its
   first sample's value), over 1000 draws from a generator seeded 42, as verl;
 - ``pass@k`` (ours, k as above): the unbiased estimator of the chance that at least one of k samples
@@ -67,6 +68,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
+NO_ANSWER = "no answer"  # the vote of every sample whose pred is NaN
+
+
 def majority_of(values: list[float], preds: list[float], k: int) -> tuple[float, float]:
     """Mean and std over seeded bootstrap draws of k samples of the majority prediction's value."""
     generator = torch.Generator().manual_seed(BOOTSTRAP_SEED)
@@ -74,8 +78,8 @@ def majority_of(values: list[float], preds: list[float], k: int) -> tuple[float,
     out = []
     for draw in picks:
         counts: dict[float, list[float]] = {}
-        for i in draw:
-            counts.setdefault(preds[i], []).append(values[i])
+        for i in draw:  # NaN (no answer) is one prediction
+            counts.setdefault(NO_ANSWER if math.isnan(preds[i]) else preds[i], []).append(values[i])
         top = max(counts, key=lambda p: len(counts[p]))
         out.append(counts[top][0])
     mean = sum(out) / len(out)

@@ -2,8 +2,10 @@
 
 Backends, chosen by name:
 
-- ``console``: a progress line per step — step/total, training reward (``critic/score/mean``), the
-  last held-out score (``val-core/<source>/<var>/mean@<n>``), mean response length, step time, ETA.
+- ``console``: a first line naming the model, the training data, the device and the output folder;
+  then a progress line per step — step/total, training reward (``critic/score/mean``), the last held-out
+  score of each data source with what it is (``val-core/<source>/<var>/mean@<n>``: ``<source>
+  <var>/mean@<n>``), mean response length, step time, ETA (no line for a step 0 that evaluated nothing).
   On a terminal the line is rewritten in place (evaluation steps stay on screen); otherwise one line
   per step.
 - ``file``: ``{default_local_dir}/metrics.jsonl``, one JSON object per step: ``"step"`` and verl's
@@ -87,6 +89,12 @@ def is_held_out(key: str) -> bool:
     return key.startswith("val-core/") and "/mean@" in key
 
 
+def held_out_parts(key: str) -> tuple[str, str]:
+    """``(source, "<var>/mean@<n>")`` of a held-out key; the source may itself hold ``/`` (``openai/gsm8k``)."""
+    parts = key.split("/")
+    return "/".join(parts[1:-2]), "/".join(parts[-2:])
+
+
 def _number(key: str, value) -> int | float:
     if hasattr(value, "item"):  # a one-element tensor or a NumPy scalar
         value = value.item()
@@ -124,10 +132,14 @@ def _format_duration(seconds: float) -> str:
 class ConsoleProgress:
     """The progress line: one per step, or one rewritten line on a terminal."""
 
-    def __init__(self, total_steps: int, stream: IO[str] | None = None, live: bool | None = None):
+    def __init__(self, total_steps: int, stream: IO[str] | None = None, live: bool | None = None,
+                 header: str | None = None):
         self.total = total_steps
         self.stream = stream or sys.stdout
         self.live = self.stream.isatty() if live is None else live
+        if header:
+            self.stream.write(header + "\n")
+            self.stream.flush()
         self.held_out: dict[str, float] = {}
         self.held_out_step: int | None = None
         self.step_times: list[float] = []
@@ -139,9 +151,7 @@ class ConsoleProgress:
         if TRAIN_REWARD in metrics:
             parts.append(f"reward {metrics[TRAIN_REWARD]:.3f}")
         if self.held_out:
-            scores = " ".join(f"{source} {value:.3f}" for source, value in self.held_out.items())
-            if len(self.held_out) == 1:
-                scores = f"{next(iter(self.held_out.values())):.3f}"
+            scores = ", ".join(f"{source} {value:.3f}" for source, value in self.held_out.items())
             parts.append(f"held-out {scores} (step {self.held_out_step})")
         if RESPONSE_LENGTH in metrics:
             parts.append(f"resp len {metrics[RESPONSE_LENGTH]:.1f}")
@@ -154,7 +164,7 @@ class ConsoleProgress:
     def _note_held_out(self, step: int, metrics: Mapping[str, float]) -> list[str]:
         evaluated = [k for k in metrics if is_held_out(k)]
         if evaluated:
-            self.held_out = {k.split("/")[1]: metrics[k] for k in sorted(evaluated)}
+            self.held_out = {" ".join(held_out_parts(k)): metrics[k] for k in sorted(evaluated)}
             self.held_out_step = step
         return evaluated
 
@@ -172,6 +182,8 @@ class ConsoleProgress:
             self.step_times.append(now - self._last_call)
         self._last_call = now
         line = self.format(step, metrics)
+        if step == 0 and line == self.format(0, {}) and not self.held_out:
+            return  # nothing evaluated before training: no empty line
         if self.live:
             self.stream.write("\r" + line + "\x1b[K" + ("\n" if evaluated or step >= self.total else ""))
             self._open_line = not (evaluated or step >= self.total)
@@ -262,10 +274,10 @@ def curve_figure(records: list[dict], title: str = ""):
     from matplotlib.ticker import MaxNLocator
 
     train = [(r["step"], r[TRAIN_REWARD]) for r in records if TRAIN_REWARD in r]
-    held_out: dict[str, list[tuple[int, float]]] = {}
+    held_out: dict[tuple[str, str], list[tuple[int, float]]] = {}
     for record in records:
         for key in sorted(k for k in record if is_held_out(k)):
-            held_out.setdefault(key.split("/")[1], []).append((record["step"], record[key]))
+            held_out.setdefault(held_out_parts(key), []).append((record["step"], record[key]))
     if not train and not held_out:
         return None
     figure = Figure(figsize=(7, 4), dpi=110)
@@ -273,10 +285,10 @@ def curve_figure(records: list[dict], title: str = ""):
     axes = figure.add_subplot()
     if train:
         axes.plot(*zip(*train), label="training reward (critic/score/mean)", color="tab:blue", alpha=0.7,
-                  linewidth=1)
+                  linewidth=1, marker="o" if len(train) == 1 else None)  # a lone point needs a marker
     colors = ("tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
-    for i, (source, points) in enumerate(held_out.items()):
-        axes.plot(*zip(*points), marker="o", label=f"held-out {source} (mean@1)", linewidth=1.5,
+    for i, ((source, metric), points) in enumerate(held_out.items()):
+        axes.plot(*zip(*points), marker="o", label=f"held-out {source} ({metric})", linewidth=1.5,
                   color=colors[i % len(colors)])
     axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     scores = [v for _, v in train] + [v for points in held_out.values() for _, v in points]
@@ -296,6 +308,14 @@ def curve_figure(records: list[dict], title: str = ""):
     return figure
 
 
+def start_line(cfg, total_steps: int) -> str:
+    """The console's first line: what is trained on what, where, and where the outputs go."""
+    files = cfg.data.train_files if isinstance(cfg.data.train_files, list) else [cfg.data.train_files]
+    return (f"splitproof train: model {cfg.actor_rollout_ref.model.path} | data {', '.join(map(str, files))} | "
+            f"{cfg.algorithm.adv_estimator}, {total_steps} steps | device {cfg.trainer.device} | "
+            f"output {cfg.trainer.default_local_dir}")
+
+
 def _default_rank() -> int:
     import torch.distributed as dist
 
@@ -308,7 +328,7 @@ class Tracker:
     def __init__(self, loggers, *, local_dir: str | os.PathLike, total_steps: int, project_name: str = "splitproof",
                  experiment_name: str = "default", config: dict | None = None, resume_step: int | None = None,
                  rank: int | None = None, stream: IO[str] | None = None, live: bool | None = None,
-                 curve: bool = True):
+                 curve: bool = True, header: str | None = None):
         unknown = [name for name in loggers if name not in ("console", "file", "tensorboard", "wandb")]
         if unknown:
             raise ConfigError("trainer.logger", f"unknown logger {unknown[0]!r}")
@@ -325,7 +345,7 @@ class Tracker:
             return
         self.local_dir.mkdir(parents=True, exist_ok=True)
         if "console" in loggers:
-            self.console = ConsoleProgress(total_steps, stream, live)
+            self.console = ConsoleProgress(total_steps, stream, live, header)
         if "file" in loggers:
             jsonl = JsonlWriter(self.local_dir / METRICS_FILE, resume_step)
             self.history = list(jsonl.kept)
@@ -351,7 +371,8 @@ class Tracker:
         loggers = [name for name in trainer.logger if name == "console"] if trainer.val_only else trainer.logger
         return cls(loggers, local_dir=trainer.default_local_dir, total_steps=total_steps,
                    project_name=trainer.project_name, experiment_name=trainer.experiment_name,
-                   config=config_dict(cfg), resume_step=resume_step, curve=not trainer.val_only, **kwargs)
+                   config=config_dict(cfg), resume_step=resume_step, curve=not trainer.val_only,
+                   header=start_line(cfg, total_steps), **kwargs)
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """One call per step with all of that step's metrics (evaluation included)."""

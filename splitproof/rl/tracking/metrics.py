@@ -54,9 +54,12 @@ def data_metrics(*, token_level_scores: Tensor, token_level_rewards: Tensor, adv
 def reward_extra_metrics(extra: dict[str, list[float]]) -> dict[str, float]:
     """``reward/<key>/mean`` for each extra value a reward function returned: the mean over the samples
     of the whole batch that have a number for ``key`` (NaN counts as missing); a key no sample has is
-    left out. ``extra[key]`` holds one value per sample of the batch, NaN where it is missing."""
+    left out. ``extra[key]`` holds one value per sample of the batch, NaN where it is missing. ``pred`` is
+    the answer a sample votes for (held-out ``maj@k``), not a quantity: it is not averaged."""
     metrics = {}
     for name, values in extra.items():
+        if name == "pred":
+            continue
         present = [v for v in values if not math.isnan(v)]
         if present:
             metrics[f"reward/{name}/mean"] = math.fsum(present) / len(present)
