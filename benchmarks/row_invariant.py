@@ -28,19 +28,19 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import splitproof.engine.logprobs as logprobs  # noqa: E402
-import splitproof.engine.values as values  # noqa: E402
-from splitproof import RolloutBatch  # noqa: E402
-from splitproof.builtin import charlm_directory  # noqa: E402
-from splitproof.engine.row_invariant import blocked_linear, row_invariant  # noqa: E402
-from splitproof.hf_models import load_causal_lm, tiny_causal_lm  # noqa: E402
-from splitproof.value_model import value_model_from_pretrained  # noqa: E402
+import splitproof.engine.logprobs as logprobs
+import splitproof.engine.values as values
+from splitproof import RolloutBatch
+from splitproof.builtin import charlm_directory
+from splitproof.engine.row_invariant import blocked_linear, row_invariant
+from splitproof.hf_models import load_causal_lm, tiny_causal_lm
+from splitproof.value_model import value_model_from_pretrained
 
 SMOLLM2 = dict(hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3, intermediate_size=1536,
                vocab_size=49152, max_position_embeddings=2048, tie_word_embeddings=True)
 # (sequences, prompt tokens lo-hi, response tokens lo-hi) of the log-prob / values pass; prefill prompt lengths
-WORK = {"builtin": dict(seqs=32, prompt=(16, 64), response=(8, 48), prefill=(16, 48), decode_steps=8),
-        "smollm2": dict(seqs=8, prompt=(16, 48), response=(8, 32), prefill=(8, 24), decode_steps=4)}
+WORK = {"builtin": dict(seqs=32, prompt=(16, 64), response=(8, 48), prefill=(16, 48), decode_steps=8, repeats=15),
+        "smollm2": dict(seqs=8, prompt=(16, 48), response=(8, 32), prefill=(8, 24), decode_steps=4, repeats=3)}
 
 
 @contextlib.contextmanager
@@ -120,10 +120,10 @@ def passes(name: str, model, critic, work: dict):
         result = fn()
         return time.thread_time() - start, result
 
-    def log_probs(variant):
+    def log_probs(variant, micro_batch_size=work["seqs"] // 2):
         logprobs.row_invariant = VARIANTS[variant]
         try:
-            return timed(lambda: logprobs.compute_log_probs(model, batch, micro_batch_size=work["seqs"] // 2)[0])
+            return timed(lambda: logprobs.compute_log_probs(model, batch, micro_batch_size=micro_batch_size)[0])
         finally:
             logprobs.row_invariant = row_invariant
 
@@ -140,7 +140,8 @@ def passes(name: str, model, critic, work: dict):
         return (prefill, statistics.median(steps)), logits
 
     mb = f"{work['seqs']} seqs, micro-batch {work['seqs'] // 2}, {int(batch.attention_mask.sum())} tokens"
-    return {f"log-probs ({mb})": log_probs, f"values ({mb})": value_pass,
+    return {f"log-probs ({mb})": log_probs, "log-probs (micro-batch 1: rows of any count)":
+            lambda variant: log_probs(variant, 1), f"values ({mb})": value_pass,
             f"generation (32 seqs, {int(mask.sum())} prompt tokens)": prefill_and_decode}
 
 
@@ -197,7 +198,7 @@ def probe(threads: int) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=None, help="default: 15 for builtin, 3 for smollm2")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--models", default="builtin,smollm2")
     ap.add_argument("--dtypes", default="float32,float64")
@@ -206,7 +207,8 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     env = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "MKL_CBWR") if k in os.environ}
     print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()} {env or ''}, "
-          f"{args.threads} thread(s), load average {os.getloadavg()[0]:.1f}, {args.repeats} interleaved repeats\n")
+          f"{args.threads} thread(s), load average {os.getloadavg()[0]:.1f}, "
+          f"{args.repeats or 'per-model'} interleaved repeats\n")
     if args.probe:
         return probe(args.threads)
     print("| model | dtype | pass | plain | 16-row blocks | shipped | blocks / plain | shipped / plain | "
@@ -217,7 +219,7 @@ def main(argv=None) -> None:
             model = build(name, dtype)
             critic = value_model_from_pretrained(model, seed=4)
             for label, fn in passes(name, model, critic, WORK[name]).items():
-                times, same = measure(fn, args.repeats)
+                times, same = measure(fn, args.repeats or WORK[name]["repeats"])
                 for line in report(f"| {name} | {str(dtype)[6:]} | {label}", times, same):
                     print(line, flush=True)
             del model, critic

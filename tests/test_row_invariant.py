@@ -7,8 +7,16 @@ import torch
 import torch.nn.functional as F
 
 from splitproof.engine import compute_log_probs, compute_values
-from splitproof.engine.row_invariant import (MAX_ROWS, MIN_ROWS, NARROW, ROWS, TILE, blocked_linear,
-                                             fixed_tile_linear, row_invariant)
+from splitproof.engine.row_invariant import (
+    MAX_ROWS,
+    MIN_ROWS,
+    NARROW,
+    ROWS,
+    TILE,
+    blocked_linear,
+    fixed_tile_linear,
+    row_invariant,
+)
 from splitproof.hf_models import tiny_causal_lm
 from splitproof.rl.rollout import HFRollout, SamplingParams, requests_for
 from splitproof.value_model import value_model_from_pretrained
