@@ -39,8 +39,8 @@ from splitproof.value_model import value_model_from_pretrained
 SMOLLM2 = dict(hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3, intermediate_size=1536,
                vocab_size=49152, max_position_embeddings=2048, tie_word_embeddings=True)
 # (sequences, prompt tokens lo-hi, response tokens lo-hi) of the log-prob / values pass; prefill prompt lengths
-WORK = {"builtin": dict(seqs=32, prompt=(16, 64), response=(8, 48), prefill=(16, 48), decode_steps=8, repeats=15),
-        "smollm2": dict(seqs=8, prompt=(16, 48), response=(8, 32), prefill=(8, 24), decode_steps=4, repeats=3)}
+WORK = {"builtin": dict(seqs=32, prompt=(16, 64), response=(8, 48), prefill=(16, 48), decode_steps=8, repeats=21),
+        "smollm2": dict(seqs=4, prompt=(8, 24), response=(8, 24), prefill=(4, 12), decode_steps=4, repeats=3)}
 
 
 @contextlib.contextmanager
@@ -198,7 +198,7 @@ def probe(threads: int) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--repeats", type=int, default=None, help="default: 15 for builtin, 3 for smollm2")
+    ap.add_argument("--repeats", type=int, default=None, help="default: 21 for builtin, 3 for smollm2")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--models", default="builtin,smollm2")
     ap.add_argument("--dtypes", default="float32,float64")

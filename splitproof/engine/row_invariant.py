@@ -73,8 +73,11 @@ def fixed_tile_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> 
         return F.linear(x, weight, bias)
     starts = range(0, m, MAX_ROWS)
     last = max(MIN_ROWS, -(-(m - starts[-1]) // TILE) * TILE)  # rows of the last product, filler included
-    flat = torch.cat([flat, flat.new_zeros(starts[-1] + last - m, k)])
-    out = torch.cat([F.linear(flat[s:s + MAX_ROWS], weight, bias) for s in starts])
+    flat = F.pad(flat, (0, 0, 0, starts[-1] + last - m))
+    if len(starts) == 1:
+        out = F.linear(flat, weight, bias)
+    else:
+        out = torch.cat([F.linear(flat[s:s + MAX_ROWS], weight, bias) for s in starts])
     return out[:m].view(*x.shape[:-1], n_out)
 
 
