@@ -1,7 +1,7 @@
 """Matrix products whose rows do not depend on how many rows share them (the no-grad passes).
 
 A CPU BLAS picks its GEMM kernel by the shape, the row count M included, and kernels round differently.
-Measured with torch 2.13's MKL on an AVX2 machine (``benchmarks/row_invariant.py --probe``): a float64 row
+Measured with torch 2.13's MKL and its AVX2 kernels (``benchmarks/row_invariant.py --probe``): a float64 row
 rounds the same in every product only if it lies in a full tile of 4 rows — rows 4⌊M/4⌋ … M−1 take an
 edge kernel —, a product of fewer than 4 rows takes another kernel, and with ``MKL_CBWR=COMPATIBLE`` a
 float32 product of 4 rows does too; one output column (a value head) takes a matrix-vector kernel at
@@ -10,8 +10,8 @@ every M. So the same token's log-prob moved in its last bits with the number of 
 ``row_invariant(model)`` makes every ``nn.Linear`` of the model compute y = x Wᵀ + b as products whose row
 count is a multiple of ``TILE`` between ``MIN_ROWS`` and ``MAX_ROWS`` (zero rows fill the last one):
 ``fixed_tile_linear``. Every row then lies in a full tile of the same kernel whatever the layout — measured
-for all such M on the SmolLM2-135M and built-in shapes, float32 and float64, with this machine's kernels,
-ATen's ``default`` kernels and ``MKL_CBWR=COMPATIBLE`` — so a row's output is a function of the row, the
+for all such M on the SmolLM2-135M and built-in shapes, float32 and float64, with MKL's AVX2 kernels,
+ATen's ``default`` ones, ``MKL_CBWR=COMPATIBLE`` and on 2 threads — so a row's output is a function of the row, the
 weights and the kernel family alone, at the cost of one plain product (a decode step streams each weight
 once). A product with fewer than ``NARROW`` output columns keeps ``blocked_linear``: batches of exactly
 ``ROWS`` rows, at least two blocks (a batch of one block with one output column took another kernel).
