@@ -196,10 +196,10 @@ def probe(threads: int) -> None:
     counts = list(range(1, 161)) + [252, 256, 512, 1056, 1400, 2048, 2052, 4096]
     for dtype in (torch.float32, torch.float64):
         for k, n in shapes:
-            g = torch.Generator().manual_seed(0)
-            x, w = torch.randn(4096, k, generator=g, dtype=dtype), torch.randn(n, k, generator=g, dtype=dtype)
-            ref = blocked_linear(x, w)
             ms = [m for m in counts if n * k * m < 6e9 or m in (256, 1056)]
+            g = torch.Generator().manual_seed(0)
+            x, w = torch.randn(max(ms), k, generator=g, dtype=dtype), torch.randn(n, k, generator=g, dtype=dtype)
+            ref = blocked_linear(x, w)
             moved = [m for m in ms if not torch.equal(F.linear(x[:m], w), ref[:m])]
             print(f"{str(dtype)[6:]} K {k} → N {n}: moved at {len(moved)} of {len(ms)} row counts; multiples of 4 "
                   f"from 8: {[m for m in moved if m % 4 == 0 and m >= 8][:12]}; below 8: {[m for m in moved if m < 8]}",
