@@ -1,13 +1,22 @@
-"""Fixed-row block products: a row's output does not depend on how many rows share its product, so the
-no-grad passes (log-probs, values, the hf rollout) give the same bits in every layout — on AVX2 too, where
-a plain product's rows past its last full tile of 4 round differently."""
+"""Row-invariant products: a row's output does not depend on how many rows share its product, so the
+no-grad passes (log-probs, values, the hf rollout) give the same bits in every layout — with MKL's AVX2
+kernels too, where a plain product's rows past its last full tile of 4 round differently."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from splitproof.engine import compute_log_probs, compute_values
-from splitproof.engine.row_invariant import ROWS, blocked_linear, row_invariant
+from splitproof.engine.row_invariant import (
+    MAX_ROWS,
+    MIN_ROWS,
+    NARROW,
+    ROWS,
+    TILE,
+    blocked_linear,
+    fixed_tile_linear,
+    row_invariant,
+)
 from splitproof.hf_models import tiny_causal_lm
 from splitproof.rl.rollout import HFRollout, SamplingParams, requests_for
 from splitproof.value_model import value_model_from_pretrained
@@ -20,9 +29,9 @@ LAYOUTS = [dict(micro_batch_size=1), dict(micro_batch_size=3), dict(micro_batch_
            dict(max_token_len=60), dict(max_token_len=60, packed=True), dict(max_token_len=400, packed=True)]
 
 
-def _operands(dtype, bias=True, n_out=80):
+def _operands(dtype, bias=True, n_out=80, rows=60):
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(60, 96, generator=g, dtype=dtype)
+    x = torch.randn(rows, 96, generator=g, dtype=dtype)
     w = torch.randn(n_out, 96, generator=g, dtype=dtype)
     return x, w, (torch.randn(n_out, generator=g, dtype=dtype) if bias else None)
 
@@ -30,12 +39,23 @@ def _operands(dtype, bias=True, n_out=80):
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("n_out", [80, 1])  # 1: a value head
-def test_a_row_is_the_same_in_every_product(dtype, bias, n_out):
+@pytest.mark.parametrize("product", [blocked_linear, fixed_tile_linear])
+def test_a_row_is_the_same_in_every_product(dtype, bias, n_out, product):
     x, w, b = _operands(dtype, bias, n_out)
-    whole = blocked_linear(x, w, b)
+    whole = product(x, w, b)
     for m in ROW_COUNTS:
         for start in (0, 1, 3, 12):
-            assert torch.equal(blocked_linear(x[start:start + m], w, b), whole[start:start + m]), (m, start)
+            assert torch.equal(product(x[start:start + m], w, b), whole[start:start + m]), (m, start)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_row_is_the_same_past_the_largest_product(dtype):
+    """More than ``MAX_ROWS`` rows run in several products; a row keeps its bits in each of them."""
+    x, w, b = _operands(dtype, rows=MAX_ROWS + 80)
+    whole = fixed_tile_linear(x, w, b)
+    for m in (MAX_ROWS - 1, MAX_ROWS, MAX_ROWS + 1, MAX_ROWS + 13, MAX_ROWS + 66):
+        for start in (0, 3, 13):
+            assert torch.equal(fixed_tile_linear(x[start:start + m], w, b), whole[start:start + m]), (m, start)
 
 
 def test_a_plain_product_is_not():
@@ -47,16 +67,18 @@ def test_a_plain_product_is_not():
     assert moved, "no row count moved a row of a plain product"
 
 
-def test_blocked_linear_computes_the_linear_map():
-    x, w, b = _operands(torch.float64)
-    x3 = x.reshape(4, 15, 96)
-    for bias in (b, None):
-        want = F.linear(x3, w, bias)
-        got = blocked_linear(x3, w, bias)
-        assert got.shape == want.shape == (4, 15, 80)
-        assert float((got - want).abs().max()) <= 1e-13 * float(want.abs().max())
-    assert blocked_linear(x[:0], w, b).shape == (0, 80)
-    assert ROWS % 4 == 0
+@pytest.mark.parametrize("product", [blocked_linear, fixed_tile_linear])
+@pytest.mark.parametrize("n_out", [80, 1])
+def test_the_products_compute_the_linear_map(product, n_out):
+    x, w, b = _operands(torch.float64, n_out=n_out, rows=MAX_ROWS + 52)
+    for x3 in (x[:60].reshape(4, 15, 96), x[:MAX_ROWS + 52].reshape(4, -1, 96)):  # one product and several
+        for bias in (b, None):
+            want = F.linear(x3, w, bias)
+            got = product(x3, w, bias)
+            assert got.shape == want.shape == (*x3.shape[:2], n_out)
+            assert float((got - want).abs().max()) <= 1e-13 * float(want.abs().max())
+    assert product(x[:0], w, b).shape == (0, n_out)
+    assert ROWS % TILE == 0 and MIN_ROWS % TILE == 0 and MAX_ROWS % TILE == 0 and NARROW > 1
 
 
 def test_the_context_swaps_and_restores_the_linear_layers():

@@ -1,18 +1,23 @@
 """Matrix products whose rows do not depend on how many rows share them (the no-grad passes).
 
 A CPU BLAS picks its GEMM kernel by the shape, the row count M included, and kernels round differently.
-Measured with torch 2.13's MKL on an AVX2 machine (float64): a row rounds the same in every product
-only if it lies in a full tile of 4 rows — rows 4⌊M/4⌋ … M−1 take an edge kernel — and with
-``MKL_CBWR`` set, products of many rows take another kernel altogether. So the same token's log-prob
-moved in its last bits with the number of rows in its forward: a log-prob micro-batch of 1, a token
-budget or a DP shard changed it.
+Measured with torch 2.13's MKL and its AVX2 kernels (``benchmarks/row_invariant.py --probe``): a float64 row
+rounds the same in every product only if it lies in a full tile of 4 rows — rows 4⌊M/4⌋ … M−1 take an
+edge kernel —, a product of fewer than 4 rows takes another kernel, and with ``MKL_CBWR=COMPATIBLE`` a
+float32 product of 4 rows does too; one output column (a value head) takes a matrix-vector kernel at
+every M. So the same token's log-prob moved in its last bits with the number of rows in its forward.
 
-``row_invariant(model)`` makes every ``nn.Linear`` of the model compute its rows in blocks of exactly
-``ROWS`` rows: y = x Wᵀ + b as one batched product over [n, ROWS, K] (zero rows fill the last block), so
-every GEMM the BLAS runs has M = ROWS whatever the layout, and a row's output is a function of the row,
-the weights and the kernel family alone. A product has at least two blocks: a batch of one block with one
-output column (a value head) took another kernel. Attention, norms and element-wise operations were measured
-row-independent already (``tests/test_row_invariant.py``).
+``row_invariant(model)`` makes every ``nn.Linear`` of the model compute y = x Wᵀ + b as products whose row
+count is a multiple of ``TILE`` between ``MIN_ROWS`` and ``MAX_ROWS`` (zero rows fill the last one):
+``fixed_tile_linear``. Every row then lies in a full tile of the same kernel whatever the layout — measured
+for all such M on the SmolLM2-135M and built-in shapes, float32 and float64, with MKL's AVX2 kernels,
+ATen's ``default`` ones, ``MKL_CBWR=COMPATIBLE`` and on 2 threads — so a row's output is a function of the row, the
+weights and the kernel family alone, at the cost of one plain product (a decode step streams each weight
+once). A product with fewer than ``NARROW`` output columns keeps ``blocked_linear``: batches of exactly
+``ROWS`` rows, at least two blocks (a batch of one block with one output column took another kernel).
+Attention, norms and element-wise operations were measured row-independent already
+(``tests/test_row_invariant.py``). What is not known: the tile height of MKL's AVX-512 kernels (``TILE``
+must be a multiple of it; not measurable on this machine).
 
 Only for no-grad passes: the backward of a block product with a shared weight would hold a gradient per
 block. The differentiable update keeps its plain products; its promise is a tolerance (the weight
@@ -28,7 +33,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-ROWS = 16  # rows per block product: a multiple of every tile height measured (4 on AVX2)
+ROWS = 16  # rows per block product (narrow outputs): a multiple of every tile height measured (4 on AVX2)
+TILE = 4  # every product's row count is a multiple of this: MKL's row tile on AVX2
+MIN_ROWS = 16  # fewest rows of a product: below 4 (and at 4 in float32 under MKL_CBWR) another kernel
+MAX_ROWS = 2048  # most rows of one product: larger ones run in several, each of these sizes
+NARROW = 16  # fewer output columns than this: the batched 16-row blocks (one column took a GEMV kernel)
 
 
 def blocked_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, rows: int = ROWS) -> Tensor:
@@ -50,22 +59,44 @@ def blocked_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, rows: 
     return out.reshape(blocks * rows, n_out)[:m].reshape(*x.shape[:-1], n_out)
 
 
-def _blocked_forward(module: nn.Linear):
+def fixed_tile_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """F.linear(x, weight, bias), computed in products of a multiple of ``TILE`` rows, ``MIN_ROWS`` to
+    ``MAX_ROWS`` each (zero rows fill the last); ``blocked_linear`` for fewer than ``NARROW`` columns."""
+    k, n_out = x.shape[-1], weight.shape[0]
+    if n_out < NARROW:
+        return blocked_linear(x, weight, bias)
+    flat = x.reshape(-1, k)
+    m = flat.shape[0]
+    if m % TILE == 0 and MIN_ROWS <= m <= MAX_ROWS:  # one product as it is: the common case
+        return F.linear(flat, weight, bias).view(*x.shape[:-1], n_out)
+    if m == 0:
+        return F.linear(x, weight, bias)
+    starts = range(0, m, MAX_ROWS)
+    last = max(MIN_ROWS, -(-(m - starts[-1]) // TILE) * TILE)  # rows of the last product, filler included
+    flat = F.pad(flat, (0, 0, 0, starts[-1] + last - m))
+    if len(starts) == 1:
+        out = F.linear(flat, weight, bias)
+    else:
+        out = torch.cat([F.linear(flat[s:s + MAX_ROWS], weight, bias) for s in starts])
+    return out[:m].view(*x.shape[:-1], n_out)
+
+
+def _fixed_forward(module: nn.Linear):
     def forward(x: Tensor) -> Tensor:
-        return blocked_linear(x, module.weight, module.bias)
+        return fixed_tile_linear(x, module.weight, module.bias)
     return forward
 
 
 @contextlib.contextmanager
 def row_invariant(model: nn.Module) -> Iterator[nn.Module]:
-    """Within the block, every ``nn.Linear`` of ``model`` computes in fixed row blocks (no grad only).
+    """Within the block, every ``nn.Linear`` of ``model`` computes ``fixed_tile_linear`` (no grad only).
 
     Re-entrant: an already swapped module is left to the outer block, which restores it."""
     if torch.is_grad_enabled():
         raise RuntimeError("row_invariant is for no-grad passes: wrap it in torch.no_grad()")
     swapped = [m for m in model.modules() if isinstance(m, nn.Linear) and "forward" not in vars(m)]
     for module in swapped:
-        module.forward = _blocked_forward(module)
+        module.forward = _fixed_forward(module)
     try:
         yield model
     finally:
