@@ -18,7 +18,7 @@ training (step 0) runs on a fresh start only: a resumed run's records already ho
 rollout and the update (``splitproof.rl.stop``); when it says yes the loop raises ``Interrupted`` naming
 the last step whose record was logged (the unfinished step is discarded), after saving that step's
 checkpoint when it has none and the stop came where the run is exactly that step's
-(``stop.save_at_stop``). A failure inside a
+(``at_stop.save_at_stop``). A failure inside a
 step (a reward function that raises, a rank that fails) is a ``StepFailed``: nothing of that step is
 logged or saved.
 
@@ -34,7 +34,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 from . import pause, stop
-from .checkpoint import store
+from .checkpoint import at_stop, store
 from .parallel import RankFailure, first_rank_only
 from .tracking.generations import generation_rows, write_generations
 from .rewards.functions import RewardError
@@ -131,10 +131,10 @@ def fit(parts: Parts, *, log: Callable[[dict, int], None] | None = None, sync: C
     return records
 
 
-def _stop_inside(parts: Parts, pipeline, step: int, e: stop.StepAbandoned, snapshot: stop.Snapshot | None, sync,
+def _stop_inside(parts: Parts, pipeline, step: int, e: stop.StepAbandoned, snapshot: at_stop.Snapshot | None, sync,
                  save_checkpoints: bool) -> Interrupted:
     """The ``Interrupted`` of a stop inside step ``step``'s train_step, after saving step ``step - 1`` where
-    that is exact (``stop.save_at_stop``)."""
+    that is exact (``at_stop.save_at_stop``)."""
     saved = None
     if e.exact and save_checkpoints and snapshot is not None:
         snapshot.restore(parts.prompts.sampler)
@@ -144,7 +144,7 @@ def _stop_inside(parts: Parts, pipeline, step: int, e: stop.StepAbandoned, snaps
 
 
 def _save_at_stop(parts: Parts, pipeline, step: int, sync):
-    """``global_step_{step}`` saved at a stop when that is exact and it has none yet (``stop.save_at_stop``)."""
+    """``global_step_{step}`` saved at a stop when that is exact and it has none yet (``at_stop.save_at_stop``)."""
 
     def save(s: int):
         if sync is not None:
@@ -152,7 +152,7 @@ def _save_at_stop(parts: Parts, pipeline, step: int, sync):
         return save_run(parts, s, pipeline)
 
     due = is_due(step, parts.total_steps, parts.config.trainer.save_freq)
-    return stop.save_at_stop(parts, pipeline, step, save, saved_already=due)
+    return at_stop.save_at_stop(parts, pipeline, step, save, saved_already=due)
 
 
 def _one_step(parts: Parts, pipeline, step: int, emit, check_stop, on_step, sync, save_checkpoints: bool) -> None:
@@ -164,7 +164,7 @@ def _one_step(parts: Parts, pipeline, step: int, emit, check_stop, on_step, sync
         saved = save_checkpoints and _save_at_stop(parts, pipeline, step - 1, sync)
         raise Interrupted(step - 1, f" (saved global_step_{step - 1} at the stop)" if saved else "") from None
     sampler = parts.prompts.sampler
-    snapshot = stop.Snapshot.of(sampler) if stop.can_save_at_stop(parts, pipeline) else None
+    snapshot = at_stop.Snapshot.of(sampler) if at_stop.can_save_at_stop(parts, pipeline) else None
     if parts.config.algorithm.filter_groups.enable:
         uids = None  # dynamic sampling: the step draws its prompts from the stream
     else:

@@ -21,10 +21,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
-
-from .checkpoint.store import rng_state, set_rng_state
 
 
 class StepAbandoned(Exception):
@@ -64,35 +60,3 @@ def stop_points(wish: Callable[[], bool], collective, optimizers: Iterable):
         _decode_wish = previous
         for handle in handles:
             handle.remove()
-
-
-def can_save_at_stop(parts, pipeline) -> bool:
-    """Whether the run after its last finished step can be saved at a stop (see the module docstring)."""
-    cfg = parts.config
-    return (pipeline is None and not cfg.algorithm.filter_groups.enable and cfg.trainer.save_freq > 0
-            and not cfg.trainer.val_only)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What a step changes before its update: the prompt sampler's position and the RNGs."""
-
-    sampler: dict
-    rngs: dict
-
-    @classmethod
-    def of(cls, sampler) -> "Snapshot":
-        return cls(sampler.state_dict(), rng_state())
-
-    def restore(self, sampler) -> None:
-        sampler.load_state_dict(self.sampler)
-        set_rng_state(self.rngs)
-
-
-def save_at_stop(parts, pipeline, step: int, save: Callable[[int], Path], saved_already: bool) -> Path | None:
-    """``global_step_{step}`` saved by ``save(step)`` (the run being exactly the run after ``step``), unless
-    there is no finished step, it is saved already, or the run cannot be saved at a stop; the path or None."""
-    if step < 1 or saved_already or not can_save_at_stop(parts, pipeline):
-        return None
-    return save(step)
-
