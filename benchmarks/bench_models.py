@@ -12,10 +12,24 @@ if TYPE_CHECKING:
 
 # Large enough that a step is mostly matrix work, small enough that every script fits its time slot on
 # 2 CPU cores. Quick mode is for the smoke test only.
-MODEL_FULL = dict(vocab_size=2048, hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
-                  intermediate_size=384, max_position_embeddings=512)
-MODEL_QUICK = dict(vocab_size=128, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1,
-                   intermediate_size=64, max_position_embeddings=256)
+MODEL_FULL = dict(
+    vocab_size=2048,
+    hidden_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    intermediate_size=384,
+    max_position_embeddings=512,
+)
+MODEL_QUICK = dict(
+    vocab_size=128,
+    hidden_size=32,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    intermediate_size=64,
+    max_position_embeddings=256,
+)
 
 
 def bench_model_sizes(env: Env) -> dict:
@@ -34,9 +48,11 @@ def describe_model(model) -> str:
     c = model.config
     params = sum(p.numel() for p in model.parameters())
     dtype = next(model.parameters()).dtype
-    return (f"tiny Llama: vocab {c.vocab_size}, hidden {c.hidden_size}, {c.num_hidden_layers} layers, "
-            f"{c.num_attention_heads} heads / {c.num_key_value_heads} KV heads, MLP {c.intermediate_size}, "
-            f"{params / 1e6:.2f} M parameters, {str(dtype).replace('torch.', '')}")
+    return (
+        f"tiny Llama: vocab {c.vocab_size}, hidden {c.hidden_size}, {c.num_hidden_layers} layers, "
+        f"{c.num_attention_heads} heads / {c.num_key_value_heads} KV heads, MLP {c.intermediate_size}, "
+        f"{params / 1e6:.2f} M parameters, {str(dtype).replace('torch.', '')}"
+    )
 
 
 class WeightSnapshot:

@@ -43,20 +43,36 @@ rewritten on each run. Hand-written notes sit outside the markers.
 
 # --------------------------------------------------------------------------------------------- arguments
 
+
 def parser(description: str, *, repeats: int, quick_repeats: int = 2) -> argparse.ArgumentParser:
     """The options every script takes; a script adds its own before parsing."""
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
-                   help="cuda if available with 'auto' (default); 'cuda' falls back to cpu with a warning")
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=("auto", "cpu", "cuda"),
+        help="cuda if available with 'auto' (default); 'cuda' falls back to cpu with a warning",
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes, 2 repeats (the smoke test)")
-    p.add_argument("--repeats", type=int, default=None,
-                   help=f"timed repeats per variant (default {repeats}, {quick_repeats} with --quick)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch intra-op threads on CPU (default 1: stable ratios on a shared machine)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help=f"timed repeats per variant (default {repeats}, {quick_repeats} with --quick)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads on CPU (default 1: stable ratios on a shared machine)",
+    )
     p.add_argument("--dtype", default="float32", choices=("float32", "float64"))
-    p.add_argument("--docs", default=None,
-                   help="markdown file whose section is rewritten (default docs/benchmarks.md: only a full run "
-                        "from a clean tree writes it)")
+    p.add_argument(
+        "--docs",
+        default=None,
+        help="markdown file whose section is rewritten (default docs/benchmarks.md: only a full run "
+        "from a clean tree writes it)",
+    )
     p.add_argument("--no-docs", action="store_true", help="print only; leave the docs file alone")
     p.set_defaults(_repeats=repeats, _quick_repeats=quick_repeats)
     return p
@@ -98,6 +114,7 @@ def setup(args: argparse.Namespace) -> Env:
 
 # ------------------------------------------------------------------------------------------------ timing
 
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -124,19 +141,27 @@ class Timings:
         return iter(self.wall)
 
 
-def clock_for(env: "Env") -> str:
+def clock_for(env: Env) -> str:
     return "cpu" if env.device.type == "cpu" and env.threads == 1 else "wall"
 
 
 def clock_note(clock: str) -> str:
     if clock == "cpu":
-        return ("Clock: process CPU time (one torch thread, so it is the step's compute time; waiting for a core "
-                "on a busy machine is left out). Wall-clock medians are shown beside it.")
+        return (
+            "Clock: process CPU time (one torch thread, so it is the step's compute time; waiting for a core "
+            "on a busy machine is left out). Wall-clock medians are shown beside it."
+        )
     return "Clock: wall time (synchronised with the device)."
 
 
-def interleaved(variants: dict[str, Callable[[], object]], *, repeats: int, env: "Env",
-                warmup: int = 1, prepare: Callable[[], None] | None = None) -> Timings:
+def interleaved(
+    variants: dict[str, Callable[[], object]],
+    *,
+    repeats: int,
+    env: Env,
+    warmup: int = 1,
+    prepare: Callable[[], None] | None = None,
+) -> Timings:
     """Time each variant ``repeats`` times, the variants interleaved within each repeat.
 
     Every variant first runs ``warmup`` times untimed. Repeat r starts at variant r mod V (a rotation),
@@ -198,7 +223,7 @@ class Ratio:
     q3: float
 
     @classmethod
-    def paired(cls, variant: Sequence[float], baseline: Sequence[float]) -> "Ratio":
+    def paired(cls, variant: Sequence[float], baseline: Sequence[float]) -> Ratio:
         ratios = [v / b for v, b in zip(variant, baseline)]
         q1, q3 = quartiles(ratios)
         return cls(median(ratios), q1, q3)
@@ -210,8 +235,9 @@ class Ratio:
         return f"{self.q1:.3f}–{self.q3:.3f}"
 
 
-def verdict(value: float, goal: float, *, at_most: bool = True, digits: int = 3, scale: float = 1.0,
-            unit: str = "") -> str:
+def verdict(
+    value: float, goal: float, *, at_most: bool = True, digits: int = 3, scale: float = 1.0, unit: str = ""
+) -> str:
     """'met (margin …)' or 'missed by …', the margin in the goal's own units (× ``scale``)."""
     margin = (goal - value) if at_most else (value - goal)
     amount = f"{abs(margin) * scale:.{digits}f}{unit}"
@@ -223,6 +249,7 @@ def ms(seconds: float) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ machine
+
 
 def cpu_model() -> str:
     try:
@@ -290,16 +317,22 @@ def docs_target(docs: str | None, *, no_docs: bool, quick: bool, repo: Path = RE
     if not is_published(path):
         return path
     if quick:
-        sys.exit(f"error: --quick never writes {DEFAULT_DOCS.relative_to(REPO)} (its figures mean nothing); "
-                 "use --no-docs or --docs OTHER.md")
+        sys.exit(
+            f"error: --quick never writes {DEFAULT_DOCS.relative_to(REPO)} (its figures mean nothing); "
+            "use --no-docs or --docs OTHER.md"
+        )
     changed = tree_changes(repo, ignore=path)
     if changed is None:
-        sys.exit("error: the published benchmarks name the commit they measured, and git cannot tell it here; "
-                 "use --no-docs or --docs OTHER.md")
+        sys.exit(
+            "error: the published benchmarks name the commit they measured, and git cannot tell it here; "
+            "use --no-docs or --docs OTHER.md"
+        )
     if changed:
-        sys.exit(f"error: the published benchmarks are written only from a clean tree (uncommitted: "
-                 f"{', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''}); commit first, or use --no-docs "
-                 "or --docs OTHER.md")
+        sys.exit(
+            f"error: the published benchmarks are written only from a clean tree (uncommitted: "
+            f"{', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''}); commit first, or use --no-docs "
+            "or --docs OTHER.md"
+        )
     return path
 
 
@@ -327,6 +360,7 @@ def machine(env: Env, *, load_before: str) -> list[str]:
 
 # ------------------------------------------------------------------------------------------------ output
 
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     for row in rows:
@@ -335,8 +369,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
 
 
 def section(name: str, title: str, command: str, env: Env, load_before: str, body: Sequence[str]) -> str:
-    parts = [f"## {title}", "",
-             f"_Generated by `{command}`; rewritten on every run — edit outside the markers._", ""]
+    parts = [f"## {title}", "", f"_Generated by `{command}`; rewritten on every run — edit outside the markers._", ""]
     parts += [f"- {line}" for line in machine(env, load_before=load_before)]
     parts.append("")
     for block in body:
@@ -384,20 +417,21 @@ def steps_script(doc: str, name: str, default_steps: int, argv: list[str] | None
     """The main of a one-repeat script of training runs whose knob is ``--steps`` (its ``run`` reads
     ``env.args.steps``: default ``default_steps``, 2 with --quick)."""
     p = parser(doc.splitlines()[0], repeats=1, quick_repeats=1)
-    p.add_argument("--steps", type=int, default=None,
-                   help=f"training steps (default {default_steps}, 2 with --quick)")
+    p.add_argument("--steps", type=int, default=None, help=f"training steps (default {default_steps}, 2 with --quick)")
     return run_script(name, p.parse_args(argv), argv, run, render)
 
 
-def run_script(name: str, args: argparse.Namespace, argv: list[str] | None, run, render, *,
-               section: str | None = None) -> dict:
+def run_script(
+    name: str, args: argparse.Namespace, argv: list[str] | None, run, render, *, section: str | None = None
+) -> dict:
     """A script's main: set up, measure, render its docs section (``section``, default ``name``), write
     it; returns the results."""
     env = setup(args)
     load_before = load_average()
     result = run(env)
-    text = render(env, result, load_before,
-                  " ".join([command_line(name)] + (argv if argv is not None else sys.argv[1:])))
+    text = render(
+        env, result, load_before, " ".join([command_line(name)] + (argv if argv is not None else sys.argv[1:]))
+    )
     emit(env, section or name, text)
     result["markdown"] = text
     return result

@@ -18,10 +18,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
+import torch
 
-import bench_models as bm  # noqa: E402
-import benchlib as bl  # noqa: E402
+import bench_models as bm
+import benchlib as bl
 
 NAME = "engine_overhead"
 GOAL = 1.05
@@ -43,10 +43,11 @@ def plain_step(model, optimizer, batch, microbatches, agg_mode: str, grad_clip: 
         p0 = int(cols[0])
         t1 = int(att[:, P:].any(0).nonzero()[-1]) + 1
         ids = torch.cat([batch.prompts.index_select(0, idx)[:, p0:], batch.responses.index_select(0, idx)[:, :t1]], 1)
-        am = torch.cat([att[:, p0:P], att[:, P:P + t1]], 1).long()
+        am = torch.cat([att[:, p0:P], att[:, P : P + t1]], 1).long()
         pos = (am.cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False,
-                       logits_to_keep=t1 + 1).logits[:, :-1]
+        logits = model(
+            input_ids=ids, attention_mask=am, position_ids=pos, use_cache=False, logits_to_keep=t1 + 1
+        ).logits[:, :-1]
         logp = logits.log_softmax(-1).gather(-1, ids[:, -t1:].unsqueeze(-1)).squeeze(-1)
         m = mask.index_select(0, idx)[:, :t1]
         adv = batch.advantages.index_select(0, idx)[:, :t1]
@@ -96,16 +97,20 @@ def head_timings(env: bl.Env, part) -> dict:
         torch.where(part.response_mask[:, :t1], lp, torch.zeros_like(lp)).sum().backward()
 
     times = bl.interleaved({"engine": engine_head, "plain": plain_head}, repeats=max(5, 3 * env.repeats), env=env)
-    return dict(shape=tuple(logits[:, :-1].shape), engine_s=bl.median(times["engine"]),
-                plain_s=bl.median(times["plain"]), ratio=bl.Ratio.paired(times["engine"], times["plain"]).median)
+    return dict(
+        shape=tuple(logits[:, :-1].shape),
+        engine_s=bl.median(times["engine"]),
+        plain_s=bl.median(times["plain"]),
+        ratio=bl.Ratio.paired(times["engine"], times["plain"]).median,
+    )
 
 
 def run(env: bl.Env) -> dict:
-    from splitproof.loss_config import LossConfig
     from splitproof.diagnose.synthetic import synthetic_rollout
-    from splitproof.engine.update_config import UpdateConfig
     from splitproof.engine.plan import plan_update
     from splitproof.engine.update import update_policy
+    from splitproof.engine.update_config import UpdateConfig
+    from splitproof.loss_config import LossConfig
 
     B, P, T, micro = (16, 8, 16, 4) if env.quick else (64, 32, 160, 8)
     budget = micro * (P + T)
@@ -125,44 +130,110 @@ def run(env: bl.Env) -> dict:
             microbatches = [mb for mb in plan_update(valid, config, 1, 0)[0].microbatches if mb]
             variants = {
                 "engine": lambda c=config: update_policy(model, optimizer, batch, c),
-                "plain": lambda m=microbatches, a=mode, c=config: plain_step(model, optimizer, valid, m, a, c.grad_clip),
+                "plain": lambda m=microbatches, a=mode, c=config: plain_step(
+                    model, optimizer, valid, m, a, c.grad_clip
+                ),
             }
             bl.log(f"[{NAME}] {mode} / {split_name}: {len(microbatches)} microbatches")
             times = bl.interleaved(variants, repeats=env.repeats, env=env, prepare=snapshot.restore)
             ratio = bl.Ratio.paired(times["engine"], times["plain"])
-            rows.append(dict(mode=mode, split=split_name, microbatches=len(microbatches),
-                             engine_s=bl.median(times["engine"]), plain_s=bl.median(times["plain"]),
-                             engine_wall_s=bl.median(times.wall["engine"]), plain_wall_s=bl.median(times.wall["plain"]),
-                             ratio=ratio.median, q1=ratio.q1, q3=ratio.q3, goal_met=ratio.median <= GOAL,
-                             clock=times.clock))
+            rows.append(
+                dict(
+                    mode=mode,
+                    split=split_name,
+                    microbatches=len(microbatches),
+                    engine_s=bl.median(times["engine"]),
+                    plain_s=bl.median(times["plain"]),
+                    engine_wall_s=bl.median(times.wall["engine"]),
+                    plain_wall_s=bl.median(times.wall["plain"]),
+                    ratio=ratio.median,
+                    q1=ratio.q1,
+                    q3=ratio.q3,
+                    goal_met=ratio.median <= GOAL,
+                    clock=times.clock,
+                )
+            )
     bl.log(f"[{NAME}] log-prob head alone")
     head = head_timings(env, valid.select(list(range(micro))))
     fixed = [r for r in rows if r["split"].startswith("fixed")]
-    head["step_share"] = bl.median([(head["engine_s"] - head["plain_s"]) * r["microbatches"] / r["plain_s"] for r in fixed])
-    return dict(rows=rows, head=head, model=bm.describe_model(model), sequences=B, prompt=P, response=T,
-                valid_tokens=int(valid.response_mask.sum()), clock=rows[0]["clock"])
+    head["step_share"] = bl.median(
+        [(head["engine_s"] - head["plain_s"]) * r["microbatches"] / r["plain_s"] for r in fixed]
+    )
+    return dict(
+        rows=rows,
+        head=head,
+        model=bm.describe_model(model),
+        sequences=B,
+        prompt=P,
+        response=T,
+        valid_tokens=int(valid.response_mask.sum()),
+        clock=rows[0]["clock"],
+    )
 
 
 def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
-    headers = ["loss_agg_mode", "microbatches", "count", "engine ms", "plain ms", "engine / plain",
-               "paired-ratio IQR", "engine ms (wall)", "plain ms (wall)", f"goal ≤ {GOAL}"]
-    body = [bl.table(headers, [[r["mode"], r["split"], r["microbatches"], bl.ms(r["engine_s"]), bl.ms(r["plain_s"]),
-                                f"{r['ratio']:.3f}", f"{r['q1']:.3f}–{r['q3']:.3f}", bl.ms(r["engine_wall_s"]),
-                                bl.ms(r["plain_wall_s"]), bl.verdict(r["ratio"], GOAL)]
-                               for r in result["rows"]])]
-    setup = (f"Setup: {result['model']}; one optimizer step over {result['sequences']} sequences (prompts ≤ "
-             f"{result['prompt']}, responses uniform in [1, {result['response']}], {result['valid_tokens']} "
-             f"valid response tokens), loss_mode vanilla, SGD. Times are medians over the repeats; the ratio "
-             f"is the median of the per-repeat engine/plain ratios. {bl.clock_note(result['clock'])}")
+    headers = [
+        "loss_agg_mode",
+        "microbatches",
+        "count",
+        "engine ms",
+        "plain ms",
+        "engine / plain",
+        "paired-ratio IQR",
+        "engine ms (wall)",
+        "plain ms (wall)",
+        f"goal ≤ {GOAL}",
+    ]
+    body = [
+        bl.table(
+            headers,
+            [
+                [
+                    r["mode"],
+                    r["split"],
+                    r["microbatches"],
+                    bl.ms(r["engine_s"]),
+                    bl.ms(r["plain_s"]),
+                    f"{r['ratio']:.3f}",
+                    f"{r['q1']:.3f}–{r['q3']:.3f}",
+                    bl.ms(r["engine_wall_s"]),
+                    bl.ms(r["plain_wall_s"]),
+                    bl.verdict(r["ratio"], GOAL),
+                ]
+                for r in result["rows"]
+            ],
+        )
+    ]
+    setup = (
+        f"Setup: {result['model']}; one optimizer step over {result['sequences']} sequences (prompts ≤ "
+        f"{result['prompt']}, responses uniform in [1, {result['response']}], {result['valid_tokens']} "
+        f"valid response tokens), loss_mode vanilla, SGD. Times are medians over the repeats; the ratio "
+        f"is the median of the per-repeat engine/plain ratios. {bl.clock_note(result['clock'])}"
+    )
     h = result["head"]
     head_table = bl.table(
-        ["logits [b, T, V]", "engine head ms", "log_softmax + gather ms", "engine / log_softmax",
-         "extra per step (share of a plain step, fixed split)"],
-        [[" × ".join(map(str, h["shape"])), f"{h['engine_s'] * 1e3:.2f}", f"{h['plain_s'] * 1e3:.2f}",
-          f"{h['ratio']:.2f}", f"{100 * h['step_share']:.1f} %"]])
-    head_text = ("Attribution — the log-prob head alone, forward + backward on one fixed microbatch's logits: "
-                 "`splitproof.engine.logprobs.response_log_probs` (on a stand-in model that returns the logits) "
-                 "against `log_softmax` + `gather`.")
+        [
+            "logits [b, T, V]",
+            "engine head ms",
+            "log_softmax + gather ms",
+            "engine / log_softmax",
+            "extra per step (share of a plain step, fixed split)",
+        ],
+        [
+            [
+                " × ".join(map(str, h["shape"])),
+                f"{h['engine_s'] * 1e3:.2f}",
+                f"{h['plain_s'] * 1e3:.2f}",
+                f"{h['ratio']:.2f}",
+                f"{100 * h['step_share']:.1f} %",
+            ]
+        ],
+    )
+    head_text = (
+        "Attribution — the log-prob head alone, forward + backward on one fixed microbatch's logits: "
+        "`splitproof.engine.logprobs.response_log_probs` (on a stand-in model that returns the logits) "
+        "against `log_softmax` + `gather`."
+    )
     return bl.section(NAME, "Engine overhead", command, env, load_before, [setup] + body + [head_text, head_table])
 
 

@@ -30,10 +30,10 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
+import torch
 
-import bench_models as bm  # noqa: E402
-import benchlib as bl  # noqa: E402
+import bench_models as bm
+import benchlib as bl
 
 NAME = "lora"
 GOAL_RSS = 0.5  # LoRA's peak RSS / full fine-tuning's
@@ -107,8 +107,16 @@ def _state_mb(model, optimizer) -> float:
     return (grads + state) / 2**20
 
 
-def child(variant: str, model_dir: str | None, rank: int, repeats: int, quick: bool, threads: int, micro: int,
-          checkpointing: bool) -> dict:
+def child(
+    variant: str,
+    model_dir: str | None,
+    rank: int,
+    repeats: int,
+    quick: bool,
+    threads: int,
+    micro: int,
+    checkpointing: bool,
+) -> dict:
     """One (variant, work) cell in this process: its figures as a dict."""
     warnings.simplefilter("ignore")
     torch.set_num_threads(threads)
@@ -135,8 +143,9 @@ def child(variant: str, model_dir: str | None, rank: int, repeats: int, quick: b
     model.train()  # as splitproof train runs the update (activation checkpointing acts only in training mode)
     saved = SavedActivations(model, vocab_size_of(model))
     optimizer = torch.optim.AdamW(trainable_parameters(model), lr=1e-5)
-    config = UpdateConfig(loss=LossConfig(use_kl_loss=True), ppo_mini_batch_size=work["sequences"],
-                          ppo_micro_batch_size_per_gpu=micro)
+    config = UpdateConfig(
+        loss=LossConfig(use_kl_loss=True), ppo_mini_batch_size=work["sequences"], ppo_micro_batch_size_per_gpu=micro
+    )
     times, cpu, shares = [], [], []
     for i in range(1 + repeats):
         if clock is not None:
@@ -152,33 +161,60 @@ def child(variant: str, model_dir: str | None, rank: int, repeats: int, quick: b
         cpu.append(time.process_time() - start_cpu)
         if clock is not None:
             shares.append(clock.seconds / times[-1])
-    return {"variant": variant, "micro": micro, "checkpointing": checkpointing,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "imports_rss_mb": rss_imports, "loaded_rss_mb": rss_loaded,
-            "weights_mb": sum(p.nbytes for p in model.parameters()) / 2**20, "state_mb": _state_mb(model, optimizer),
-            "saved_mb": saved.largest[0] / 2**20, "saved_vocab_mb": saved.largest[1] / 2**20,
-            "step_s": bl.median(times), "step_cpu_s": bl.median(cpu), "steps": times,
-            "trainable": sum(p.numel() for p in trainable_parameters(model)),
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "adapter_share": bl.median(shares) if shares else None}
+    return {
+        "variant": variant,
+        "micro": micro,
+        "checkpointing": checkpointing,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "imports_rss_mb": rss_imports,
+        "loaded_rss_mb": rss_loaded,
+        "weights_mb": sum(p.nbytes for p in model.parameters()) / 2**20,
+        "state_mb": _state_mb(model, optimizer),
+        "saved_mb": saved.largest[0] / 2**20,
+        "saved_vocab_mb": saved.largest[1] / 2**20,
+        "step_s": bl.median(times),
+        "step_cpu_s": bl.median(cpu),
+        "steps": times,
+        "trainable": sum(p.numel() for p in trainable_parameters(model)),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "adapter_share": bl.median(shares) if shares else None,
+    }
 
 
 def run(env: bl.Env) -> dict:
     args = env.args
     model_dir = args.model if args.model else (DEFAULT_MODEL if os.path.isdir(DEFAULT_MODEL) and not env.quick else "")
-    out = {"model": model_dir or "tiny llama (benchmarks' quick model)", "rank": args.rank,
-           "work": WORK_QUICK if env.quick else WORK, "cells": []}
+    out = {
+        "model": model_dir or "tiny llama (benchmarks' quick model)",
+        "rank": args.rank,
+        "work": WORK_QUICK if env.quick else WORK,
+        "cells": [],
+    }
     for micro, checkpointing in CELLS_QUICK if env.quick else CELLS:
         cell = {"micro": micro, "checkpointing": checkpointing}
         for variant in ("full", "lora"):
-            command = [sys.executable, os.path.abspath(__file__), "--child", variant, "--model", model_dir,
-                       "--rank", str(args.rank), "--repeats", str(env.repeats), "--threads", str(env.threads),
-                       "--micro", str(micro)] + (["--checkpointing"] if checkpointing else [])
+            command = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--child",
+                variant,
+                "--model",
+                model_dir,
+                "--rank",
+                str(args.rank),
+                "--repeats",
+                str(env.repeats),
+                "--threads",
+                str(env.threads),
+                "--micro",
+                str(micro),
+            ] + (["--checkpointing"] if checkpointing else [])
             if env.quick:
                 command.append("--quick")
             bl.log(f"[{NAME}] {variant}, microbatch {micro}{', checkpointing' if checkpointing else ''} ...")
-            done = subprocess.run(command, capture_output=True, text=True, check=True,
-                                  env=dict(os.environ, PYTHONPATH=bl.REPO.as_posix()))
+            done = subprocess.run(
+                command, capture_output=True, text=True, check=True, env=dict(os.environ, PYTHONPATH=bl.REPO.as_posix())
+            )
             cell[variant] = json.loads(done.stdout.strip().splitlines()[-1])
         cell["rss_ratio"] = cell["lora"]["peak_rss_mb"] / cell["full"]["peak_rss_mb"]
         cell["time_ratio"] = cell["lora"]["step_cpu_s"] / cell["full"]["step_cpu_s"]
@@ -198,33 +234,74 @@ def _work_name(cell: dict) -> str:
 def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
     w, cells = result["work"], result["cells"]
     ratios = bl.table(
-        ["microbatch", "full: peak RSS (MB)", "LoRA: peak RSS (MB)", "LoRA / full", "full: step CPU (s)",
-         "LoRA: step CPU (s)", "LoRA / full (CPU)", "adapter share of LoRA's step"],
-        [[_work_name(c), f"{c['full']['peak_rss_mb']:.0f}", f"{c['lora']['peak_rss_mb']:.0f}",
-          f"{c['rss_ratio']:.2f}", f"{c['full']['step_cpu_s']:.2f}", f"{c['lora']['step_cpu_s']:.2f}",
-          f"{c['time_ratio']:.2f}", f"{100 * c['lora']['adapter_share']:.1f} %"] for c in cells])
+        [
+            "microbatch",
+            "full: peak RSS (MB)",
+            "LoRA: peak RSS (MB)",
+            "LoRA / full",
+            "full: step CPU (s)",
+            "LoRA: step CPU (s)",
+            "LoRA / full (CPU)",
+            "adapter share of LoRA's step",
+        ],
+        [
+            [
+                _work_name(c),
+                f"{c['full']['peak_rss_mb']:.0f}",
+                f"{c['lora']['peak_rss_mb']:.0f}",
+                f"{c['rss_ratio']:.2f}",
+                f"{c['full']['step_cpu_s']:.2f}",
+                f"{c['lora']['step_cpu_s']:.2f}",
+                f"{c['time_ratio']:.2f}",
+                f"{100 * c['lora']['adapter_share']:.1f} %",
+            ]
+            for c in cells
+        ],
+    )
     where = []
     for c in cells:
         for name in ("full", "lora"):
             v = c[name]
             saved = "—" if c["checkpointing"] else f"{_mb(v['saved_mb'])} ({_mb(v['saved_vocab_mb'])})"
-            where.append([_work_name(c), name, f"{v['imports_rss_mb']:.0f}",
-                          f"{v['loaded_rss_mb'] - v['imports_rss_mb']:.0f} ({_mb(v['weights_mb'])})",
-                          _mb(v["state_mb"]), saved,
-                          f"{v['peak_rss_mb'] - v['loaded_rss_mb']:.0f}", f"{v['peak_rss_mb']:.0f}"])
-    where_table = bl.table(["microbatch", "variant", "RSS after imports", "+ model loaded (its weights)", "grads + AdamW state",
-                            "saved for backward, one microbatch (logits' part)", "peak − loaded", "peak RSS"],
-                           where)
+            where.append(
+                [
+                    _work_name(c),
+                    name,
+                    f"{v['imports_rss_mb']:.0f}",
+                    f"{v['loaded_rss_mb'] - v['imports_rss_mb']:.0f} ({_mb(v['weights_mb'])})",
+                    _mb(v["state_mb"]),
+                    saved,
+                    f"{v['peak_rss_mb'] - v['loaded_rss_mb']:.0f}",
+                    f"{v['peak_rss_mb']:.0f}",
+                ]
+            )
+    where_table = bl.table(
+        [
+            "microbatch",
+            "variant",
+            "RSS after imports",
+            "+ model loaded (its weights)",
+            "grads + AdamW state",
+            "saved for backward, one microbatch (logits' part)",
+            "peak − loaded",
+            "peak RSS",
+        ],
+        where,
+    )
     full, lora = cells[0]["full"], cells[0]["lora"]
-    body = [f"Model: {result['model']}, float32, {full['parameters']:,} parameters; LoRA rank {result['rank']} "
-            f"(alpha {2 * result['rank']}) on every linear layer, {lora['trainable']:,} trainable. Work: one policy "
-            f"update of {w['sequences']} sequences (prompts ≤ {w['prompt_length']}, responses ≤ "
-            f"{w['response_length']} tokens), KL loss on, AdamW, the microbatch size and activation checkpointing "
-            f"as in each row (the same for both variants); {env.repeats} timed step(s) after a warm-up, each cell "
-            f"in a fresh process.", ratios,
-            f"Peak RSS, LoRA / full, at the smallest: {bl.verdict(result['best_rss_ratio'], GOAL_RSS)}.",
-            "Where the memory goes (MB; RSS figures are the process's, the others tensor sizes; saved tensors "
-            "not counted under checkpointing):", where_table]
+    body = [
+        f"Model: {result['model']}, float32, {full['parameters']:,} parameters; LoRA rank {result['rank']} "
+        f"(alpha {2 * result['rank']}) on every linear layer, {lora['trainable']:,} trainable. Work: one policy "
+        f"update of {w['sequences']} sequences (prompts ≤ {w['prompt_length']}, responses ≤ "
+        f"{w['response_length']} tokens), KL loss on, AdamW, the microbatch size and activation checkpointing "
+        f"as in each row (the same for both variants); {env.repeats} timed step(s) after a warm-up, each cell "
+        f"in a fresh process.",
+        ratios,
+        f"Peak RSS, LoRA / full, at the smallest: {bl.verdict(result['best_rss_ratio'], GOAL_RSS)}.",
+        "Where the memory goes (MB; RSS figures are the process's, the others tensor sizes; saved tensors "
+        "not counted under checkpointing):",
+        where_table,
+    ]
     return bl.section(NAME, "LoRA against full fine-tuning", command, env, load_before, body)
 
 
@@ -237,8 +314,16 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--checkpointing", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
-        figures = child(args.child, args.model or None, args.rank, args.repeats, args.quick, args.threads or 1,
-                        args.micro, args.checkpointing)
+        figures = child(
+            args.child,
+            args.model or None,
+            args.rank,
+            args.repeats,
+            args.quick,
+            args.threads or 1,
+            args.micro,
+            args.checkpointing,
+        )
         print(json.dumps(figures))
         return figures
     return bl.run_script(NAME, args, argv, run, render)

@@ -25,10 +25,10 @@ import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
+import torch
 
-import bench_models as bm  # noqa: E402
-import benchlib as bl  # noqa: E402
+import bench_models as bm
+import benchlib as bl
 
 NAME = "memory"
 GOAL_FLAT = 1.10  # peak at the largest minibatch / peak at the smallest
@@ -80,8 +80,11 @@ def cpu_peak_bytes(fn) -> tuple[int, str]:
         fn()
     try:  # every allocation and free, with its time stamp
         events = prof.profiler.kineto_results.events()
-        deltas = [(e.start_ns(), e.nbytes()) for e in events
-                  if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
+        deltas = [
+            (e.start_ns(), e.nbytes())
+            for e in events
+            if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+        ]
         if deltas:
             return _replay_peak(deltas), "profiler memory records"
     except (AttributeError, RuntimeError):
@@ -152,7 +155,7 @@ class PeakMemory:
             if self._stop.wait(self.interval):
                 return
 
-    def __enter__(self) -> "PeakMemory":
+    def __enter__(self) -> PeakMemory:
         self._thread.start()
         return self
 
@@ -164,9 +167,9 @@ class PeakMemory:
 def diagnosis_memory(env: bl.Env) -> dict:
     """Peak machine memory of a KL-Cov diagnosis with one split and with three, in model sizes."""
     from splitproof.diagnose import scenarios as sc
+    from splitproof.diagnose.baseline_store import spills_to_disk
     from splitproof.diagnose.context import ModelSpec, build_model
     from splitproof.diagnose.diagnosis import Diagnosis
-    from splitproof.diagnose.baseline_store import spills_to_disk
 
     spec = ModelSpec(path=env.args.diagnose_model, dtype="float64")
     gc.collect()
@@ -177,28 +180,42 @@ def diagnosis_memory(env: bl.Env) -> dict:
     rows = []
     for splits in DIAGNOSE_SPLITS:
         bl.log(f"[{NAME}] diagnosis with splits {', '.join(splits)}")
-        scenario = sc.custom(seed=0, loss_mode="kl_cov", kl_cov_ratio=0.01, sequences=8, response_length=16,
-                             splits=splits)
+        scenario = sc.custom(
+            seed=0, loss_mode="kl_cov", kl_cov_ratio=0.01, sequences=8, response_length=16, splits=splits
+        )
         gc.collect()
         with PeakMemory() as peak:
             diagnosis = Diagnosis([scenario], spec, model=model).run()
             passed = diagnosis.results(scenario)["passed"]
         del diagnosis
-        rows.append(dict(splits=" ".join(splits), peak=peak.total - before, own=peak.own - before,
-                         ratio=(peak.total - before) / model_bytes, own_ratio=(peak.own - before) / model_bytes,
-                         passed=passed))
+        rows.append(
+            dict(
+                splits=" ".join(splits),
+                peak=peak.total - before,
+                own=peak.own - before,
+                ratio=(peak.total - before) / model_bytes,
+                own_ratio=(peak.own - before) / model_bytes,
+                passed=passed,
+            )
+        )
     growth = rows[-1]["peak"] / rows[0]["peak"]
     name = os.path.basename(os.path.normpath(spec.path)) if spec.path else "the embedded tiny random Llama"
     params = sum(p.numel() for p in model.parameters())
-    return dict(rows=rows, model=f"{name} ({type(model).__name__}, {params / 1e6:.1f} M parameters)",
-                model_bytes=model_bytes, loaded=loaded, growth=growth, spilled=spills_to_disk())
+    return dict(
+        rows=rows,
+        model=f"{name} ({type(model).__name__}, {params / 1e6:.1f} M parameters)",
+        model_bytes=model_bytes,
+        loaded=loaded,
+        growth=growth,
+        spilled=spills_to_disk(),
+    )
 
 
 def run(env: bl.Env) -> dict:
-    from splitproof.loss_config import LossConfig
     from splitproof.diagnose.synthetic import synthetic_rollout
-    from splitproof.engine.update_config import UpdateConfig
     from splitproof.engine.update import update_policy
+    from splitproof.engine.update_config import UpdateConfig
+    from splitproof.loss_config import LossConfig
 
     if env.quick:
         P, T, micro_sizes, mini_fixed, mini_sizes, micro_fixed = 8, 16, (2, 4), 8, (4, 8), 2
@@ -229,8 +246,17 @@ def run(env: bl.Env) -> dict:
             peak, method = peak_bytes(env, step(loss, mini, micro))
         finally:
             hooks.remove()
-        rows.append(dict(sweep=sweep, loss=loss, minibatch=mini, microbatch=micro, peak=peak,
-                         largest_activation=hooks.bytes, method=method))
+        rows.append(
+            dict(
+                sweep=sweep,
+                loss=loss,
+                minibatch=mini,
+                microbatch=micro,
+                peak=peak,
+                largest_activation=hooks.bytes,
+                method=method,
+            )
+        )
     param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     flat = {}
     for loss in losses:
@@ -241,9 +267,19 @@ def run(env: bl.Env) -> dict:
         r["relative"] = r["peak"] / first["peak"]
     description = bm.describe_model(model)
     model = optimizer = snapshot = batch = None  # free them before the diagnosis measures its own peak
-    return dict(rows=rows, flat=flat, flat_ok=all(v <= GOAL_FLAT for v in flat.values()), param_bytes=param_bytes,
-                model=description, prompt=P, response=T, method=rows[0]["method"],
-                mini_sizes=mini_sizes, micro_sizes=micro_sizes, diagnosis=diagnosis_memory(env))
+    return dict(
+        rows=rows,
+        flat=flat,
+        flat_ok=all(v <= GOAL_FLAT for v in flat.values()),
+        param_bytes=param_bytes,
+        model=description,
+        prompt=P,
+        response=T,
+        method=rows[0]["method"],
+        mini_sizes=mini_sizes,
+        micro_sizes=micro_sizes,
+        diagnosis=diagnosis_memory(env),
+    )
 
 
 def _mib(x: int) -> str:
@@ -251,49 +287,105 @@ def _mib(x: int) -> str:
 
 
 def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
-    headers = ["sweep", "loss", "minibatch (sequences)", "microbatch (sequences)", "peak MiB",
-               "peak / first of sweep", "largest activation MiB"]
-    rows = [[r["sweep"], r["loss"], r["minibatch"], r["microbatch"], _mib(r["peak"]), f"{r['relative']:.3f}",
-             _mib(r["largest_activation"])] for r in result["rows"]]
-    goal = bl.table(["goal", "loss", "measured (peak at the largest / smallest minibatch)", "verdict"],
-                    [[f"flat in minibatch size (≤ {GOAL_FLAT})", loss, f"{ratio:.3f}", bl.verdict(ratio, GOAL_FLAT)]
-                     for loss, ratio in result["flat"].items()])
-    setup = (f"Setup: {result['model']} (weights {_mib(result['param_bytes'])} MiB; the gradients add as much "
-             f"to every peak); every sequence {result['prompt']} prompt + {result['response']} response tokens, "
-             f"so every microbatch has the same width; one optimizer step, SGD. Peak measured by: "
-             f"{result['method']}. Single measurement per setting (memory is deterministic).")
-    return bl.section(NAME, "Peak memory", command, env, load_before,
-                      [setup, bl.table(headers, rows), goal] + render_diagnosis(result["diagnosis"]))
+    headers = [
+        "sweep",
+        "loss",
+        "minibatch (sequences)",
+        "microbatch (sequences)",
+        "peak MiB",
+        "peak / first of sweep",
+        "largest activation MiB",
+    ]
+    rows = [
+        [
+            r["sweep"],
+            r["loss"],
+            r["minibatch"],
+            r["microbatch"],
+            _mib(r["peak"]),
+            f"{r['relative']:.3f}",
+            _mib(r["largest_activation"]),
+        ]
+        for r in result["rows"]
+    ]
+    goal = bl.table(
+        ["goal", "loss", "measured (peak at the largest / smallest minibatch)", "verdict"],
+        [
+            [f"flat in minibatch size (≤ {GOAL_FLAT})", loss, f"{ratio:.3f}", bl.verdict(ratio, GOAL_FLAT)]
+            for loss, ratio in result["flat"].items()
+        ],
+    )
+    setup = (
+        f"Setup: {result['model']} (weights {_mib(result['param_bytes'])} MiB; the gradients add as much "
+        f"to every peak); every sequence {result['prompt']} prompt + {result['response']} response tokens, "
+        f"so every microbatch has the same width; one optimizer step, SGD. Peak measured by: "
+        f"{result['method']}. Single measurement per setting (memory is deterministic)."
+    )
+    return bl.section(
+        NAME,
+        "Peak memory",
+        command,
+        env,
+        load_before,
+        [setup, bl.table(headers, rows), goal] + render_diagnosis(result["diagnosis"]),
+    )
 
 
 def render_diagnosis(d: dict) -> list[str]:
     model_mib = d["model_bytes"] / 2**20
-    setup = (f"`splitproof diagnose` on {d['model']} (float64, {model_mib:.1f} MiB of parameters = 1 model size; "
-             f"loading it added {d['loaded'] / d['model_bytes']:.2f} model sizes): KL-Cov, kl_cov_ratio 0.01, "
-             "8 sequences × 16 response tokens, SGD; each split is compared with the baseline and with the control "
-             "(DDP workers for `dp:2`). Peak of the summed proportional set sizes of the process and its "
-             "workers, sampled every 50 ms, above the memory before the model was loaded (so the loaded model "
-             "counts as 1). The baseline's gradient and parameters after the step (2 model sizes) "
-             + ("wait in a temporary file on disk (docs/diagnose.md, \"Memory\"), outside these figures."
-                if d.get("spilled") else "stay in memory (the temporary directory is a memory file system), "
-                "inside these figures."))
-    rows = [[r["splits"], f"{r['peak'] / 2**20:.0f}", f"{r['ratio']:.2f}", f"{r['own_ratio']:.2f}",
-             "pass" if r["passed"] else "FAIL"] for r in d["rows"]]
-    table = bl.table(["splits", "peak MiB", "peak / model size", "of which this process / model size",
-                      "diagnosis verdict"], rows)
+    setup = (
+        f"`splitproof diagnose` on {d['model']} (float64, {model_mib:.1f} MiB of parameters = 1 model size; "
+        f"loading it added {d['loaded'] / d['model_bytes']:.2f} model sizes): KL-Cov, kl_cov_ratio 0.01, "
+        "8 sequences × 16 response tokens, SGD; each split is compared with the baseline and with the control "
+        "(DDP workers for `dp:2`). Peak of the summed proportional set sizes of the process and its "
+        "workers, sampled every 50 ms, above the memory before the model was loaded (so the loaded model "
+        "counts as 1). The baseline's gradient and parameters after the step (2 model sizes) "
+        + (
+            'wait in a temporary file on disk (docs/diagnose.md, "Memory"), outside these figures.'
+            if d.get("spilled")
+            else "stay in memory (the temporary directory is a memory file system), inside these figures."
+        )
+    )
+    rows = [
+        [
+            r["splits"],
+            f"{r['peak'] / 2**20:.0f}",
+            f"{r['ratio']:.2f}",
+            f"{r['own_ratio']:.2f}",
+            "pass" if r["passed"] else "FAIL",
+        ]
+        for r in d["rows"]
+    ]
+    table = bl.table(
+        ["splits", "peak MiB", "peak / model size", "of which this process / model size", "diagnosis verdict"], rows
+    )
     worst = max(r["ratio"] for r in d["rows"])
-    goal = bl.table(["goal", "measured", "verdict"],
-                    [[f"diagnosis memory constant in the number of splits (≤ {GOAL_SPLITS})",
-                      f"{d['growth']:.3f} (peak with three splits / with one)", bl.verdict(d["growth"], GOAL_SPLITS)],
-                     [f"diagnosis peak in model sizes, machine-wide (≤ {GOAL_MODEL_SIZES:g})",
-                      f"{worst:.2f} (the larger peak)", bl.verdict(worst, GOAL_MODEL_SIZES)]])
+    goal = bl.table(
+        ["goal", "measured", "verdict"],
+        [
+            [
+                f"diagnosis memory constant in the number of splits (≤ {GOAL_SPLITS})",
+                f"{d['growth']:.3f} (peak with three splits / with one)",
+                bl.verdict(d["growth"], GOAL_SPLITS),
+            ],
+            [
+                f"diagnosis peak in model sizes, machine-wide (≤ {GOAL_MODEL_SIZES:g})",
+                f"{worst:.2f} (the larger peak)",
+                bl.verdict(worst, GOAL_MODEL_SIZES),
+            ],
+        ],
+    )
     return [setup, table, goal]
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = bl.parser(__doc__.splitlines()[0], repeats=1, quick_repeats=1)
-    parser.add_argument("--diagnose-model", default=None, metavar="DIR",
-                        help="local Hugging Face model for the diagnosis rows (default: the embedded tiny model)")
+    parser.add_argument(
+        "--diagnose-model",
+        default=None,
+        metavar="DIR",
+        help="local Hugging Face model for the diagnosis rows (default: the embedded tiny model)",
+    )
     args = parser.parse_args(argv)
     return bl.run_script(NAME, args, argv, run, render)
 

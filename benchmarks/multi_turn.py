@@ -28,7 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import benchlib as bl  # noqa: E402
+import benchlib as bl
 
 NAME = "multi_turn"
 BUILTIN = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "splitproof", "builtin", "charlm")
@@ -95,8 +95,9 @@ def rollouts(env: bl.Env, latency_s: float, max_num_seqs: int):
     settings = MultiTurnSettings(format="simple", max_assistant_turns=3)
 
     def episodes(latency: float):
-        hf = HFRollout(model, eos_token_ids=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                       max_num_seqs=max_num_seqs)
+        hf = HFRollout(
+            model, eos_token_ids=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, max_num_seqs=max_num_seqs
+        )
         tools = {"mul": function_tool(sleeping_mul(latency), "benchmark")}
         rollout = EpisodeRollout(hf, tokenizer, tools, settings)
         rollout.format = every_turn_calls(tokenizer, tools)
@@ -115,8 +116,9 @@ def run(env: bl.Env) -> dict:
     requests_total = prompts_n * n
     tokenizer, single, instant, slow = rollouts(env, latency_s, max_num_seqs=requests_total // chunks)
     rows = task_rows("builtin://product/train")[:prompts_n]
-    requests = requests_for([(u, tokenizer.encode(r["prompt"], add_special_tokens=False))
-                             for u, r in enumerate(rows)], n)
+    requests = requests_for(
+        [(u, tokenizer.encode(r["prompt"], add_special_tokens=False)) for u, r in enumerate(rows)], n
+    )
     budget = 48
     params = SamplingParams(n=n, max_response_length=budget, seed=0)
     episodes = instant.generate(requests, params, step=1)
@@ -143,42 +145,84 @@ def run(env: bl.Env) -> dict:
     for name in variants:
         count = tokens.get(name, model_tokens)
         wall, cpu = bl.median(times.wall[name]), bl.median(times.cpu[name])
-        rows_out.append(dict(variant=name, tokens=count, wall_s=wall, cpu_s=cpu,
-                             wall_tps=count / wall, cpu_tps=count / cpu))
-    return dict(rows=rows_out, requests=len(requests), prompts=prompts_n, n=n, max_num_seqs=requests_total // chunks,
-                model_tokens=model_tokens, tool_tokens=tool_tokens, calls=calls, latency_s=latency_s,
-                workers=slow.settings.num_workers, turns=sum(e.assistant_turns for e in episodes),
-                budget=budget, repeats=env.repeats, blocked=blocked)
+        rows_out.append(
+            dict(variant=name, tokens=count, wall_s=wall, cpu_s=cpu, wall_tps=count / wall, cpu_tps=count / cpu)
+        )
+    return dict(
+        rows=rows_out,
+        requests=len(requests),
+        prompts=prompts_n,
+        n=n,
+        max_num_seqs=requests_total // chunks,
+        model_tokens=model_tokens,
+        tool_tokens=tool_tokens,
+        calls=calls,
+        latency_s=latency_s,
+        workers=slow.settings.num_workers,
+        turns=sum(e.assistant_turns for e in episodes),
+        budget=budget,
+        repeats=env.repeats,
+        blocked=blocked,
+    )
 
 
 def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
     rows = result["rows"]
     base = rows[0]
-    table = bl.table(["rollout", "model tokens", "wall s (median)", "tokens/s (wall)", "CPU s (median)",
-                      "tokens/s (CPU)", "vs single-turn (CPU tokens/s)"],
-                     [[r["variant"], r["tokens"], f"{r['wall_s']:.3f}", f"{r['wall_tps']:.0f}", f"{r['cpu_s']:.3f}",
-                       f"{r['cpu_tps']:.0f}", f"{r['cpu_tps'] / base['cpu_tps']:.2f} ×"] for r in rows])
-    intro = (f"Setup: the built-in model, {result['prompts']} `builtin://product` prompts × {result['n']} samples "
-             f"= {result['requests']} requests, `max_num_seqs` {result['max_num_seqs']}, sampling at T 1, "
-             f"`max_response_length` {result['budget']}. Multi-turn: every turn read as a call of the "
-             f"calculator (`max_assistant_turns` 3): {result['turns']} model turns, {result['calls']} calls, "
-             f"{result['model_tokens']} model and {result['tool_tokens']} tool tokens. Single-turn: the same "
-             f"requests without EOS, {rows[0]['tokens'] // result['requests']} tokens each. "
-             f"{result['repeats']} interleaved repeats; tokens/s counts the model's tokens only.")
+    table = bl.table(
+        [
+            "rollout",
+            "model tokens",
+            "wall s (median)",
+            "tokens/s (wall)",
+            "CPU s (median)",
+            "tokens/s (CPU)",
+            "vs single-turn (CPU tokens/s)",
+        ],
+        [
+            [
+                r["variant"],
+                r["tokens"],
+                f"{r['wall_s']:.3f}",
+                f"{r['wall_tps']:.0f}",
+                f"{r['cpu_s']:.3f}",
+                f"{r['cpu_tps']:.0f}",
+                f"{r['cpu_tps'] / base['cpu_tps']:.2f} ×",
+            ]
+            for r in rows
+        ],
+    )
+    intro = (
+        f"Setup: the built-in model, {result['prompts']} `builtin://product` prompts × {result['n']} samples "
+        f"= {result['requests']} requests, `max_num_seqs` {result['max_num_seqs']}, sampling at T 1, "
+        f"`max_response_length` {result['budget']}. Multi-turn: every turn read as a call of the "
+        f"calculator (`max_assistant_turns` 3): {result['turns']} model turns, {result['calls']} calls, "
+        f"{result['model_tokens']} model and {result['tool_tokens']} tool tokens. Single-turn: the same "
+        f"requests without EOS, {rows[0]['tokens'] // result['requests']} tokens each. "
+        f"{result['repeats']} interleaved repeats; tokens/s counts the model's tokens only."
+    )
     instant = rows[1]
     tool_s = result["calls"] * result["latency_s"]
     blocked = result["blocked"]
-    note = (f"Slow tools: {result['calls']} calls × {result['latency_s'] * 1000:g} ms = {tool_s:.2f} s of tool time "
-            f"per rollout, on {result['workers']} threads. Time the episodes blocked reading tool results (one "
-            f"more rollout of each, timed around every read): {blocked['slow']:.3f} s with the slow tools, "
-            f"{blocked['instant']:.3f} s with instant ones; the rest of the tool time ran in parallel on the pool "
-            "or while later chunks generated (the calls of a chunk of `max_num_seqs` episodes start as soon as it "
-            "is generated; the last chunk's calls, and the wait for every response before the next turn, are not "
-            "overlapped). "
-            f"Wall / CPU time of the instant-tool rollouts: {instant['wall_s'] / instant['cpu_s']:.1f} (above 1: "
-            "the process waited for a core; the wall columns then measure the machine's load more than the code).")
-    return bl.section(NAME, "Multi-turn rollouts: tokens per second against single-turn", command, env, load_before,
-                      [intro, table, note])
+    note = (
+        f"Slow tools: {result['calls']} calls × {result['latency_s'] * 1000:g} ms = {tool_s:.2f} s of tool time "
+        f"per rollout, on {result['workers']} threads. Time the episodes blocked reading tool results (one "
+        f"more rollout of each, timed around every read): {blocked['slow']:.3f} s with the slow tools, "
+        f"{blocked['instant']:.3f} s with instant ones; the rest of the tool time ran in parallel on the pool "
+        "or while later chunks generated (the calls of a chunk of `max_num_seqs` episodes start as soon as it "
+        "is generated; the last chunk's calls, and the wait for every response before the next turn, are not "
+        "overlapped). "
+        f"Wall / CPU time of the instant-tool rollouts: {instant['wall_s'] / instant['cpu_s']:.1f} (above 1: "
+        "the process waited for a core; the wall columns then measure the machine's load more than the code)."
+    )
+    return bl.section(
+        NAME,
+        "Multi-turn rollouts: tokens per second against single-turn",
+        command,
+        env,
+        load_before,
+        [intro, table, note],
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:

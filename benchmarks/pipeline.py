@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import benchlib as bl  # noqa: E402
+import benchlib as bl
 
 NAME, MODEL_NAME = "pipeline", "pipeline-model"
 GOAL = 0.7
@@ -68,15 +68,32 @@ def sum_task(model_dir: str, folder: Path) -> list[str]:
     with open(folder / "sums.jsonl", "w") as f:
         for _ in range(64):
             a, b = rng.randint(1, 9), rng.randint(1, 9)
-            f.write(json.dumps({"prompt": [{"role": "user", "content": f"What is {a}+{b}? Reply with the number only."}],
-                                "data_source": "add2", "reward_model": {"ground_truth": str(a + b)}}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "prompt": [{"role": "user", "content": f"What is {a}+{b}? Reply with the number only."}],
+                        "data_source": "add2",
+                        "reward_model": {"ground_truth": str(a + b)},
+                    }
+                )
+                + "\n"
+            )
     (folder / "sum_reward.py").write_text(SUM_REWARD)
-    return [f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={folder / 'sums.jsonl'}",
-            f"data.val_files={folder / 'sums.jsonl'}", f"custom_reward_function.path={folder / 'sum_reward.py'}",
-            "data.max_prompt_length=64", "data.max_response_length=12", "algorithm.adv_estimator=grpo",
-            "data.train_batch_size=4", "actor_rollout_ref.rollout.n=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-            "actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.rollout.temperature=0.7",
-            "trainer.cpu_threads=1"]
+    return [
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"data.train_files={folder / 'sums.jsonl'}",
+        f"data.val_files={folder / 'sums.jsonl'}",
+        f"custom_reward_function.path={folder / 'sum_reward.py'}",
+        "data.max_prompt_length=64",
+        "data.max_response_length=12",
+        "algorithm.adv_estimator=grpo",
+        "data.train_batch_size=4",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.optim.lr=1e-5",
+        "actor_rollout_ref.rollout.temperature=0.7",
+        "trainer.cpu_threads=1",
+    ]
 
 
 def one_run(k: int, steps: int, overrides: list[str]) -> dict:
@@ -90,10 +107,19 @@ def one_run(k: int, steps: int, overrides: list[str]) -> dict:
     from splitproof.rl.train import cpu_threads
 
     work = Path(tempfile.mkdtemp(prefix="splitproof-pipeline-"))
-    cfg = load_train_config(None, [f"trainer.total_training_steps={steps}", f"trainer.default_local_dir={work}",
-                                   "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.logger=[]",
-                                   f"async_training.staleness_steps={k}", *overrides],
-                            on_notice=lambda m: None)
+    cfg = load_train_config(
+        None,
+        [
+            f"trainer.total_training_steps={steps}",
+            f"trainer.default_local_dir={work}",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+            "trainer.logger=[]",
+            f"async_training.staleness_steps={k}",
+            *overrides,
+        ],
+        on_notice=lambda m: None,
+    )
     gen_cpu, marks = [], []
     generate = step_mod.generate
 
@@ -121,18 +147,20 @@ def one_run(k: int, steps: int, overrides: list[str]) -> dict:
     finally:
         step_mod.generate, loop_mod.train_step = generate, original
     keep = slice(2, steps - 2) if steps >= 5 else slice(0, None)  # as kept() says
-    return {"wall": bl.median([w for w, _ in marks[keep]]), "cpu": bl.median([c for _, c in marks[keep]]),
-            "gen_cpu": bl.median(gen_cpu[keep]) if gen_cpu else None,
-            "sync": bl.median([r["timing_s/weight_sync"] for r in records[keep]]) if k else None,
-            "kl": [r.get("rollout_corr/kl") for r in records]}
+    return {
+        "wall": bl.median([w for w, _ in marks[keep]]),
+        "cpu": bl.median([c for _, c in marks[keep]]),
+        "gen_cpu": bl.median(gen_cpu[keep]) if gen_cpu else None,
+        "sync": bl.median([r["timing_s/weight_sync"] for r in records[keep]]) if k else None,
+        "kl": [r.get("rollout_corr/kl") for r in records],
+    }
 
 
 def kept(steps: int) -> str:
     """Which steps the medians are taken over: 3..N-2 (step 1 starts the rollout process, step 2 still
     holds warm-up, the last two steps of a pipelined run hand no weights over); every step of a short run."""
     if steps >= 5:
-        return (f"steps 3..{steps - 2} (step 1 starts the rollout process; the last two steps hand no weights "
-                "over)")
+        return f"steps 3..{steps - 2} (step 1 starts the rollout process; the last two steps hand no weights over)"
     return f"steps 1..{steps} (a short run: warm-up included)"
 
 
@@ -164,7 +192,7 @@ def compare(steps: int, repeats: int, overrides: list[str]) -> dict:
     """k = 0 and k = 1 runs, interleaved (the first k alternates), ``repeats`` of each."""
     results = {0: [], 1: []}
     for repeat in range(repeats):
-        for k in ((0, 1) if repeat % 2 == 0 else (1, 0)):
+        for k in (0, 1) if repeat % 2 == 0 else (1, 0):
             bl.log(f"[pipeline] repeat {repeat + 1}/{repeats}: k = {k}")
             results[k].append(one_run(k, steps, overrides))
     return results
@@ -182,13 +210,21 @@ def run(env: bl.Env) -> dict:
         with tempfile.TemporaryDirectory(prefix="splitproof-pipeline-task-") as folder:
             results = compare(steps, env.repeats, sum_task(env.args.model, Path(folder)))
         model = load_policy(ModelConfig(path=env.args.model), dtype=torch.float32)
-        return {"steps": steps, "runs": results, "transfer": {Path(env.args.model).name: transfer_cost(model, hand_overs)}}
+        return {
+            "steps": steps,
+            "runs": results,
+            "transfer": {Path(env.args.model).name: transfer_cost(model, hand_overs)},
+        }
     steps = env.args.steps or (3 if env.quick else STEPS)
     results = compare(steps, env.repeats, QUICK_OVERRIDES if env.quick else [])
     models = {"built-in charlm": load_policy(ModelConfig(), dtype=torch.float32)}
     if env.args.smollm2:
         models["SmolLM2-135M"] = load_policy(ModelConfig(path=env.args.smollm2), dtype=torch.float32)
-    return {"steps": steps, "runs": results, "transfer": {name: transfer_cost(m, hand_overs) for name, m in models.items()}}
+    return {
+        "steps": steps,
+        "runs": results,
+        "transfer": {name: transfer_cost(m, hand_overs) for name, m in models.items()},
+    }
 
 
 def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
@@ -200,54 +236,92 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
     wall0, wall1, cpu0, cpu1, gen0 = med(0, "wall"), med(1, "wall"), med(0, "cpu"), med(1, "cpu"), med(0, "gen_cpu")
     load_out = next(iter(result["transfer"].values()))["out"]
     estimate = max(cpu1, gen0 + load_out) / cpu0
-    rows = [["wall ms / step (median)", bl.ms(wall0), bl.ms(wall1), f"{wall1 / wall0:.2f}×"],
-            ["trainer CPU ms / step", bl.ms(cpu0), bl.ms(cpu1), f"{cpu1 / cpu0:.2f}×"],
-            ["generation CPU ms / step (k = 0: in the trainer)", bl.ms(gen0), "(rollout process)", ""],
-            ["weight hand-over, trainer side (`timing_s/weight_sync`)", "", bl.ms(med(1, "sync")), ""]]
-    transfer = [[name, f"{t['bytes'] / 2**20:.1f} MiB", ", ".join(f"`{n}`" for n in t["tied"]) or "none",
-                 bl.ms(t["into"]), bl.ms(t["out"])]
-                for name, t in result["transfer"].items()]
+    rows = [
+        ["wall ms / step (median)", bl.ms(wall0), bl.ms(wall1), f"{wall1 / wall0:.2f}×"],
+        ["trainer CPU ms / step", bl.ms(cpu0), bl.ms(cpu1), f"{cpu1 / cpu0:.2f}×"],
+        ["generation CPU ms / step (k = 0: in the trainer)", bl.ms(gen0), "(rollout process)", ""],
+        ["weight hand-over, trainer side (`timing_s/weight_sync`)", "", bl.ms(med(1, "sync")), ""],
+    ]
+    transfer = [
+        [
+            name,
+            f"{t['bytes'] / 2**20:.1f} MiB",
+            ", ".join(f"`{n}`" for n in t["tied"]) or "none",
+            bl.ms(t["into"]),
+            bl.ms(t["out"]),
+        ]
+        for name, t in result["transfer"].items()
+    ]
     if env.args.model:
-        setup = (f"Setup: `{Path(env.args.model).name}` (float32) on single-digit sums asked as a chat message "
-                 "(docs/train.md's SmolLM2 task): 4 prompts × 4 samples per step, at most 12 new tokens, one "
-                 "optimizer step per step")
+        setup = (
+            f"Setup: `{Path(env.args.model).name}` (float32) on single-digit sums asked as a chat message "
+            "(docs/train.md's SmolLM2 task): 4 prompts × 4 samples per step, at most 12 new tokens, one "
+            "optimizer step per step"
+        )
     else:
-        setup = ("Setup: `splitproof train`'s embedded default (its recipe: 128 prompts × 8 samples, 4 optimizer "
-                 "steps per step)")
+        setup = (
+            "Setup: `splitproof train`'s embedded default (its recipe: 128 prompts × 8 samples, 4 optimizer "
+            "steps per step)"
+        )
     body = [
         f"{setup}, evaluation and checkpoints off, {result['steps']} steps, one torch thread in the trainer and one in "
         f"the rollout process; k = 0 and k = 1 runs interleaved, {env.repeats} of each. Per step: the median over "
         f"{kept(result['steps'])}. Generation is "
         f"{gen0 / cpu0:.0%} of the synchronous step's CPU time.",
         bl.table(["", "k = 0", "k = 1", "k = 1 / k = 0"], rows),
-        bl.table(["goal", "clock", "measured", "verdict"], [
-            ["pipelined step ≤ 0.7× the synchronous one", "CPU estimate: max(trainer, generation + load) / step",
-             f"{estimate:.2f}×", bl.verdict(estimate, GOAL)],
-            ["pipelined step ≤ 0.7× the synchronous one", "wall (shared machine)", f"{wall1 / wall0:.2f}×",
-             bl.verdict(wall1 / wall0, GOAL)]]),
+        bl.table(
+            ["goal", "clock", "measured", "verdict"],
+            [
+                [
+                    "pipelined step ≤ 0.7× the synchronous one",
+                    "CPU estimate: max(trainer, generation + load) / step",
+                    f"{estimate:.2f}×",
+                    bl.verdict(estimate, GOAL),
+                ],
+                [
+                    "pipelined step ≤ 0.7× the synchronous one",
+                    "wall (shared machine)",
+                    f"{wall1 / wall0:.2f}×",
+                    bl.verdict(wall1 / wall0, GOAL),
+                ],
+            ],
+        ),
         f"Weight transfer per step (median over {3 if env.quick else 10} hand-overs, this process; tied weights "
         "are sent once):",
-        bl.table(["model", "weights sent (float32)", "tied names not sent", "into shared memory ms",
-                  "out into the rollout model ms"], transfer),
+        bl.table(
+            [
+                "model",
+                "weights sent (float32)",
+                "tied names not sent",
+                "into shared memory ms",
+                "out into the rollout model ms",
+            ],
+            transfer,
+        ),
     ]
     on = f" on {Path(env.args.model).name}" if env.args.model else ""  # the default's title is linked to
-    return bl.section(NAME, f"Pipelined rollouts{on}: step time at k = 1 against k = 0", command, env,
-                      load_before, body)
+    return bl.section(
+        NAME, f"Pipelined rollouts{on}: step time at k = 1 against k = 0", command, env, load_before, body
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = bl.parser(__doc__.splitlines()[0], repeats=2, quick_repeats=1)  # with --model: 1 (a run takes minutes)
-    p.add_argument("--steps", type=int, default=None,
-                   help=f"steps per run (default {STEPS}; {MODEL_STEPS} with --model)")
+    p.add_argument(
+        "--steps", type=int, default=None, help=f"steps per run (default {STEPS}; {MODEL_STEPS} with --model)"
+    )
     p.add_argument("--smollm2", default=None, help="a converted SmolLM2-135M directory (transfer cost)")
-    p.add_argument("--model", default=None,
-                   help="a Hugging Face model directory: the comparison on it, with a tiny batch of sums")
+    p.add_argument(
+        "--model", default=None, help="a Hugging Face model directory: the comparison on it, with a tiny batch of sums"
+    )
     args = p.parse_args(argv)
     if args.model and not args.repeats:
         args.repeats = 1
     if args.model and args.smollm2:
-        p.error("--smollm2 adds a transfer row to the embedded default's section; with --model, the model's own "
-                "transfer is measured: give one of them")
+        p.error(
+            "--smollm2 adds a transfer row to the embedded default's section; with --model, the model's own "
+            "transfer is measured: give one of them"
+        )
     return bl.run_script(NAME, args, argv, run, render, section=MODEL_NAME if args.model else NAME)
 
 

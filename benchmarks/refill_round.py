@@ -17,8 +17,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import benchlib as bl  # noqa: E402
-import stage_clock  # noqa: E402
+import benchlib as bl
+import stage_clock
 
 NAME = "refill_round"
 STEPS = 10
@@ -32,12 +32,17 @@ def measure(overrides: list[str], steps: int) -> dict:
     from splitproof.rl.config.load import load_train_config
     from splitproof.rl.run import build_parts
 
-    cfg = load_train_config("builtin://charlm-dapo", [f"trainer.total_training_steps={steps}", "data.val_files=null",
-                                                       "trainer.logger=[]", *overrides], on_notice=lambda m: None)
+    cfg = load_train_config(
+        "builtin://charlm-dapo",
+        [f"trainer.total_training_steps={steps}", "data.val_files=null", "trainer.logger=[]", *overrides],
+        on_notice=lambda m: None,
+    )
     clock, saved = stage_clock.Clock(), {}
-    patches = [(step_mod, "generate", stage_clock.timed_call(clock, "round")),
-               (step_mod, "score_samples", stage_clock.timed_call(clock, "round")),
-               (loop_mod, "train_step", stage_clock.starts_step(clock))]
+    patches = [
+        (step_mod, "generate", stage_clock.timed_call(clock, "round")),
+        (step_mod, "score_samples", stage_clock.timed_call(clock, "round")),
+        (loop_mod, "train_step", stage_clock.starts_step(clock)),
+    ]
     try:
         for owner, name, make in patches:
             saved[owner, name] = stage_clock.wrap(owner, name, make)
@@ -49,8 +54,13 @@ def measure(overrides: list[str], steps: int) -> dict:
             setattr(owner, name, original)
     rounds = [int(r.get("train/num_gen_batches", 1)) for r in records if r["step"] >= 1]
     per_round = [clock.cpu["round"][s + 1] / r for s, r in enumerate(rounds)]
-    return dict(step_cpu=clock.totals()["cpu"], round_cpu=per_round, rounds=rounds,
-                prompts=cfg.data.train_batch_size, n=cfg.actor_rollout_ref.rollout.n)
+    return dict(
+        step_cpu=clock.totals()["cpu"],
+        round_cpu=per_round,
+        rounds=rounds,
+        prompts=cfg.data.train_batch_size,
+        n=cfg.actor_rollout_ref.rollout.n,
+    )
 
 
 def run(env: bl.Env) -> dict:
@@ -69,22 +79,30 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
     round_ms, plain_ms = bl.median(dapo["round_cpu"][steady]), bl.median(plain["step_cpu"][steady])
     dapo_ms = bl.median(dapo["step_cpu"][steady])
     rounds = dapo["rounds"]
-    intro = (f"Setup: the built-in DAPO recipe (`--config builtin://charlm-dapo`: {dapo['prompts']} prompts × "
-             f"{dapo['n']} samples per step, filter on `acc`, overlong buffer) with `data.gen_batch_size` = "
-             f"`train_batch_size`, so every round after a step's first is a refill; against the same settings "
-             f"without dynamic sampling (a plain step). {result['steps']} steps each, one torch thread, process "
-             "CPU time (the machine is shared); medians over steps 2 on (step 1 holds warm-up).")
-    table = bl.table(["measure", "CPU ms (median)", "vs a plain step"], [
-        ["one generation round (generate + score)", bl.ms(round_ms), f"{round_ms / plain_ms:.2f} ×"],
-        ["a plain step (one round, log-probs, update)", bl.ms(plain_ms), "1.00 ×"],
-        ["a dynamic-sampling step", bl.ms(dapo_ms), f"{dapo_ms / plain_ms:.2f} ×"],
-    ])
+    intro = (
+        f"Setup: the built-in DAPO recipe (`--config builtin://charlm-dapo`: {dapo['prompts']} prompts × "
+        f"{dapo['n']} samples per step, filter on `acc`, overlong buffer) with `data.gen_batch_size` = "
+        f"`train_batch_size`, so every round after a step's first is a refill; against the same settings "
+        f"without dynamic sampling (a plain step). {result['steps']} steps each, one torch thread, process "
+        "CPU time (the machine is shared); medians over steps 2 on (step 1 holds warm-up)."
+    )
+    table = bl.table(
+        ["measure", "CPU ms (median)", "vs a plain step"],
+        [
+            ["one generation round (generate + score)", bl.ms(round_ms), f"{round_ms / plain_ms:.2f} ×"],
+            ["a plain step (one round, log-probs, update)", bl.ms(plain_ms), "1.00 ×"],
+            ["a dynamic-sampling step", bl.ms(dapo_ms), f"{dapo_ms / plain_ms:.2f} ×"],
+        ],
+    )
     counts = ", ".join(f"{r}: {rounds.count(r)}" for r in sorted(set(rounds)))
-    note = (f"Generation rounds per step over the run: mean {sum(rounds) / len(rounds):.2f}, max {max(rounds)} "
-            f"(rounds: steps — {counts}). A refill round costs one round's generation and scoring; the "
-            "log-prob passes and the update run once per step on the kept groups.")
-    return bl.section(NAME, "Dynamic sampling: a refill round against a plain step", command, env, load_before,
-                      [intro, table, note])
+    note = (
+        f"Generation rounds per step over the run: mean {sum(rounds) / len(rounds):.2f}, max {max(rounds)} "
+        f"(rounds: steps — {counts}). A refill round costs one round's generation and scoring; the "
+        "log-prob passes and the update run once per step on the kept groups."
+    )
+    return bl.section(
+        NAME, "Dynamic sampling: a refill round against a plain step", command, env, load_before, [intro, table, note]
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:

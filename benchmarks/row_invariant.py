@@ -37,11 +37,21 @@ from splitproof.engine.row_invariant import blocked_linear, row_invariant
 from splitproof.hf_models import load_causal_lm, tiny_causal_lm
 from splitproof.value_model import value_model_from_pretrained
 
-SMOLLM2 = dict(hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3, intermediate_size=1536,
-               vocab_size=49152, max_position_embeddings=2048, tie_word_embeddings=True)
+SMOLLM2 = dict(
+    hidden_size=576,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    intermediate_size=1536,
+    vocab_size=49152,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
+)
 # (sequences, prompt tokens lo-hi, response tokens lo-hi) of the log-prob / values pass; prefill prompt lengths
-WORK = {"builtin": dict(seqs=32, prompt=(16, 64), response=(8, 48), prefill=(16, 48), decode_steps=8, repeats=21),
-        "smollm2": dict(seqs=4, prompt=(8, 24), response=(8, 24), prefill=(4, 12), decode_steps=4, repeats=3)}
+WORK = {
+    "builtin": dict(seqs=32, prompt=(16, 64), response=(8, 48), prefill=(16, 48), decode_steps=8, repeats=21),
+    "smollm2": dict(seqs=4, prompt=(8, 24), response=(8, 24), prefill=(4, 12), decode_steps=4, repeats=3),
+}
 
 
 @contextlib.contextmanager
@@ -78,8 +88,12 @@ def rollout_batch(n: int, vocab: int, prompt: tuple, response: tuple, seed: int 
         return torch.randint(3, vocab, (int(torch.randint(lo, hi, (1,), generator=g)),), generator=g).tolist()
 
     prompts, responses = [draw(*prompt) for _ in range(n)], [draw(*response) for _ in range(n)]
-    return RolloutBatch.from_sequences(prompt_ids=prompts, response_ids=responses,
-                                       old_log_probs=[[0.0] * len(r) for r in responses], advantages=[0.0] * n)
+    return RolloutBatch.from_sequences(
+        prompt_ids=prompts,
+        response_ids=responses,
+        old_log_probs=[[0.0] * len(r) for r in responses],
+        advantages=[0.0] * n,
+    )
 
 
 def generation_inputs(vocab: int, lengths: tuple, rows: int = 32, seed: int = 1):
@@ -95,16 +109,26 @@ def generation_inputs(vocab: int, lengths: tuple, rows: int = 32, seed: int = 1)
 def generate(model, ids, mask, steps: int):
     """Prefill (last position's logits) then ``steps`` greedy decode steps; (prefill s, [step s], logits)."""
     start = time.thread_time()
-    out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                use_cache=True, logits_to_keep=1)
+    out = model(
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+        use_cache=True,
+        logits_to_keep=1,
+    )
     prefill, step_times, kept = time.thread_time() - start, [], [out.logits[:, -1]]
     lengths = mask.sum(-1)
     for t in range(steps):
         tokens = out.logits[:, -1].argmax(-1, keepdim=True)
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
         start = time.thread_time()
-        out = model(input_ids=tokens, attention_mask=mask, position_ids=(lengths + t).unsqueeze(1), use_cache=True,
-                    past_key_values=out.past_key_values)
+        out = model(
+            input_ids=tokens,
+            attention_mask=mask,
+            position_ids=(lengths + t).unsqueeze(1),
+            use_cache=True,
+            past_key_values=out.past_key_values,
+        )
         step_times.append(time.thread_time() - start)
         kept.append(out.logits[:, -1])
     return prefill, step_times, torch.stack(kept)
@@ -141,9 +165,12 @@ def passes(name: str, model, critic, work: dict):
         return (prefill, statistics.median(steps)), logits
 
     mb = f"{work['seqs']} seqs, micro-batch {work['seqs'] // 2}, {int(batch.attention_mask.sum())} tokens"
-    return {f"log-probs ({mb})": log_probs, "log-probs (micro-batch 1: rows of any count)":
-            lambda variant: log_probs(variant, 1), f"values ({mb})": value_pass,
-            f"generation (32 seqs, {int(mask.sum())} prompt tokens)": prefill_and_decode}
+    return {
+        f"log-probs ({mb})": log_probs,
+        "log-probs (micro-batch 1: rows of any count)": lambda variant: log_probs(variant, 1),
+        f"values ({mb})": value_pass,
+        f"generation (32 seqs, {int(mask.sum())} prompt tokens)": prefill_and_decode,
+    }
 
 
 def best_of(fn, variant: str, inner: int):
@@ -176,23 +203,39 @@ def ratio_text(num: list, den: list) -> str:
 def report(label: str, times: dict, same: bool) -> list[str]:
     """Table lines: one per pass, two for generation (its prefill and its median decode step)."""
     generation = isinstance(times["plain"][0], tuple)
-    parts = [(0, label.replace("generation", "prefill")), (1, label.replace("generation", "decode step"))] \
-        if generation else [(None, label)]
+    parts = (
+        [(0, label.replace("generation", "prefill")), (1, label.replace("generation", "decode step"))]
+        if generation
+        else [(None, label)]
+    )
     lines = []
     for part, what in parts:
         pick = {v: [t if part is None else t[part] for t in ts] for v, ts in times.items()}
         ms = " | ".join(f"{statistics.median(pick[v]) * 1e3:.1f} ms" for v in VARIANTS)
         least = min(pick["shipped"]) / min(pick["plain"])
-        lines.append(f"{what} | {ms} | {ratio_text(pick['blocks'], pick['plain'])} | "
-                     f"{ratio_text(pick['shipped'], pick['plain'])} | {least:.3f} | {'yes' if same else 'NO'} |")
+        lines.append(
+            f"{what} | {ms} | {ratio_text(pick['blocks'], pick['plain'])} | "
+            f"{ratio_text(pick['shipped'], pick['plain'])} | {least:.3f} | {'yes' if same else 'NO'} |"
+        )
     return lines
 
 
 def probe(threads: int) -> None:
     """Row counts M (1–160, then some up to 4096) whose plain product moves some row's bits against the
     16-row blocks, per shape of the two models (K inputs → N outputs)."""
-    shapes = [(576, 576), (576, 192), (576, 1536), (1536, 576), (576, 49152), (64, 64), (64, 176), (176, 64),
-              (64, 99), (64, 1), (576, 1)]
+    shapes = [
+        (576, 576),
+        (576, 192),
+        (576, 1536),
+        (1536, 576),
+        (576, 49152),
+        (64, 64),
+        (64, 176),
+        (176, 64),
+        (64, 99),
+        (64, 1),
+        (576, 1),
+    ]
     counts = list(range(1, 161)) + [252, 256, 512, 1056, 1400, 2048, 2052, 4096]
     for dtype in (torch.float32, torch.float64):
         for k, n in shapes:
@@ -201,9 +244,11 @@ def probe(threads: int) -> None:
             x, w = torch.randn(max(ms), k, generator=g, dtype=dtype), torch.randn(n, k, generator=g, dtype=dtype)
             ref = blocked_linear(x, w)
             moved = [m for m in ms if not torch.equal(F.linear(x[:m], w), ref[:m])]
-            print(f"{str(dtype)[6:]} K {k} → N {n}: moved at {len(moved)} of {len(ms)} row counts; multiples of 4 "
-                  f"from 8: {[m for m in moved if m % 4 == 0 and m >= 8][:12]}; below 8: {[m for m in moved if m < 8]}",
-                  flush=True)
+            print(
+                f"{str(dtype)[6:]} K {k} → N {n}: moved at {len(moved)} of {len(ms)} row counts; multiples of 4 "
+                f"from 8: {[m for m in moved if m % 4 == 0 and m >= 8][:12]}; below 8: {[m for m in moved if m < 8]}",
+                flush=True,
+            )
 
 
 def main(argv=None) -> None:
@@ -218,13 +263,17 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     env = {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "MKL_CBWR") if k in os.environ}
-    print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()} {env or ''}, "
-          f"{args.threads} thread(s), load average {os.getloadavg()[0]:.1f}, "
-          f"{args.repeats or 'per-model'} interleaved repeats, each the least of {args.inner} runs\n")
+    print(
+        f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()} {env or ''}, "
+        f"{args.threads} thread(s), load average {os.getloadavg()[0]:.1f}, "
+        f"{args.repeats or 'per-model'} interleaved repeats, each the least of {args.inner} runs\n"
+    )
     if args.probe:
         return probe(args.threads)
-    print("| model | dtype | pass | plain | 16-row blocks | shipped | blocks / plain | shipped / plain | "
-          "least shipped / least plain | shipped = blocks bits |")
+    print(
+        "| model | dtype | pass | plain | 16-row blocks | shipped | blocks / plain | shipped / plain | "
+        "least shipped / least plain | shipped = blocks bits |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
         for dtype in (getattr(torch, d) for d in args.dtypes.split(",")):

@@ -59,8 +59,10 @@ class Clock:
     def totals(self) -> dict[str, list[float]]:
         """Per RL step: wall and CPU from one step's start to the next's (the last to ``finish``)."""
         marks = self.starts + [self.end]
-        return {"wall": [b[0] - a[0] for a, b in zip(marks, marks[1:])],
-                "cpu": [b[1] - a[1] for a, b in zip(marks, marks[1:])]}
+        return {
+            "wall": [b[0] - a[0] for a, b in zip(marks, marks[1:])],
+            "cpu": [b[1] - a[1] for a, b in zip(marks, marks[1:])],
+        }
 
     def per_step(self, stage: str, clock: str, steps: int) -> list[float]:
         table = (self.wall if clock == "wall" else self.cpu).get(stage, {})
@@ -85,12 +87,15 @@ def timed_call(clock: Clock, stage: str):
         def call(*args, **kwargs):
             with clock.timed(stage):
                 return original(*args, **kwargs)
+
         return call
+
     return make
 
 
 def starts_step(clock: Clock, stage: str | None = None):
     """A wrapper maker: every call begins the next RL step on ``clock`` (and is timed as ``stage``)."""
+
     def make(original):
         def call(*args, **kwargs):
             clock.begin_step()
@@ -98,17 +103,22 @@ def starts_step(clock: Clock, stage: str | None = None):
                 return original(*args, **kwargs)
             with clock.timed(stage):
                 return original(*args, **kwargs)
+
         return call
+
     return make
 
 
 def finishes(clock: Clock):
     """A wrapper maker: the end of the call ends the last RL step on ``clock``."""
+
     def make(original):
         def call(*args, **kwargs):
             try:
                 return original(*args, **kwargs)
             finally:
                 clock.finish()
+
         return call
+
     return make

@@ -18,18 +18,19 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
+import torch
 
-import bench_models as bm  # noqa: E402
-import benchlib as bl  # noqa: E402
+import bench_models as bm
+import benchlib as bl
 
 NAME = "token_budget"
 GOAL_PADDING = 0.05
 GOAL_THROUGHPUT = 1.3
 
 
-def long_tailed_rollout(model, num: int, prompt_width: int, response_width: int, *, median: float,
-                        sigma: float, seed: int):
+def long_tailed_rollout(
+    model, num: int, prompt_width: int, response_width: int, *, median: float, sigma: float, seed: int
+):
     """A RolloutBatch with log-normal response lengths (clipped to [1, response_width]) and prompt
     lengths uniform in [prompt_width // 2, prompt_width]; old log-probs are the model's plus noise."""
     from splitproof.batch import RolloutBatch
@@ -84,9 +85,15 @@ def computed_tokens(batch, microbatches) -> dict:
         real += prompt_real + resp_real
         largest = max(largest, n * (p_width + r_width))
         contiguous += n * int(a.sum(1).max())  # rows stored as [prompt, response, padding]
-    return dict(computed=total, real=real, prompt_padding=prompt_pad, response_padding=resp_pad,
-                padding_share=1 - real / total, largest_microbatch=largest,
-                contiguous_share=1 - real / contiguous)
+    return dict(
+        computed=total,
+        real=real,
+        prompt_padding=prompt_pad,
+        response_padding=resp_pad,
+        padding_share=1 - real / total,
+        largest_microbatch=largest,
+        contiguous_share=1 - real / contiguous,
+    )
 
 
 def packed_tokens(batch, microbatches) -> dict:
@@ -97,8 +104,15 @@ def packed_tokens(batch, microbatches) -> dict:
     costs = [packed_cost([int(lengths[r]) for r in rows]) for rows in microbatches]
     real = sum(int(lengths[r]) for rows in microbatches for r in rows)
     total = sum(costs)
-    return dict(computed=total, real=real, prompt_padding=None, response_padding=None,
-                padding_share=1 - real / total, largest_microbatch=max(costs), contiguous_share=1 - real / total)
+    return dict(
+        computed=total,
+        real=real,
+        prompt_padding=None,
+        response_padding=None,
+        padding_share=1 - real / total,
+        largest_microbatch=max(costs),
+        contiguous_share=1 - real / total,
+    )
 
 
 BUDGET_FRACTIONS = (1.0, 0.5, 0.25)
@@ -111,24 +125,41 @@ def split_rows(configs: dict, stats: dict, times, micro: int) -> list[dict]:
     for name, config in configs.items():
         s = stats[name]
         ratio = bl.Ratio.paired(times["fixed"], times[name])  # t_fixed / t_variant = throughput ratio
-        label = (f"fixed, {micro} sequences" if name == "fixed" else
-                 f"{'packed, ' if config.use_remove_padding else ''}token budget {config.ppo_max_token_len_per_gpu}")
-        rows.append(dict(split=name, label=label, packed=config.use_remove_padding,
-                         budget=None if name == "fixed" else config.ppo_max_token_len_per_gpu,
-                         microbatches=s["microbatches"], computed=s["computed"], real=s["real"],
-                         prompt_padding=s["prompt_padding"], response_padding=s["response_padding"],
-                         padding_share=s["padding_share"], largest=s["largest_microbatch"],
-                         contiguous_share=s["contiguous_share"], step_s=bl.median(times[name]), wall_s=bl.median(times.wall[name]),
-                         tokens_per_s=s["real"] / bl.median(times[name]),
-                         throughput_ratio=ratio.median, q1=ratio.q1, q3=ratio.q3))
+        label = (
+            f"fixed, {micro} sequences"
+            if name == "fixed"
+            else f"{'packed, ' if config.use_remove_padding else ''}token budget {config.ppo_max_token_len_per_gpu}"
+        )
+        rows.append(
+            dict(
+                split=name,
+                label=label,
+                packed=config.use_remove_padding,
+                budget=None if name == "fixed" else config.ppo_max_token_len_per_gpu,
+                microbatches=s["microbatches"],
+                computed=s["computed"],
+                real=s["real"],
+                prompt_padding=s["prompt_padding"],
+                response_padding=s["response_padding"],
+                padding_share=s["padding_share"],
+                largest=s["largest_microbatch"],
+                contiguous_share=s["contiguous_share"],
+                step_s=bl.median(times[name]),
+                wall_s=bl.median(times.wall[name]),
+                tokens_per_s=s["real"] / bl.median(times[name]),
+                throughput_ratio=ratio.median,
+                q1=ratio.q1,
+                q3=ratio.q3,
+            )
+        )
     return rows
 
 
 def run(env: bl.Env) -> dict:
-    from splitproof.loss_config import LossConfig
-    from splitproof.engine.update_config import UpdateConfig
     from splitproof.engine.plan import plan_update
     from splitproof.engine.update import update_policy
+    from splitproof.engine.update_config import UpdateConfig
+    from splitproof.loss_config import LossConfig
 
     if env.quick:
         B, P, T, micro, median, sigma = 16, 8, 32, 4, 6.0, 1.0
@@ -144,11 +175,17 @@ def run(env: bl.Env) -> dict:
     loss = LossConfig()
     configs = {"fixed": UpdateConfig(loss=loss, ppo_mini_batch_size=B, ppo_micro_batch_size_per_gpu=micro)}
     for budget in budgets:
-        configs[f"budget {budget}"] = UpdateConfig(loss=loss, ppo_mini_batch_size=B, use_dynamic_bsz=True,
-                                                   ppo_max_token_len_per_gpu=budget)
+        configs[f"budget {budget}"] = UpdateConfig(
+            loss=loss, ppo_mini_batch_size=B, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=budget
+        )
     for budget in budgets:
-        configs[f"packed {budget}"] = UpdateConfig(loss=loss, ppo_mini_batch_size=B, use_dynamic_bsz=True,
-                                                   ppo_max_token_len_per_gpu=budget, use_remove_padding=True)
+        configs[f"packed {budget}"] = UpdateConfig(
+            loss=loss,
+            ppo_mini_batch_size=B,
+            use_dynamic_bsz=True,
+            ppo_max_token_len_per_gpu=budget,
+            use_remove_padding=True,
+        )
     stats = {}
     for name, config in configs.items():
         mbs = [mb for mb in plan_update(valid, config, 1, 0)[0].microbatches if mb]
@@ -161,53 +198,102 @@ def run(env: bl.Env) -> dict:
     same = rows[1]  # the padded budget with the fixed split's worst case
     packed = rows[1 + len(budgets)]  # the packed budget with the same worst case
     lengths = valid.response_mask.sum(1).float()
-    return dict(rows=rows, worst=worst, micro=micro, model=bm.describe_model(model), sequences=B, prompt=P,
-                response=T, median=median, sigma=sigma,
-                length_stats=dict(mean=float(lengths.mean()), median=float(lengths.median()),
-                                  p90=float(lengths.quantile(0.9)), max=int(lengths.max()),
-                                  clipped=int((lengths == T).sum())),
-                throughput_ratio=same["throughput_ratio"], padding_share=same["padding_share"],
-                padding_ok=packed["padding_share"] <= GOAL_PADDING,
-                throughput_ok=packed["throughput_ratio"] >= GOAL_THROUGHPUT, clock=times.clock,
-                budgets=len(budgets))
+    return dict(
+        rows=rows,
+        worst=worst,
+        micro=micro,
+        model=bm.describe_model(model),
+        sequences=B,
+        prompt=P,
+        response=T,
+        median=median,
+        sigma=sigma,
+        length_stats=dict(
+            mean=float(lengths.mean()),
+            median=float(lengths.median()),
+            p90=float(lengths.quantile(0.9)),
+            max=int(lengths.max()),
+            clipped=int((lengths == T).sum()),
+        ),
+        throughput_ratio=same["throughput_ratio"],
+        padding_share=same["padding_share"],
+        padding_ok=packed["padding_share"] <= GOAL_PADDING,
+        throughput_ok=packed["throughput_ratio"] >= GOAL_THROUGHPUT,
+        clock=times.clock,
+        budgets=len(budgets),
+    )
 
 
 def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
-    headers = ["microbatches", "count", "computed tokens", "real tokens", "prompt padding", "response padding",
-               "padding share", "padding share if rows were contiguous", "largest microbatch (computed tokens)",
-               "largest / budget", "step ms", "step ms (wall)",
-               "real tokens / s", "throughput vs fixed"]
+    headers = [
+        "microbatches",
+        "count",
+        "computed tokens",
+        "real tokens",
+        "prompt padding",
+        "response padding",
+        "padding share",
+        "padding share if rows were contiguous",
+        "largest microbatch (computed tokens)",
+        "largest / budget",
+        "step ms",
+        "step ms (wall)",
+        "real tokens / s",
+        "throughput vs fixed",
+    ]
     dash = lambda v: "—" if v is None else v  # noqa: E731
-    rows = [[r["label"], r["microbatches"], r["computed"], r["real"], dash(r["prompt_padding"]), dash(r["response_padding"]),
-             f"{100 * r['padding_share']:.1f} %", f"{100 * r['contiguous_share']:.1f} %", r["largest"],
-             "—" if r["budget"] is None else f"{r['largest'] / r['budget']:.3f}", bl.ms(r["step_s"]), bl.ms(r["wall_s"]),
-             f"{r['tokens_per_s']:.0f}", f"{r['throughput_ratio']:.2f} ({r['q1']:.2f}–{r['q3']:.2f})"]
-            for r in result["rows"]]
+    rows = [
+        [
+            r["label"],
+            r["microbatches"],
+            r["computed"],
+            r["real"],
+            dash(r["prompt_padding"]),
+            dash(r["response_padding"]),
+            f"{100 * r['padding_share']:.1f} %",
+            f"{100 * r['contiguous_share']:.1f} %",
+            r["largest"],
+            "—" if r["budget"] is None else f"{r['largest'] / r['budget']:.3f}",
+            bl.ms(r["step_s"]),
+            bl.ms(r["wall_s"]),
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['throughput_ratio']:.2f} ({r['q1']:.2f}–{r['q3']:.2f})",
+        ]
+        for r in result["rows"]
+    ]
     goal_rows = []
     for kind, row in (("padded", result["rows"][1]), ("packed", result["rows"][1 + result["budgets"]])):
         goal_rows += [
-            [f"{kind}: padding share ≤ {100 * GOAL_PADDING:.0f} %", f"{100 * row['padding_share']:.1f} %",
-             bl.verdict(row["padding_share"], GOAL_PADDING, digits=1, scale=100, unit=" percentage points")],
-            [f"{kind}: throughput budget / fixed ≥ {GOAL_THROUGHPUT}",
-             f"{row['throughput_ratio']:.2f} (IQR {row['q1']:.2f}–{row['q3']:.2f})",
-             bl.verdict(row["throughput_ratio"], GOAL_THROUGHPUT, at_most=False, digits=2)],
+            [
+                f"{kind}: padding share ≤ {100 * GOAL_PADDING:.0f} %",
+                f"{100 * row['padding_share']:.1f} %",
+                bl.verdict(row["padding_share"], GOAL_PADDING, digits=1, scale=100, unit=" percentage points"),
+            ],
+            [
+                f"{kind}: throughput budget / fixed ≥ {GOAL_THROUGHPUT}",
+                f"{row['throughput_ratio']:.2f} (IQR {row['q1']:.2f}–{row['q3']:.2f})",
+                bl.verdict(row["throughput_ratio"], GOAL_THROUGHPUT, at_most=False, digits=2),
+            ],
         ]
     goals = bl.table(["goal (budget = the fixed split's worst case)", "measured", "verdict"], goal_rows)
     ls = result["length_stats"]
-    setup = (f"Setup: {result['model']}; one optimizer step over {result['sequences']} sequences; prompts "
-             f"uniform in [{result['prompt'] // 2}, {result['prompt']}] tokens; response lengths log-normal "
-             f"(median {result['median']:g}, σ {result['sigma']:g}, clipped to [1, {result['response']}]): "
-             f"mean {ls['mean']:.1f}, median {ls['median']:.0f}, 90th percentile {ls['p90']:.0f}, max {ls['max']} "
-             f"({ls['clipped']} at the cap). The first budget equals the fixed split's worst case "
-             f"({result['micro']} × {result['prompt'] + result['response']} = {result['worst']}), the others are "
-             f"half and a quarter of it. Throughput vs fixed = median of the per-repeat t_fixed / t_budget "
-             f"(IQR in brackets). 'If rows were contiguous': the padding share the same microbatches would have if each "
-             f"row held its prompt and response back to back, right-padded to the microbatch's longest sequence "
-             f"(computed, not timed). 'packed': use_remove_padding, the microbatch's sequences first-fit into rows "
-             f"twice as wide as its longest sequence, block-diagonal attention; computed tokens = packed rows × width. "
-             f"{bl.clock_note(result['clock'])}")
-    return bl.section(NAME, "Token budget vs fixed microbatches", command, env, load_before,
-                      [setup, bl.table(headers, rows), goals])
+    setup = (
+        f"Setup: {result['model']}; one optimizer step over {result['sequences']} sequences; prompts "
+        f"uniform in [{result['prompt'] // 2}, {result['prompt']}] tokens; response lengths log-normal "
+        f"(median {result['median']:g}, σ {result['sigma']:g}, clipped to [1, {result['response']}]): "
+        f"mean {ls['mean']:.1f}, median {ls['median']:.0f}, 90th percentile {ls['p90']:.0f}, max {ls['max']} "
+        f"({ls['clipped']} at the cap). The first budget equals the fixed split's worst case "
+        f"({result['micro']} × {result['prompt'] + result['response']} = {result['worst']}), the others are "
+        f"half and a quarter of it. Throughput vs fixed = median of the per-repeat t_fixed / t_budget "
+        f"(IQR in brackets). 'If rows were contiguous': the padding share the same microbatches would have if each "
+        f"row held its prompt and response back to back, right-padded to the microbatch's longest sequence "
+        f"(computed, not timed). 'packed': use_remove_padding, the microbatch's sequences first-fit into rows "
+        f"twice as wide as its longest sequence, block-diagonal attention; computed tokens = packed rows × width. "
+        f"{bl.clock_note(result['clock'])}"
+    )
+    return bl.section(
+        NAME, "Token budget vs fixed microbatches", command, env, load_before, [setup, bl.table(headers, rows), goals]
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:

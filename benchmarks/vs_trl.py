@@ -34,13 +34,13 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
+import torch
 
-import benchlib as bl  # noqa: E402
-import vs_trl_sides as sides  # noqa: E402
-from vs_trl_common import TASK_TRAIN  # noqa: E402
-from vs_trl_report import render  # noqa: E402
-from vs_trl_summary import NAME, SPLIT, score_summary, side_summary, split_rows, stage_rows  # noqa: E402
+import benchlib as bl
+import vs_trl_sides as sides
+from vs_trl_common import TASK_TRAIN
+from vs_trl_report import render
+from vs_trl_summary import NAME, SPLIT, score_summary, side_summary, split_rows, stage_rows
 
 SIDES_SCRIPT = Path(__file__).resolve().parent / "vs_trl_sides.py"
 SEEDS = (1, 2, 3, 4, 5)
@@ -51,12 +51,26 @@ VAL_QUICK = "builtin://addition/test?size=40"
 # steps of 32 prompts per training step, responses of at most 4 tokens.
 FULL = dict(prompts_per_step=128, n=8, mini_batch_prompts=32, steps=20, split_steps=10, generation_repeats=5)
 QUICK = dict(prompts_per_step=8, n=8, mini_batch_prompts=4, steps=2, split_steps=2, generation_repeats=2)
-COMMON = dict(micro_split=1, data_seed=1, max_response_length=4, temperature=1.0, lr=5e-4, betas=[0.9, 0.999],
-              weight_decay=0.01, grad_clip=1.0, ours_loss_agg_mode="token-mean", ours_shuffle=True, trl_loss_type="dapo",
-              scale_rewards="group", splits=[1, SPLIT], trl_split_losses=["dapo", "bnpo", "grpo"])
+COMMON = dict(
+    micro_split=1,
+    data_seed=1,
+    max_response_length=4,
+    temperature=1.0,
+    lr=5e-4,
+    betas=[0.9, 0.999],
+    weight_decay=0.01,
+    grad_clip=1.0,
+    ours_loss_agg_mode="token-mean",
+    ours_shuffle=True,
+    trl_loss_type="dapo",
+    scale_rewards="group",
+    splits=[1, SPLIT],
+    trl_split_losses=["dapo", "bnpo", "grpo"],
+)
 
 
 # --------------------------------------------------------------------------------------------- settings
+
 
 def make_spec(env: bl.Env, seed: int) -> dict:
     """The settings both sides run, with the uids our prompt sampler serves at every step."""
@@ -66,8 +80,7 @@ def make_spec(env: bl.Env, seed: int) -> dict:
     sizes = QUICK if env.quick else FULL
     steps = env.args.steps or sizes["steps"]
     spec = dict(COMMON, **dict(sizes, steps=steps), seed=seed)
-    sampler = PromptSampler(len(task_rows(TASK_TRAIN)), spec["prompts_per_step"], seed=spec["data_seed"],
-                            shuffle=True)
+    sampler = PromptSampler(len(task_rows(TASK_TRAIN)), spec["prompts_per_step"], seed=spec["data_seed"], shuffle=True)
     spec["uids"] = [sampler.next_batch() for _ in range(max(steps, spec["split_steps"]))]
     return spec
 
@@ -76,8 +89,13 @@ def find_trl_python(requested: str | None) -> tuple[str | None, str]:
     """(interpreter, TRL version) of the environment with TRL, or (None, why not)."""
     candidate = requested or os.environ.get("SPLITPROOF_TRL_PYTHON") or sys.executable
     try:
-        done = subprocess.run([candidate, "-c", "import trl; print(trl.__version__)"], capture_output=True,
-                              text=True, timeout=300, env=_child_env())
+        done = subprocess.run(
+            [candidate, "-c", "import trl; print(trl.__version__)"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=_child_env(),
+        )
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"cannot run {candidate}: {e}"
     if done.returncode != 0:
@@ -88,8 +106,14 @@ def find_trl_python(requested: str | None) -> tuple[str | None, str]:
 def _child_env() -> dict:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(bl.REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               TRL_EXPERIMENTAL_SILENCE="1", TRANSFORMERS_VERBOSITY="error", HF_HUB_OFFLINE="1")
+    env.update(
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        TRL_EXPERIMENTAL_SILENCE="1",
+        TRANSFORMERS_VERBOSITY="error",
+        HF_HUB_OFFLINE="1",
+    )
     return env
 
 
@@ -100,8 +124,9 @@ def run_side(python: str, side: str, spec: dict, work: Path, tag: str) -> dict:
     spec_path = out / "spec.json"
     spec_path.write_text(json.dumps(spec))
     bl.log(f"[{NAME}] {tag}: {side} ({Path(python).parent.parent.name})")
-    done = subprocess.run([python, str(SIDES_SCRIPT), side, str(spec_path), str(out)], capture_output=True, text=True,
-                          env=_child_env())
+    done = subprocess.run(
+        [python, str(SIDES_SCRIPT), side, str(spec_path), str(out)], capture_output=True, text=True, env=_child_env()
+    )
     if done.returncode != 0:
         raise RuntimeError(f"{tag} ({side}) failed with exit {done.returncode}:\n{done.stderr[-4000:]}")
     results = json.loads((out / "result.json").read_text())
@@ -113,8 +138,8 @@ def run_side(python: str, side: str, spec: dict, work: Path, tag: str) -> dict:
 def held_out(spec: dict, weights: dict[str, Path], quick: bool, work: Path) -> dict[str, float]:
     """Greedy held-out score (our validation code, the same split) of the initial model and each final one."""
     from splitproof.rl.config.load import load_train_config
-    from splitproof.rl.run import build_parts
     from splitproof.rl.evaluate import evaluate_held_out
+    from splitproof.rl.run import build_parts
 
     overrides = sides.ours_overrides(spec, work / "eval") + [f"data.val_files={VAL_QUICK if quick else VAL_FULL}"]
     run = build_parts(load_train_config(None, overrides))
@@ -132,15 +157,18 @@ def held_out(spec: dict, weights: dict[str, Path], quick: bool, work: Path) -> d
 
 # --------------------------------------------------------------------------------------------- run
 
+
 def run(env: bl.Env) -> dict:
     trl_python, trl_version = find_trl_python(env.args.trl_python)
     if trl_python is None:
         if not env.quick:
-            sys.exit(f"error: the TRL side needs an environment with trl ({trl_version}); install it apart from "
-                     "splitproof's (pip install -e '.[bench]') and pass --trl-python PATH or SPLITPROOF_TRL_PYTHON")
+            sys.exit(
+                f"error: the TRL side needs an environment with trl ({trl_version}); install it apart from "
+                "splitproof's (pip install -e '.[bench]') and pass --trl-python PATH or SPLITPROOF_TRL_PYTHON"
+            )
         bl.log(f"[{NAME}] TRL not available ({trl_version}): this quick run measures splitproof's side only")
     pythons = {"ours": sys.executable, "trl": trl_python}
-    seeds = SEEDS[:env.repeats]
+    seeds = SEEDS[: env.repeats]
     work = Path(tempfile.mkdtemp(prefix="splitproof-vs-trl-"))
     try:
         runs = main_runs(env, seeds, pythons, work)
@@ -151,11 +179,18 @@ def run(env: bl.Env) -> dict:
         update_rows = split_rows(split.get("ours-split"), split.get("trl-split"), make_spec(env, seeds[0]))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    result = dict(spec={k: v for k, v in make_spec(env, seeds[0]).items() if k != "uids"}, seeds=list(seeds),
-                  trl_version=trl_version if trl_python else None, trl_python=trl_python,
-                  summaries={side: [side_summary(res) for res in results] for side, results in runs.items()},
-                  split_summaries={side: side_summary(split[side]) for side in ("ours", "trl") if side in split},
-                  scores=scores, split_rows=update_rows, runs=runs, generation=split.get("ours-generation"))
+    result = dict(
+        spec={k: v for k, v in make_spec(env, seeds[0]).items() if k != "uids"},
+        seeds=list(seeds),
+        trl_version=trl_version if trl_python else None,
+        trl_python=trl_python,
+        summaries={side: [side_summary(res) for res in results] for side, results in runs.items()},
+        split_summaries={side: side_summary(split[side]) for side in ("ours", "trl") if side in split},
+        scores=scores,
+        split_rows=update_rows,
+        runs=runs,
+        generation=split.get("ours-generation"),
+    )
     result["rows"] = stage_rows(result)
     result["score"] = score_summary(result)
     return result
@@ -168,7 +203,7 @@ def main_runs(env: bl.Env, seeds, pythons: dict, work: Path) -> dict[str, list[d
     runs: dict[str, list[dict]] = {"ours": [], "trl": [], "ours_contiguous": []}
     for r, seed in enumerate(seeds):
         spec = make_spec(env, seed)
-        for side in (["ours", "trl"] if r % 2 == 0 else ["trl", "ours"]):
+        for side in ["ours", "trl"] if r % 2 == 0 else ["trl", "ours"]:
             if pythons[side] is not None:
                 runs[side].append(run_side(pythons[side], side, spec, work, f"{side}-seed{seed}")[side])
         if not env.quick:
@@ -192,8 +227,11 @@ def split_runs(env: bl.Env, seed: int, pythons: dict, work: Path) -> dict[str, d
 
 def main(argv: list[str] | None = None) -> dict:
     p = bl.parser(__doc__.splitlines()[0], repeats=3, quick_repeats=1)
-    p.add_argument("--trl-python", default=None, help="interpreter of an environment with trl (default: "
-                   "SPLITPROOF_TRL_PYTHON, else this one if it has trl)")
+    p.add_argument(
+        "--trl-python",
+        default=None,
+        help="interpreter of an environment with trl (default: SPLITPROOF_TRL_PYTHON, else this one if it has trl)",
+    )
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 20, 2 with --quick)")
     args = p.parse_args(argv)
     return bl.run_script(NAME, args, argv, run, render)

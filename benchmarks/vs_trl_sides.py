@@ -38,8 +38,16 @@ STAGES = ("gen", "reward", "old_log_prob", "update")
 
 # --------------------------------------------------------------------------------------------- settings
 
-def ours_overrides(spec: dict, out: Path, *, steps: int | None = None, micro_split: int | None = None,
-                   optimizer: str | None = None, grad_clip: float | None = None) -> list[str]:
+
+def ours_overrides(
+    spec: dict,
+    out: Path,
+    *,
+    steps: int | None = None,
+    micro_split: int | None = None,
+    optimizer: str | None = None,
+    grad_clip: float | None = None,
+) -> list[str]:
     """The `splitproof train` overrides of a spec (the built-in model's recipe fills in the rest)."""
     n, mini = spec["n"], spec["mini_batch_prompts"]
     split = micro_split or spec["micro_split"]
@@ -63,12 +71,17 @@ def ours_overrides(spec: dict, out: Path, *, steps: int | None = None, micro_spl
         f"actor_rollout_ref.actor.optim.weight_decay={spec['weight_decay']}",
         f"algorithm.norm_adv_by_std_in_grpo={str(spec['scale_rewards'] == 'group').lower()}",
         f"trainer.total_training_steps={steps or spec['steps']}",
-        "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.save_freq=-1",
-        "trainer.logger=[file]", "trainer.resume_mode=disable", f"trainer.default_local_dir={out}",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        "trainer.save_freq=-1",
+        "trainer.logger=[file]",
+        "trainer.resume_mode=disable",
+        f"trainer.default_local_dir={out}",
     ]
 
 
 # --------------------------------------------------------------------------------------------- ours
+
 
 def run_ours(spec: dict, out: Path) -> dict:
     import torch
@@ -92,6 +105,7 @@ def run_ours(spec: dict, out: Path) -> dict:
             run = original(*args, **kwargs)
             built.update(run=run, rss_loaded=rss_mib(), peak_loaded=peak_rss_mib())
             return run
+
         return call
 
     wrap(loop_mod, "train_step", starts_step(clock))
@@ -104,16 +118,34 @@ def run_ours(spec: dict, out: Path) -> dict:
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     records = [r for r in records if r.get("step", 0) >= 1]
     metric = lambda key: [float(r.get(key, 0.0)) for r in records]  # noqa: E731
-    return dict(side="ours", steps=spec["steps"], clock=clock.report(spec["steps"]),
-                metrics_timing={k: metric(k) for k in ("timing_s/gen", "timing_s/reward", "timing_s/old_log_prob",
-                                                      "timing_s/adv", "timing_s/update_actor", "timing_s/step")},
-                tokens=metric("perf/total_num_tokens"), train_score=metric("critic/score/mean"),
-                response_length=metric("response_length/mean"), rss_loaded=built["rss_loaded"],
-                peak_loaded=built["peak_loaded"], peak=peak, threads=torch.get_num_threads(),
-                optimizer_steps=run.actor.optimizer_steps)
+    return dict(
+        side="ours",
+        steps=spec["steps"],
+        clock=clock.report(spec["steps"]),
+        metrics_timing={
+            k: metric(k)
+            for k in (
+                "timing_s/gen",
+                "timing_s/reward",
+                "timing_s/old_log_prob",
+                "timing_s/adv",
+                "timing_s/update_actor",
+                "timing_s/step",
+            )
+        },
+        tokens=metric("perf/total_num_tokens"),
+        train_score=metric("critic/score/mean"),
+        response_length=metric("response_length/mean"),
+        rss_loaded=built["rss_loaded"],
+        peak_loaded=built["peak_loaded"],
+        peak=peak,
+        threads=torch.get_num_threads(),
+        optimizer_steps=run.actor.optimizer_steps,
+    )
 
 
 # --------------------------------------------------------------------------------------------- splits
+
 
 def run_ours_split(spec: dict, out: Path) -> dict:
     """One training step (one optimizer step: the minibatch is the whole rollout batch) with
@@ -127,21 +159,27 @@ def run_ours_split(spec: dict, out: Path) -> dict:
     split_spec = dict(spec, mini_batch_prompts=spec["prompts_per_step"], **SPLIT_OPTIMIZER)
     results = {}
     for split in spec["splits"]:
-        cfg = load_train_config(None, ours_overrides(split_spec, out / f"ours{split}", steps=1, micro_split=split,
-                                                     optimizer="SGD", grad_clip=1e9))
+        cfg = load_train_config(
+            None,
+            ours_overrides(
+                split_spec, out / f"ours{split}", steps=1, micro_split=split, optimizer="SGD", grad_clip=1e9
+            ),
+        )
         run = build_parts(cfg)
         start = {k: v.detach().clone() for k, v in run.actor.model.state_dict().items()}
         output = train_step(run, 1, run.prompts.sampler.next_batch())
         delta = delta_of(run.actor.model.state_dict(), start)
         torch.save(delta, out / f"ours_split{split}.pt")
-        results[str(split)] = dict(samples=digest([list(s.prompt_ids) + [-1] + list(s.response_ids)
-                                                    for s in output.scored.samples]),
-                                   micro_batch=split_spec["mini_batch_prompts"] * spec["n"] // split,
-                                   pg_loss=output.metrics.get("actor/pg_loss"))
+        results[str(split)] = dict(
+            samples=digest([list(s.prompt_ids) + [-1] + list(s.response_ids) for s in output.scored.samples]),
+            micro_batch=split_spec["mini_batch_prompts"] * spec["n"] // split,
+            pg_loss=output.metrics.get("actor/pg_loss"),
+        )
     return dict(side="ours-split", splits=results)
 
 
 # --------------------------------------------------------------------------------------------- generation
+
 
 def _interleaved_cpu(variants: dict, repeats: int) -> dict[str, float]:
     """Median process-CPU seconds of each variant, the variants interleaved, one untimed warm-up each."""
@@ -178,12 +216,20 @@ def run_ours_generation(spec: dict, out: Path) -> dict:
     canonical = max(canonical_prompt_width(len(p), engine.pad_multiple) for p in prompts)
 
     def left_padded(width: int):
-        return (torch.tensor([[pad] * (width - len(p)) + p for p in prompts]),
-                torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts]))
+        return (
+            torch.tensor([[pad] * (width - len(p)) + p for p in prompts]),
+            torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts]),
+        )
 
-    hf_config = GenerationConfig(max_new_tokens=spec["max_response_length"], do_sample=True,
-                                 temperature=spec["temperature"], top_k=0, top_p=1.0, pad_token_id=pad,
-                                 eos_token_id=list(engine.eos_token_ids))
+    hf_config = GenerationConfig(
+        max_new_tokens=spec["max_response_length"],
+        do_sample=True,
+        temperature=spec["temperature"],
+        top_k=0,
+        top_p=1.0,
+        pad_token_id=pad,
+        eos_token_id=list(engine.eos_token_ids),
+    )
     short_ids, short_mask = left_padded(longest)
     wide_ids, wide_mask = left_padded(canonical)
     chunk = engine.max_num_seqs
@@ -192,27 +238,46 @@ def run_ours_generation(spec: dict, out: Path) -> dict:
     def prefill(ids, mask):
         model.eval()
         for start in range(0, len(ids), chunk):
-            m = mask[start:start + chunk]
-            model(input_ids=ids[start:start + chunk], attention_mask=m, position_ids=(m.cumsum(-1) - 1).clamp(min=0),
-                  use_cache=True, logits_to_keep=1)
+            m = mask[start : start + chunk]
+            model(
+                input_ids=ids[start : start + chunk],
+                attention_mask=m,
+                position_ids=(m.cumsum(-1) - 1).clamp(min=0),
+                use_cache=True,
+                logits_to_keep=1,
+            )
 
     @torch.no_grad()
     def hf_generate():
         model.eval()
         model.generate(input_ids=short_ids, attention_mask=short_mask, generation_config=hf_config)
 
-    medians = _interleaved_cpu({
-        "ours": lambda: generate(engine, run.prompts.train, uids, 1, run.generation.sampling, run.collective),
-        "hf_generate": hf_generate,
-        "prefill_canonical": lambda: prefill(wide_ids, wide_mask),
-        "prefill_longest": lambda: prefill(short_ids, short_mask),
-    }, repeats=spec["generation_repeats"])
-    return dict(side="ours-generation", seconds=medians, canonical_width=canonical, longest=longest,
-                samples=len(prompts), chunk=chunk)
+    medians = _interleaved_cpu(
+        {
+            "ours": lambda: generate(engine, run.prompts.train, uids, 1, run.generation.sampling, run.collective),
+            "hf_generate": hf_generate,
+            "prefill_canonical": lambda: prefill(wide_ids, wide_mask),
+            "prefill_longest": lambda: prefill(short_ids, short_mask),
+        },
+        repeats=spec["generation_repeats"],
+    )
+    return dict(
+        side="ours-generation",
+        seconds=medians,
+        canonical_width=canonical,
+        longest=longest,
+        samples=len(prompts),
+        chunk=chunk,
+    )
 
 
-SIDES = {"ours": run_ours, "trl": run_trl, "ours-split": run_ours_split, "trl-split": run_trl_split,
-         "ours-generation": run_ours_generation}
+SIDES = {
+    "ours": run_ours,
+    "trl": run_trl,
+    "ours-split": run_ours_split,
+    "trl-split": run_trl_split,
+    "ours-generation": run_ours_generation,
+}
 
 
 def main(argv: list[str]) -> None:

@@ -14,10 +14,15 @@ import benchlib as bl
 NAME = "vs_trl"
 SPLIT = 4  # the micro-batch split the comparison runs at (TRL: gradient accumulation SPLIT)
 UNCHANGED = 1e-5  # relative update difference below which a split "does not change" the update (float32 floor)
-STAGE_ROWS = (("total", "step (loop iteration)"), ("gen", "generation"), ("reward", "reward"),
-              ("gen_reward", "generation + reward"), ("old_log_prob", "old log-probs (no-grad pass)"),
-              ("update", "update (forward + backward, clip, optimizer)"),
-              ("rest", "rest (batching, advantages, metrics, trainer loop)"))
+STAGE_ROWS = (
+    ("total", "step (loop iteration)"),
+    ("gen", "generation"),
+    ("reward", "reward"),
+    ("gen_reward", "generation + reward"),
+    ("old_log_prob", "old log-probs (no-grad pass)"),
+    ("update", "update (forward + backward, clip, optimizer)"),
+    ("rest", "rest (batching, advantages, metrics, trainer loop)"),
+)
 
 
 def stage_series(result: dict, clock: str) -> dict[str, list[float]]:
@@ -58,8 +63,12 @@ def timing_gap(result: dict) -> float:
     """Largest relative difference, over the steady steps, between a stage's wall time by our wrapper and
     the same stage's ``timing_s/*`` in metrics.jsonl (generation, old log-probs, update)."""
     pairs = (("gen", "timing_s/gen"), ("old_log_prob", "timing_s/old_log_prob"), ("update", "timing_s/update_actor"))
-    gaps = [abs(w - m) / m for stage, metric in pairs
-            for w, m in zip(steady(result["clock"][stage]["wall"]), steady(result["metrics_timing"][metric])) if m > 0]
+    gaps = [
+        abs(w - m) / m
+        for stage, metric in pairs
+        for w, m in zip(steady(result["clock"][stage]["wall"]), steady(result["metrics_timing"][metric]))
+        if m > 0
+    ]
     return max(gaps) if gaps else math.nan
 
 
@@ -77,7 +86,9 @@ def relative_change(a: dict, b: dict) -> dict:
     ref_max = max(float(a[k].abs().max()) for k in a)
     diff_norm = math.sqrt(sum(float(((b[k] - a[k]) ** 2).sum()) for k in a))
     ref_norm = math.sqrt(sum(float((a[k] ** 2).sum()) for k in a))
-    return dict(max_rel=diff_max / ref_max if ref_max else math.nan, norm_rel=diff_norm / ref_norm if ref_norm else math.nan)
+    return dict(
+        max_rel=diff_max / ref_max if ref_max else math.nan, norm_rel=diff_norm / ref_norm if ref_norm else math.nan
+    )
 
 
 def split_rows(ours_split: dict | None, trl_split: dict | None, spec: dict) -> list[dict]:
@@ -87,19 +98,31 @@ def split_rows(ours_split: dict | None, trl_split: dict | None, spec: dict) -> l
         base = Path(ours_split["dir"])
         a, b = (torch.load(base / f"ours_split{s}.pt") for s in (1, SPLIT))
         info = ours_split["splits"]
-        rows.append(dict(side="splitproof", loss=f"{spec['ours_loss_agg_mode']} (PPO-clip)",
-                         layout=f"micro-batch {info['1']['micro_batch']} → {info[str(SPLIT)]['micro_batch']} rows",
-                         same_samples=info["1"]["samples"] == info[str(SPLIT)]["samples"], **relative_change(a, b)))
+        rows.append(
+            dict(
+                side="splitproof",
+                loss=f"{spec['ours_loss_agg_mode']} (PPO-clip)",
+                layout=f"micro-batch {info['1']['micro_batch']} → {info[str(SPLIT)]['micro_batch']} rows",
+                same_samples=info["1"]["samples"] == info[str(SPLIT)]["samples"],
+                **relative_change(a, b),
+            )
+        )
     if trl_split is not None:
         base = Path(trl_split["dir"])
         info = trl_split["splits"]
         for loss in spec["trl_split_losses"]:
             a, b = (torch.load(base / f"trl_split_{loss}{s}.pt") for s in (1, SPLIT))
             one, many = info[f"{loss}:1"], info[f"{loss}:{SPLIT}"]
-            rows.append(dict(side="TRL", loss=loss,
-                             layout=f"{one['micro_batch']} × GA {one['accumulation']} → "
-                                    f"{many['micro_batch']} × GA {many['accumulation']}",
-                             same_samples=one["samples"] == many["samples"], **relative_change(a, b)))
+            rows.append(
+                dict(
+                    side="TRL",
+                    loss=loss,
+                    layout=f"{one['micro_batch']} × GA {one['accumulation']} → "
+                    f"{many['micro_batch']} × GA {many['accumulation']}",
+                    same_samples=one["samples"] == many["samples"],
+                    **relative_change(a, b),
+                )
+            )
     return rows
 
 
@@ -107,11 +130,19 @@ def stage_rows(result: dict) -> list[dict]:
     ours, trl = result["summaries"]["ours"], result["summaries"]["trl"]
     rows = []
     for key, label in STAGE_ROWS + (("tokens_per_s", "tokens per second"),):
-        row = dict(key=key, stage=label,
-                   ours_cpu=bl.median([s["cpu"][key] for s in ours]), ours_wall=bl.median([s["wall"][key] for s in ours]))
+        row = dict(
+            key=key,
+            stage=label,
+            ours_cpu=bl.median([s["cpu"][key] for s in ours]),
+            ours_wall=bl.median([s["wall"][key] for s in ours]),
+        )
         if trl:
-            row.update(trl_cpu=bl.median([s["cpu"][key] for s in trl]), trl_wall=bl.median([s["wall"][key] for s in trl]),
-                       ratio=paired(ours, trl, "cpu", key), ratio_wall=paired(ours, trl, "wall", key))
+            row.update(
+                trl_cpu=bl.median([s["cpu"][key] for s in trl]),
+                trl_wall=bl.median([s["wall"][key] for s in trl]),
+                ratio=paired(ours, trl, "cpu", key),
+                ratio_wall=paired(ours, trl, "wall", key),
+            )
         rows.append(row)
     return rows
 
@@ -122,7 +153,10 @@ def score_summary(result: dict) -> dict:
     for side in ("ours", "trl", "ours_contiguous"):
         values = [scores[f"{side}-{i}"] for i in range(len(result["summaries"][side]))]
         if values:
-            out[side] = dict(values=values, mean=statistics.mean(values),
-                             sd=statistics.stdev(values) if len(values) > 1 else 0.0,
-                             train=statistics.mean(s["train_score"] for s in result["summaries"][side]))
+            out[side] = dict(
+                values=values,
+                mean=statistics.mean(values),
+                sd=statistics.stdev(values) if len(values) > 1 else 0.0,
+                train=statistics.mean(s["train_score"] for s in result["summaries"][side]),
+            )
     return out

@@ -10,8 +10,16 @@ from stage_clock import Clock, peak_rss_mib, rss_mib
 from vs_trl_common import SPLIT_OPTIMIZER, TASK_TRAIN, delta_of, digest
 
 
-def trl_args(spec: dict, out: Path, *, loss_type: str | None = None, micro_split: int | None = None,
-             max_steps: int | None = None, optimizer: str | None = None, grad_clip: float | None = None):
+def trl_args(
+    spec: dict,
+    out: Path,
+    *,
+    loss_type: str | None = None,
+    micro_split: int | None = None,
+    max_steps: int | None = None,
+    optimizer: str | None = None,
+    grad_clip: float | None = None,
+):
     """`GRPOConfig` for the spec: one generation batch per RL step, ``mini_batch_prompts × n`` samples per
     optimizer step, accumulated over ``micro_split`` micro-steps."""
     from trl import GRPOConfig
@@ -19,18 +27,44 @@ def trl_args(spec: dict, out: Path, *, loss_type: str | None = None, micro_split
     n, mini, split = spec["n"], spec["mini_batch_prompts"], micro_split or spec["micro_split"]
     updates_per_step = spec["prompts_per_step"] // mini
     return GRPOConfig(
-        output_dir=str(out / "trl"), use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
-        seed=spec["seed"], data_seed=spec["seed"], shuffle_dataset=False, dataloader_num_workers=0,
-        per_device_train_batch_size=mini * n // split, gradient_accumulation_steps=split,
-        steps_per_generation=split * updates_per_step, num_generations=n, num_iterations=1,
-        max_completion_length=spec["max_response_length"], temperature=spec["temperature"], top_p=1.0, top_k=0,
-        loss_type=loss_type or spec["trl_loss_type"], scale_rewards=spec["scale_rewards"], beta=0.0,
-        epsilon=0.2, epsilon_high=0.2,
-        learning_rate=spec["lr"], adam_beta1=spec["betas"][0], adam_beta2=spec["betas"][1], adam_epsilon=1e-8,
-        weight_decay=spec["weight_decay"], lr_scheduler_type="constant", warmup_steps=0,
-        optim=optimizer or "adamw_torch", max_grad_norm=spec["grad_clip"] if grad_clip is None else grad_clip,
+        output_dir=str(out / "trl"),
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        seed=spec["seed"],
+        data_seed=spec["seed"],
+        shuffle_dataset=False,
+        dataloader_num_workers=0,
+        per_device_train_batch_size=mini * n // split,
+        gradient_accumulation_steps=split,
+        steps_per_generation=split * updates_per_step,
+        num_generations=n,
+        num_iterations=1,
+        max_completion_length=spec["max_response_length"],
+        temperature=spec["temperature"],
+        top_p=1.0,
+        top_k=0,
+        loss_type=loss_type or spec["trl_loss_type"],
+        scale_rewards=spec["scale_rewards"],
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.2,
+        learning_rate=spec["lr"],
+        adam_beta1=spec["betas"][0],
+        adam_beta2=spec["betas"][1],
+        adam_epsilon=1e-8,
+        weight_decay=spec["weight_decay"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        optim=optimizer or "adamw_torch",
+        max_grad_norm=spec["grad_clip"] if grad_clip is None else grad_clip,
         max_steps=max_steps or spec["steps"] * updates_per_step,
-        report_to=[], logging_steps=10**9, save_strategy="no", disable_tqdm=True, log_completions=False,
+        report_to=[],
+        logging_steps=10**9,
+        save_strategy="no",
+        disable_tqdm=True,
+        log_completions=False,
     )
 
 
@@ -41,8 +75,13 @@ def trl_dataset(spec: dict):
     from splitproof.rl.data.tasks import task_rows
 
     rows = task_rows(TASK_TRAIN)
-    return Dataset.from_list([{"prompt": rows[u]["prompt"], "ground_truth": rows[u]["reward_model"]["ground_truth"]}
-                              for uids in spec["uids"] for u in uids])
+    return Dataset.from_list(
+        [
+            {"prompt": rows[u]["prompt"], "ground_truth": rows[u]["reward_model"]["ground_truth"]}
+            for uids in spec["uids"]
+            for u in uids
+        ]
+    )
 
 
 def addition_reward(prompts, completions, ground_truth, **kwargs):
@@ -105,8 +144,9 @@ def timed_trainer_class(clock: Clock, per_step: dict, record_samples: list | Non
     return Timed
 
 
-def trl_trainer(spec: dict, out: Path, clock: Clock, args, *, record_samples: list | None = None,
-                per_step: dict | None = None):
+def trl_trainer(
+    spec: dict, out: Path, clock: Clock, args, *, record_samples: list | None = None, per_step: dict | None = None
+):
     """A `GRPOTrainer` on the built-in model whose methods report their time to ``clock`` (and, per RL
     step, the tokens generated on and the mean training reward to ``per_step``)."""
     import torch
@@ -133,9 +173,15 @@ def trl_trainer(spec: dict, out: Path, clock: Clock, args, *, record_samples: li
     directory = charlm_directory()
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(directory, padding_side="left", local_files_only=True)
-    return trainer_class(model=model, reward_funcs=addition_reward, args=args, train_dataset=trl_dataset(spec),
-                         processing_class=tokenizer, callbacks=[OptimizerStep()],
-                         optimizers=(same_optimizer(model, spec, args), None))
+    return trainer_class(
+        model=model,
+        reward_funcs=addition_reward,
+        args=args,
+        train_dataset=trl_dataset(spec),
+        processing_class=tokenizer,
+        callbacks=[OptimizerStep()],
+        optimizers=(same_optimizer(model, spec, args), None),
+    )
 
 
 def same_optimizer(model, spec: dict, args):
@@ -146,8 +192,9 @@ def same_optimizer(model, spec: dict, args):
     from splitproof.rl.models.optim import make_optimizer
 
     name = "SGD" if args.optim == "sgd" else "AdamW"
-    return make_optimizer(model, SimpleNamespace(optimizer=name, lr=spec["lr"], betas=spec["betas"],
-                                                 weight_decay=spec["weight_decay"]))
+    return make_optimizer(
+        model, SimpleNamespace(optimizer=name, lr=spec["lr"], betas=spec["betas"], weight_decay=spec["weight_decay"])
+    )
 
 
 def run_trl(spec: dict, out: Path) -> dict:
@@ -163,10 +210,19 @@ def run_trl(spec: dict, out: Path) -> dict:
     steps = spec["steps"]
     if clock.step != steps:
         raise RuntimeError(f"TRL ran {clock.step} generation batches, expected {steps}")
-    return dict(side="trl", steps=steps, clock=clock.report(steps), tokens=per_step["tokens"],
-                train_score=per_step["train_score"], rss_loaded=rss_loaded,
-                peak_loaded=peak_loaded, peak=peak, threads=torch.get_num_threads(), trl_version=trl.__version__,
-                optimizer_steps=trainer.state.global_step)
+    return dict(
+        side="trl",
+        steps=steps,
+        clock=clock.report(steps),
+        tokens=per_step["tokens"],
+        train_score=per_step["train_score"],
+        rss_loaded=rss_loaded,
+        peak_loaded=peak_loaded,
+        peak=peak,
+        threads=torch.get_num_threads(),
+        trl_version=trl.__version__,
+        optimizer_steps=trainer.state.global_step,
+    )
 
 
 def run_trl_split(spec: dict, out: Path) -> dict:
@@ -175,20 +231,31 @@ def run_trl_split(spec: dict, out: Path) -> dict:
     optimizer's batch and no old log-prob pass runs)."""
     import torch
 
-    split_spec = dict(spec, mini_batch_prompts=spec["prompts_per_step"], uids=spec["uids"][:1], steps=1,
-                      **SPLIT_OPTIMIZER)
+    split_spec = dict(
+        spec, mini_batch_prompts=spec["prompts_per_step"], uids=spec["uids"][:1], steps=1, **SPLIT_OPTIMIZER
+    )
     results = {}
     for loss_type in spec["trl_split_losses"]:
         for split in spec["splits"]:
             clock, samples = Clock(), []
-            args = trl_args(split_spec, out / f"trl_{loss_type}{split}", loss_type=loss_type, micro_split=split,
-                            max_steps=1, optimizer="sgd", grad_clip=0.0)
+            args = trl_args(
+                split_spec,
+                out / f"trl_{loss_type}{split}",
+                loss_type=loss_type,
+                micro_split=split,
+                max_steps=1,
+                optimizer="sgd",
+                grad_clip=0.0,
+            )
             trainer = trl_trainer(split_spec, out, clock, args, record_samples=samples)
             start = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
             trainer.train()
             delta = delta_of(trainer.model.state_dict(), start)
             torch.save(delta, out / f"trl_split_{loss_type}{split}.pt")
-            results[f"{loss_type}:{split}"] = dict(samples=digest(samples), loss_type=loss_type,
-                                                   micro_batch=args.per_device_train_batch_size,
-                                                   accumulation=args.gradient_accumulation_steps)
+            results[f"{loss_type}:{split}"] = dict(
+                samples=digest(samples),
+                loss_type=loss_type,
+                micro_batch=args.per_device_train_batch_size,
+                accumulation=args.gradient_accumulation_steps,
+            )
     return dict(side="trl-split", splits=results)

@@ -65,10 +65,12 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64} 
 def evaluate(rollout, dataset, tokenizer, step: int, total: int) -> dict[str, float]:
     """A greedy response to every held-out prompt (from its own sampling stream), scored by the rule: the
     mean reward per data source, verl's ``val-core/<source>/reward/mean@1``."""
-    greedy = SamplingParams(n=1, temperature=0.0, do_sample=False, max_response_length=MAX_RESPONSE_LENGTH,
-                            seed=ROLLOUT_SEED)  # rollout.val_kwargs
-    samples = rollout.generate(requests_for([(r.uid, r.prompt_ids) for r in dataset], 1), greedy, step=step,
-                               stream=VAL_STREAM)
+    greedy = SamplingParams(
+        n=1, temperature=0.0, do_sample=False, max_response_length=MAX_RESPONSE_LENGTH, seed=ROLLOUT_SEED
+    )  # rollout.val_kwargs
+    samples = rollout.generate(
+        requests_for([(r.uid, r.prompt_ids) for r in dataset], 1), greedy, step=step, stream=VAL_STREAM
+    )
     scores = score(None, dataset, samples, tokenizer, step=step, max_steps=total).scores.tolist()
     by_source: dict[str, list[float]] = {}
     for sample, value in zip(samples, scores):
@@ -79,12 +81,14 @@ def evaluate(rollout, dataset, tokenizer, step: int, total: int) -> dict[str, fl
 def step_metrics(scores, advantages, entropy, response_mask, results, lr: float) -> dict[str, float]:
     """The step's metrics under verl's names; ``actor/*`` are means over the step's optimizer steps."""
     mask, lengths = response_mask, response_mask.sum(dim=1).double()
-    metrics = {"critic/score/mean": float(scores.double().mean()),
-               "critic/advantages/mean": float(advantages[mask].double().mean()),
-               "critic/advantages/max": float(advantages[mask].double().max()),
-               "critic/advantages/min": float(advantages[mask].double().min()),
-               "response_length/mean": float(lengths.mean()),
-               "response_length/clip_ratio": float((lengths >= MAX_RESPONSE_LENGTH).double().mean())}
+    metrics = {
+        "critic/score/mean": float(scores.double().mean()),
+        "critic/advantages/mean": float(advantages[mask].double().mean()),
+        "critic/advantages/max": float(advantages[mask].double().max()),
+        "critic/advantages/min": float(advantages[mask].double().min()),
+        "response_length/mean": float(lengths.mean()),
+        "response_length/clip_ratio": float((lengths >= MAX_RESPONSE_LENGTH).double().mean()),
+    }
     for name in ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "grad_norm"):
         metrics[f"actor/{name}"] = sum(r.metrics[name] for r in results) / len(results)
     metrics["actor/lr"] = lr
@@ -115,35 +119,62 @@ def is_due(step: int, freq: int, last: int) -> bool:
     return freq > 0 and (step % freq == 0 or step == last)
 
 
+def optimizer_and_schedule(model):
+    """AdamW, and its rate × min(1, s / warm-up) at training step s (stepped once per training step)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
+    warm_up = LR_WARMUP_STEPS
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, s / warm_up) if warm_up else 1.0)
+
+
+def update_settings() -> UpdateConfig:
+    """The policy update's settings: the loss (PPO clip, token-mean) and how the batch is split."""
+    loss = LossConfig(
+        loss_mode="vanilla",
+        loss_agg_mode=LOSS_AGG_MODE,
+        clip_ratio=CLIP_RATIO,
+        clip_ratio_c=CLIP_RATIO_C,
+        entropy_coeff=ENTROPY_COEFF,
+        seed=DATA_LOADER_SEED,
+    )
+    return UpdateConfig(
+        loss=loss,
+        ppo_mini_batch_size=PPO_MINI_BATCH_SIZE,
+        rollout_n=N,
+        ppo_epochs=PPO_EPOCHS,
+        data_loader_seed=DATA_LOADER_SEED,
+        ppo_micro_batch_size_per_gpu=PPO_MICRO_BATCH_SIZE,
+        grad_clip=GRAD_CLIP,
+        temperature=TEMPERATURE,
+    )
+
+
+def output_folder(path: str | None) -> Path | None:
+    """``path`` as a fresh output folder (an empty metrics.jsonl), or None."""
+    if not path:
+        return None
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.jsonl").write_text("")
+    return out
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
-
     # ---- setup: threads, tokenizer, prompts, model, rollout engine, optimizer, the update's settings ----
     torch.set_num_threads(CPU_THREADS)
-    dtype = DTYPES[args.dtype]
-    float_dtype = torch.float64 if dtype == torch.float64 else torch.float32  # log-probs, rewards, advantages
+    float_dtype = torch.float64 if args.dtype == "fp64" else torch.float32  # log-probs, rewards, advantages
     tokenizer = AutoTokenizer.from_pretrained(charlm_directory(), local_files_only=True)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     train = load_prompts(TRAIN_FILES, tokenizer, max_prompt_length=MAX_PROMPT_LENGTH)
     val = load_prompts(VAL_FILES, tokenizer, max_prompt_length=MAX_PROMPT_LENGTH)
     sampler = PromptSampler(len(train), TRAIN_BATCH_SIZE, seed=DATA_SEED)  # each epoch shuffled by (seed, epoch)
     torch.manual_seed(TRAINER_SEED)
-    model = load_causal_lm(charlm_directory(), dtype=dtype)
+    model = load_causal_lm(charlm_directory(), dtype=DTYPES[args.dtype])
     rollout = HFRollout(model, eos_token_ids=[tokenizer.eos_token_id], pad_token_id=pad_id, max_num_seqs=MAX_NUM_SEQS)
-    sampling = SamplingParams(n=N, temperature=TEMPERATURE, top_p=TOP_P, top_k=TOP_K,
-                              max_response_length=MAX_RESPONSE_LENGTH, seed=args.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, weight_decay=WEIGHT_DECAY)
-    schedule = torch.optim.lr_scheduler.LambdaLR(  # the rate × min(1, s / warm-up) at training step s
-        optimizer, lambda s: min(1.0, s / LR_WARMUP_STEPS) if LR_WARMUP_STEPS else 1.0)
-    loss = LossConfig(loss_mode="vanilla", loss_agg_mode=LOSS_AGG_MODE, clip_ratio=CLIP_RATIO,
-                      clip_ratio_c=CLIP_RATIO_C, entropy_coeff=ENTROPY_COEFF, seed=DATA_LOADER_SEED)
-    update = UpdateConfig(loss=loss, ppo_mini_batch_size=PPO_MINI_BATCH_SIZE, rollout_n=N, ppo_epochs=PPO_EPOCHS,
-                          data_loader_seed=DATA_LOADER_SEED, ppo_micro_batch_size_per_gpu=PPO_MICRO_BATCH_SIZE,
-                          grad_clip=GRAD_CLIP, temperature=TEMPERATURE)
-    out = Path(args.output) if args.output else None
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "metrics.jsonl").write_text("")
+    sampling = SamplingParams(N, TEMPERATURE, TOP_P, TOP_K, max_response_length=MAX_RESPONSE_LENGTH, seed=args.seed)
+    optimizer, schedule = optimizer_and_schedule(model)
+    update = update_settings()
+    out = output_folder(args.output)
     records, optimizer_steps = [], 0
 
     if VAL_BEFORE_TRAIN and TEST_FREQ > 0:
@@ -153,8 +184,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         # 1. generate: N samples of each prompt; token t of sample j of prompt uid draws from the counter-based
         #    stream (seed, stream, step, uid, j, t), so no batching or order changes a token
         uids = sampler.next_batch()
-        samples = rollout.generate(requests_for([(u, train[u].prompt_ids) for u in uids], N), sampling, step=step,
-                                   stream=TRAIN_STREAM)
+        samples = rollout.generate(
+            requests_for([(u, train[u].prompt_ids) for u in uids], N), sampling, step=step, stream=TRAIN_STREAM
+        )
         # prompts left-padded, responses right-padded to MAX_RESPONSE_LENGTH (a fixed width, as the trainer pads)
         tokens, _ = samples_to_tokens(samples, response_width=MAX_RESPONSE_LENGTH, pad_token_id=pad_id)
         response_mask = tokens.response_mask  # every generated token, EOS included
@@ -167,27 +199,38 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
         # 3. old log-probs: the policy's own, recomputed (no grad, eval mode), and its entropy
         model.eval()
-        old_log_probs, entropy = compute_log_probs(model, tokens, micro_batch_size=LOG_PROB_MICRO_BATCH_SIZE,
-                                                   temperature=TEMPERATURE, with_entropy=True)
+        old_log_probs, entropy = compute_log_probs(
+            model, tokens, micro_batch_size=LOG_PROB_MICRO_BATCH_SIZE, temperature=TEMPERATURE, with_entropy=True
+        )
 
         # 4. advantages: GRPO, (reward - group mean) / (group std + eps) on every response token
-        advantages, _ = compute_advantage("grpo", rewards, response_mask, group_ids.tolist(),
-                                          norm_adv_by_std_in_grpo=NORM_ADV_BY_STD)
+        advantages, _ = compute_advantage(
+            "grpo", rewards, response_mask, group_ids.tolist(), norm_adv_by_std_in_grpo=NORM_ADV_BY_STD
+        )
 
         # 5. update: the clipped policy loss, PPO_MINI_BATCH_SIZE prompts per optimizer step; then the schedule
         model.train()
-        batch = RolloutBatch(prompts=tokens.prompts, responses=tokens.responses, attention_mask=tokens.attention_mask,
-                             response_mask=response_mask, old_log_probs=old_log_probs, advantages=advantages,
-                             index=group_ids)
+        batch = RolloutBatch(
+            prompts=tokens.prompts,
+            responses=tokens.responses,
+            attention_mask=tokens.attention_mask,
+            response_mask=response_mask,
+            old_log_probs=old_log_probs,
+            advantages=advantages,
+            index=group_ids,
+        )
         results = update_policy(model, optimizer, batch, update, first_optimizer_step=optimizer_steps)
         optimizer_steps += len(results)
         lr = optimizer.param_groups[0]["lr"]
         schedule.step()
 
         # 6. log; held-out evaluation and the policy saved when due
-        metrics = {"training/global_step": float(step), "training/epoch": float(sampler.epoch),
-                   **step_metrics(scores, advantages, entropy, response_mask, results, lr),
-                   "timing_s/step": time.perf_counter() - start}
+        metrics = {
+            "training/global_step": float(step),
+            "training/epoch": float(sampler.epoch),
+            **step_metrics(scores, advantages, entropy, response_mask, results, lr),
+            "timing_s/step": time.perf_counter() - start,
+        }
         if is_due(step, TEST_FREQ, args.steps):  # after the update, as verl validates
             metrics.update(evaluate(rollout, val, tokenizer, step, args.steps))
         log(records, metrics, step, out)

@@ -38,8 +38,9 @@ def rollout(model, dtype: torch.dtype, *, prompts: int = 2, group: int = 4, seed
             index.append(p)
             response_ids.append(torch.randint(3, 256, (length,), generator=g).tolist())
     zeros = [[0.0] * len(r) for r in response_ids]
-    batch = RolloutBatch.from_sequences(prompt_ids, response_ids, zeros, advantages, ref_log_probs=zeros, index=index,
-                                        dtype=dtype)
+    batch = RolloutBatch.from_sequences(
+        prompt_ids, response_ids, zeros, advantages, ref_log_probs=zeros, index=index, dtype=dtype
+    )
     old, _ = compute_log_probs(model, batch, micro_batch_size=4)  # no micro-batching changes them
     batch.old_log_probs = old
     batch.ref_log_probs = old.clone()  # the reference policy is the initial policy
@@ -65,13 +66,20 @@ def main() -> None:
     if distributed:
         model = wrap_model(model, args.strategy)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02)
-    loss = LossConfig(loss_mode=args.loss_mode, loss_agg_mode=args.agg_mode, use_kl_loss=True,
-                      dro_beta=0.1 if args.loss_mode == "dro" else None)
-    config = UpdateConfig(loss=loss, ppo_mini_batch_size=4, ppo_epochs=2, shuffle=True,
-                          ppo_micro_batch_size_per_gpu=args.micro_batch_size)
+    loss = LossConfig(
+        loss_mode=args.loss_mode,
+        loss_agg_mode=args.agg_mode,
+        use_kl_loss=True,
+        dro_beta=0.1 if args.loss_mode == "dro" else None,
+    )
+    config = UpdateConfig(
+        loss=loss, ppo_mini_batch_size=4, ppo_epochs=2, shuffle=True, ppo_micro_batch_size_per_gpu=args.micro_batch_size
+    )
     steps = update_policy(model, optimizer, batch, config)
-    state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
-             for k, v in (model.module if hasattr(model, "module") else model).state_dict().items()}
+    state = {
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+        for k, v in (model.module if hasattr(model, "module") else model).state_dict().items()
+    }
     if not distributed or dist.get_rank() == 0:
         for i, step in enumerate(steps):
             print(f"step {i}: " + ", ".join(f"{k}={v:.6g}" for k, v in sorted(step.metrics.items())))

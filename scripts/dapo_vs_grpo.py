@@ -31,26 +31,36 @@ def records(folder: Path) -> list[dict]:
 
 
 def main(grpo: Path, dapo: Path) -> None:
-    seeds = sorted(p.name for p in dapo.iterdir() if (p / "timing.json").exists() and (grpo / p.name / "timing.json").exists())
+    seeds = sorted(
+        p.name for p in dapo.iterdir() if (p / "timing.json").exists() and (grpo / p.name / "timing.json").exists()
+    )
     curves = {(name, s): held_out(root / s) for name, root in (("GRPO", grpo), ("DAPO", dapo)) for s in seeds}
     steps = sorted(curves["GRPO", seeds[0]])
     print("| step | " + " | ".join(f"{name} {s}" for s in seeds for name in ("GRPO", "DAPO")) + " |")
     print("|---|" + "---|" * (2 * len(seeds)))
     for step in steps:
-        print(f"| {step} | " + " | ".join(f"{curves[name, s][step]:.3f}" for s in seeds for name in ("GRPO", "DAPO")) + " |")
+        print(
+            f"| {step} | "
+            + " | ".join(f"{curves[name, s][step]:.3f}" for s in seeds for name in ("GRPO", "DAPO"))
+            + " |"
+        )
     print()
     for s in seeds:
-        cpu = {name: json.loads((root / s / "timing.json").read_text())["cpu_s"] for name, root in
-               (("GRPO", grpo), ("DAPO", dapo))}
+        cpu = {
+            name: json.loads((root / s / "timing.json").read_text())["cpu_s"]
+            for name, root in (("GRPO", grpo), ("DAPO", dapo))
+        }
         runs = records(dapo / s)
         per_step = cpu["DAPO"] / len(runs)
         at = max(step for step in curves["DAPO", s] if step * per_step <= cpu["GRPO"])
         rounds = [r["train/num_gen_batches"] for r in runs]
         consumed = [r["training/filter_groups/consumed_prompts"] for r in runs]
-        print(f"- {s}: CPU time GRPO {cpu['GRPO']:.0f} s, DAPO {cpu['DAPO']:.0f} s; at GRPO's CPU time DAPO is at "
-              f"step {at} with {curves['DAPO', s][at]:.3f} (GRPO's last: {curves['GRPO', s][max(steps)]:.3f}); "
-              f"DAPO rounds per step: mean {sum(rounds) / len(rounds):.2f}, max {max(rounds):.0f}; consumed prompts "
-              f"per step: mean {sum(consumed) / len(consumed):.1f}, {min(consumed):.0f}–{max(consumed):.0f}")
+        print(
+            f"- {s}: CPU time GRPO {cpu['GRPO']:.0f} s, DAPO {cpu['DAPO']:.0f} s; at GRPO's CPU time DAPO is at "
+            f"step {at} with {curves['DAPO', s][at]:.3f} (GRPO's last: {curves['GRPO', s][max(steps)]:.3f}); "
+            f"DAPO rounds per step: mean {sum(rounds) / len(rounds):.2f}, max {max(rounds):.0f}; consumed prompts "
+            f"per step: mean {sum(consumed) / len(consumed):.1f}, {min(consumed):.0f}–{max(consumed):.0f}"
+        )
 
 
 if __name__ == "__main__":

@@ -38,13 +38,27 @@ def run_seed(folder: Path, seed: int, extra: list[str]) -> dict:
         return json.loads(timing_file.read_text())
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "splitproof", "train", f"trainer.default_local_dir={folder}",
-                    "trainer.resume_mode=disable", *seed_overrides(seed), *extra],
-                   check=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "splitproof",
+            "train",
+            f"trainer.default_local_dir={folder}",
+            "trainer.resume_mode=disable",
+            *seed_overrides(seed),
+            *extra,
+        ],
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+    )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    timing = {"wall_s": time.perf_counter() - start,
-              "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
-              "load_before": os.getloadavg()[0]}
+    timing = {
+        "wall_s": time.perf_counter() - start,
+        "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+        "load_before": os.getloadavg()[0],
+    }
     timing_file.write_text(json.dumps(timing))
     return timing
 
@@ -74,20 +88,22 @@ def section(curves: dict[int, list], timings: dict[int, dict], metric: str, extr
     command = " ".join(["splitproof train", *extra]).strip()
     loads = [t["load_before"] for t in timings.values() if "load_before" in t]
     load = f" (load average {min(loads):.1f}–{max(loads):.1f} when each run started)" if loads else ""
-    return "\n".join([
-        f"Held-out score `{metric}` (greedy, 500 held-out problems) of `{command}` over {len(curves)} seeds "
-        "(seed 0 is the default; seed k sets `data.seed=k+1 actor_rollout_ref.rollout.seed=42+k`), "
-        "measured with `scripts/embedded_curve.py`:",
-        "",
-        *lines,
-        "",
-        f"Gain from the first evaluation to the last: {min(gains):+.1f} to {max(gains):+.1f} points "
-        f"(mean {statistics.mean(gains):+.1f}). Per run: {min(cpus):.0f}–{max(cpus):.0f} s of CPU time "
-        f"(one thread, start-up included) and {min(walls):.0f}–{max(walls):.0f} s of wall time on the "
-        f"2-core build machine{load}.",
-        "",
-        "![held-out score per step, one line per seed](embedded-default.png)",
-    ])
+    return "\n".join(
+        [
+            f"Held-out score `{metric}` (greedy, 500 held-out problems) of `{command}` over {len(curves)} seeds "
+            "(seed 0 is the default; seed k sets `data.seed=k+1 actor_rollout_ref.rollout.seed=42+k`), "
+            "measured with `scripts/embedded_curve.py`:",
+            "",
+            *lines,
+            "",
+            f"Gain from the first evaluation to the last: {min(gains):+.1f} to {max(gains):+.1f} points "
+            f"(mean {statistics.mean(gains):+.1f}). Per run: {min(cpus):.0f}–{max(cpus):.0f} s of CPU time "
+            f"(one thread, start-up included) and {min(walls):.0f}–{max(walls):.0f} s of wall time on the "
+            f"2-core build machine{load}.",
+            "",
+            "![held-out score per step, one line per seed](embedded-default.png)",
+        ]
+    )
 
 
 def plot(curves: dict[int, list], metric: str, path: Path) -> None:
@@ -136,8 +152,11 @@ def main() -> None:
         folder = args.runs / f"seed{seed}"
         timings[seed] = run_seed(folder, seed, args.overrides)
         metric, curves[seed] = held_out_curve(folder)
-        print(f"seed {seed}: {curves[seed][0][1]:.3f} -> {curves[seed][-1][1]:.3f}, "
-              f"{timings[seed]['wall_s']:.0f} s wall, {timings[seed]['cpu_s']:.0f} s CPU", flush=True)
+        print(
+            f"seed {seed}: {curves[seed][0][1]:.3f} -> {curves[seed][-1][1]:.3f}, "
+            f"{timings[seed]['wall_s']:.0f} s wall, {timings[seed]['cpu_s']:.0f} s CPU",
+            flush=True,
+        )
     text = section(curves, timings, metric, args.overrides)
     print(text)
     if args.write:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from embedded_curve import save_figure  # noqa: E402
+from embedded_curve import save_figure
 
 
 def timed_curve(path: Path) -> tuple[str, list[tuple[int, float, float]]]:
@@ -78,9 +78,11 @@ def report(groups: dict[str, dict[str, list]], at: list[float] | None) -> str:
     for label, runs in groups.items():
         steps = {p[-1][0] for p in runs.values()}
         times = [p[-1][1] for p in runs.values()]
-        lines.append(f"| {label} | {len(runs)} | {'/'.join(map(str, sorted(steps)))} | "
-                     f"{min(times):.1f}–{max(times):.1f} (mean {totals[label]:.1f}) | "
-                     f"{totals[label] / max(steps):.3f} |")
+        lines.append(
+            f"| {label} | {len(runs)} | {'/'.join(map(str, sorted(steps)))} | "
+            f"{min(times):.1f}–{max(times):.1f} (mean {totals[label]:.1f}) | "
+            f"{totals[label] / max(steps):.3f} |"
+        )
     budget = min(totals.values())
     times = at or [budget * f for f in (0.25, 0.5, 0.75, 1.0)]
     lines += ["", "| training wall time (s) | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
@@ -107,8 +109,15 @@ def plot(groups: dict[str, dict[str, list]], metric: str, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for color, (label, runs) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], groups.items()):
         for i, points in enumerate(runs.values()):
-            ax.plot([t for _, t, _ in points], [v for _, _, v in points], color=color, marker="o", ms=2,
-                    alpha=0.7, label=label if i == 0 else None)
+            ax.plot(
+                [t for _, t, _ in points],
+                [v for _, _, v in points],
+                color=color,
+                marker="o",
+                ms=2,
+                alpha=0.7,
+                label=label if i == 0 else None,
+            )
     save_figure(fig, ax, "training wall time (s)", metric, path)
 
 

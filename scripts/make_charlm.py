@@ -32,8 +32,8 @@ from transformers import DynamicCache, GenerationConfig, LlamaConfig, LlamaForCa
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from splitproof.builtin.tokenizer import char_tokenizer  # noqa: E402
-from splitproof.rl.data.tasks import score, task_rows  # noqa: E402
+from splitproof.builtin.tokenizer import char_tokenizer
+from splitproof.rl.data.tasks import score, task_rows
 
 TRAIN_TASK = "builtin://addition/train?digits=2"
 TEST_TASK = "builtin://addition/test?digits=2"
@@ -53,7 +53,9 @@ class Architecture:
     num_attention_heads: int = 4
     num_key_value_heads: int = 4
     max_position_embeddings: int = 256
-    initializer_range: float = 0.1  # ~1/sqrt(width); transformers' default 0.02 made the warm-up 3x slower and GRPO unstable
+    initializer_range: float = (
+        0.1  # ~1/sqrt(width); transformers' default 0.02 made the warm-up 3x slower and GRPO unstable
+    )
     tie_word_embeddings: bool = True
 
 
@@ -111,7 +113,9 @@ def sft_loss(model, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     """Token mean of −log p(label) over the labelled positions (logits at t predict token t+1)."""
     logits = model(input_ids=input_ids).logits[:, :-1].float()
     target = labels[:, 1:]
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100)
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), target.reshape(-1), ignore_index=-100
+    )
 
 
 @torch.no_grad()

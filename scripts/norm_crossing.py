@@ -39,6 +39,7 @@ def nearest_midpoint(x: torch.Tensor) -> tuple[tuple[int, ...], float, float]:
 
 def gradients(model, ids, weights, norm, index, factor: float) -> dict[str, torch.Tensor]:
     """The loss's gradients with the norm's input entry ``index`` scaled by ``factor``."""
+
     def shift(module, args):
         x = args[0].clone()
         x[index] = x[index] * factor
@@ -86,18 +87,22 @@ def main() -> None:
     for name in ("model.embed_tokens.weight", "model.norm.weight", "model.layers.1.mlp.down_proj.weight"):
         change, plain = (crossed[name] - away[name]).abs().view(-1), (farther[name] - away[name]).abs()
         top = change.sort().values
-        print(f"{name}: crossing moves the gradient by {float(top[-1]):.2e} at most (an element of size "
-              f"{float(away[name].view(-1)[int(change.argmax())].abs()):.2e}; the next {float(top[-2]):.2e}); "
-              f"the same shift without crossing: {float(plain.max()):.2e}")
+        print(
+            f"{name}: crossing moves the gradient by {float(top[-1]):.2e} at most (an element of size "
+            f"{float(away[name].view(-1)[int(change.argmax())].abs()):.2e}; the next {float(top[-2]):.2e}); "
+            f"the same shift without crossing: {float(plain.max()):.2e}"
+        )
     key = "model.embed_tokens.weight"
     start = model.model.embed_tokens.weight
     base = adamw(start, [away[key]] * args.steps, args.lr)
     bumped = adamw(start, [crossed[key]] + [away[key]] * (args.steps - 1), args.lr)
     diff = (bumped - base).abs()
     j = int(diff.argmax())
-    print(f"AdamW x{args.steps} (lr {args.lr:g}): weights differ by {float(diff.max()):.2e} at most (an element "
-          f"that moved {float((base - start.detach()).view(-1)[j]):.2e}, gradient {float(away[key].view(-1)[j]):.2e}); "
-          f"{float(diff.norm() / (base - start.detach()).norm()):.2e} of the update")
+    print(
+        f"AdamW x{args.steps} (lr {args.lr:g}): weights differ by {float(diff.max()):.2e} at most (an element "
+        f"that moved {float((base - start.detach()).view(-1)[j]):.2e}, gradient {float(away[key].view(-1)[j]):.2e}); "
+        f"{float(diff.norm() / (base - start.detach()).norm()):.2e} of the update"
+    )
 
 
 if __name__ == "__main__":

@@ -29,8 +29,10 @@ def convert(gguf_file: Path, out: Path) -> None:
     model.tie_weights()
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    print(f"{out}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, "
-          f"chat template: {'yes' if tokenizer.chat_template else 'no'}")
+    print(
+        f"{out}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f} M parameters, "
+        f"chat template: {'yes' if tokenizer.chat_template else 'no'}"
+    )
 
 
 def main() -> None:

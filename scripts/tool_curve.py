@@ -29,10 +29,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_charlm import sft_loss  # noqa: E402
-
-from splitproof.builtin.tokenizer import char_tokenizer  # noqa: E402
-from splitproof.rl.data.tasks import task_rows  # noqa: E402
+from make_charlm import sft_loss
+from splitproof.builtin.tokenizer import char_tokenizer
+from splitproof.rl.data.tasks import task_rows
 
 TRAIN, TEST = "builtin://product/train", "builtin://product/test?size=200"
 
@@ -41,8 +40,14 @@ def transcript(tokenizer, row) -> tuple[list[int], list[int]]:
     """(input ids, labels): labels are the ids on the model's tokens, -100 on the prompt and the tool's."""
     a, b, answer = row["extra_info"]["a"], row["extra_info"]["b"], row["reward_model"]["ground_truth"]
     eos = tokenizer.eos_token_id
-    parts = [(row["prompt"], False), (f"mul({a},{b})", True), (None, True), (f"={answer}\n", False),
-             (answer, True), (None, True)]
+    parts = [
+        (row["prompt"], False),
+        (f"mul({a},{b})", True),
+        (None, True),
+        (f"={answer}\n", False),
+        (answer, True),
+        (None, True),
+    ]
     ids, labels = [], []
     for text, trained in parts:
         piece = [eos] if text is None else tokenizer.encode(text, add_special_tokens=False)
@@ -71,8 +76,9 @@ def sampled_success(model, input_ids: torch.Tensor, labels: torch.Tensor) -> flo
     return picked.masked_fill(target == -100, 0.0).sum(dim=1).exp().mean().item()
 
 
-def warm_up(out: Path, max_steps: int, seed: int, target: float, check_every: int,
-            lr: float = 1e-3, batch: int = 64) -> tuple[int, float]:
+def warm_up(
+    out: Path, max_steps: int, seed: int, target: float, check_every: int, lr: float = 1e-3, batch: int = 64
+) -> tuple[int, float]:
     """SFT until the T = 1 success of 256 train transcripts (``sampled_success``) reaches ``target``:
     (steps, success)."""
     from transformers import AutoModelForCausalLM
@@ -105,22 +111,37 @@ def train(model_dir: Path, out: Path, seed: int, steps: int, test_freq: int, too
     from splitproof.cli import main
 
     overrides = [
-        f"actor_rollout_ref.model.path={model_dir}", f"data.train_files={TRAIN}", f"data.val_files={TEST}",
-        "data.train_batch_size=32", "data.max_prompt_length=16", "data.max_response_length=32",
-        "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-        "actor_rollout_ref.actor.optim.lr=2e-4", "algorithm.adv_estimator=grpo",
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"data.train_files={TRAIN}",
+        f"data.val_files={TEST}",
+        "data.train_batch_size=32",
+        "data.max_prompt_length=16",
+        "data.max_response_length=32",
+        "actor_rollout_ref.rollout.n=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        "actor_rollout_ref.actor.optim.lr=2e-4",
+        "algorithm.adv_estimator=grpo",
         # held-out success under the policy's own sampling (T = 1, 4 samples per problem), beside greedy's
-        "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
         "actor_rollout_ref.rollout.val_kwargs.n=4",
-        f"actor_rollout_ref.rollout.seed={seed}", f"data.seed={seed}", f"trainer.seed={seed}",
-        f"trainer.total_training_steps={steps}", f"trainer.test_freq={test_freq}", "trainer.cpu_threads=1",
-        "trainer.logger=[file]", f"trainer.default_local_dir={out}", "trainer.resume_mode=disable",
+        f"actor_rollout_ref.rollout.seed={seed}",
+        f"data.seed={seed}",
+        f"trainer.seed={seed}",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.test_freq={test_freq}",
+        "trainer.cpu_threads=1",
+        "trainer.logger=[file]",
+        f"trainer.default_local_dir={out}",
+        "trainer.resume_mode=disable",
     ]
     if tool:
-        overrides += ["actor_rollout_ref.rollout.multi_turn.enable=true",
-                      "actor_rollout_ref.rollout.multi_turn.format=simple",
-                      "actor_rollout_ref.rollout.multi_turn.function_tool_path=pkg://splitproof.builtin.calculator",
-                      "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2"]
+        overrides += [
+            "actor_rollout_ref.rollout.multi_turn.enable=true",
+            "actor_rollout_ref.rollout.multi_turn.format=simple",
+            "actor_rollout_ref.rollout.multi_turn.function_tool_path=pkg://splitproof.builtin.calculator",
+            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
+        ]
     code = main(["train", *overrides, *extra])
     if code != 0:
         raise SystemExit(f"splitproof train exited with {code}")
@@ -133,8 +154,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--warmup-target", type=float, default=0.45,
-                        help="stop the warm-up when the T = 1 success of train transcripts reaches this")
+    parser.add_argument(
+        "--warmup-target",
+        type=float,
+        default=0.45,
+        help="stop the warm-up when the T = 1 success of train transcripts reaches this",
+    )
     parser.add_argument("--check-every", type=int, default=10)
     parser.add_argument("--warmup-steps", type=int, default=600, help="at most this many warm-up steps")
     parser.add_argument("--steps", type=int, default=120)
@@ -148,16 +173,19 @@ def main() -> int:
         start = time.perf_counter()
         steps, success = warm_up(model_dir, args.warmup_steps, seed, args.warmup_target, args.check_every)
         warm = {"steps": steps, "train_sampled_success": success, "wall_s": time.perf_counter() - start}
-        print(f"seed {seed}: warm-up {steps} steps, train T=1 success {success:.3f}, "
-              f"{warm['wall_s']:.0f} s", flush=True)
+        print(
+            f"seed {seed}: warm-up {steps} steps, train T=1 success {success:.3f}, {warm['wall_s']:.0f} s", flush=True
+        )
         for tool in (True, False) if not args.no_baseline else (True,):
             name = f"{'tool' if tool else 'no_tool'}_{seed}"
             start, cpu = time.perf_counter(), time.process_time()
             curve = train(model_dir, args.out / name, seed, args.steps, args.test_freq, tool, args.extra)
             seconds, cpu = time.perf_counter() - start, time.process_time() - cpu  # one thread: CPU ≈ idle wall
             results[name] = {"curve": curve, "wall_s": seconds, "cpu_s": cpu, "warm_up": warm}
-            print(f"{name}: {' '.join(f'{s}:{v:.3f}' for s, v in curve)}  ({seconds:.0f} s wall, {cpu:.0f} s CPU)",
-                  flush=True)
+            print(
+                f"{name}: {' '.join(f'{s}:{v:.3f}' for s, v in curve)}  ({seconds:.0f} s wall, {cpu:.0f} s CPU)",
+                flush=True,
+            )
     (args.out / "curve.json").write_text(json.dumps(results, indent=1))
     return 0
 

@@ -28,18 +28,40 @@ def record(out: Path, overrides: list[str]) -> None:
         run_dir = Path(tmp) / "run"
         options = [a for i, a in enumerate(overrides) if a.startswith("--") or (i and overrides[i - 1] == "--config")]
         keys = [a for a in overrides if a not in options]
-        command = [sys.executable, "-m", "splitproof", "train", *options, "actor_rollout_ref.actor.fsdp_config.model_dtype=fp64",
-                   f"trainer.default_local_dir={run_dir}", f"trainer.rollout_data_dir={run_dir / 'generations'}",
-                   "trainer.logger=[file]", "trainer.max_actor_ckpt_to_keep=1", *keys]
+        command = [
+            sys.executable,
+            "-m",
+            "splitproof",
+            "train",
+            *options,
+            "actor_rollout_ref.actor.fsdp_config.model_dtype=fp64",
+            f"trainer.default_local_dir={run_dir}",
+            f"trainer.rollout_data_dir={run_dir / 'generations'}",
+            "trainer.logger=[file]",
+            "trainer.max_actor_ckpt_to_keep=1",
+            *keys,
+        ]
         subprocess.run(command, check=True)
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-        steps = {str(r["step"]): {k: v for k, v in sorted(r.items()) if not k.startswith(TIMING_PREFIXES)}
-                 for r in metrics}
+        steps = {
+            str(r["step"]): {k: v for k, v in sorted(r.items()) if not k.startswith(TIMING_PREFIXES)} for r in metrics
+        }
         generations = {p.name: _sha(p.read_bytes()) for p in sorted((run_dir / "generations").glob("*.jsonl"))}
         latest = (run_dir / "latest_checkpointed_iteration.txt").read_text().strip()
         tensors = _tensor_digests(run_dir / f"global_step_{latest}" / "actor")
-    out.write_text(json.dumps({"overrides": overrides, "metrics": steps, "generations": generations,
-                               "final_step": latest, "tensors": tensors}, indent=1, sort_keys=True))
+    out.write_text(
+        json.dumps(
+            {
+                "overrides": overrides,
+                "metrics": steps,
+                "generations": generations,
+                "final_step": latest,
+                "tensors": tensors,
+            },
+            indent=1,
+            sort_keys=True,
+        )
+    )
     print(f"{out}: {len(steps)} records, {len(generations)} generation files, {len(tensors)} tensors")
 
 

@@ -12,15 +12,19 @@ def __getattr__(name: str):
     bound here."""
     if name in ("BatchError", "RolloutBatch"):
         from .batch import BatchError, RolloutBatch
+
         found = {"BatchError": BatchError, "RolloutBatch": RolloutBatch}
     elif name in ("ConfigError", "LossConfig", "ValueLossConfig"):
         from .loss_config import ConfigError, LossConfig, ValueLossConfig
+
         found = {"ConfigError": ConfigError, "LossConfig": LossConfig, "ValueLossConfig": ValueLossConfig}
     elif name in ("correction_share", "minibatch_share", "objective"):
         from .policy_objective import correction_share, minibatch_share, objective
+
         found = {"correction_share": correction_share, "minibatch_share": minibatch_share, "objective": objective}
     elif name == "MinibatchStats":
         from .stats import MinibatchStats
+
         found = {"MinibatchStats": MinibatchStats}
     else:
         raise AttributeError(f"module 'splitproof' has no attribute {name!r}")

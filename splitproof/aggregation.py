@@ -14,8 +14,14 @@ from .loss_config import GROUP_AGG
 from .stats import MinibatchStats
 
 
-def token_weights(mask: Tensor, mode: str, stats: MinibatchStats, loss_scale_factor: float | None,
-                  dtype: torch.dtype, index: Tensor | None = None) -> Tensor:
+def token_weights(
+    mask: Tensor,
+    mode: str,
+    stats: MinibatchStats,
+    loss_scale_factor: float | None,
+    dtype: torch.dtype,
+    index: Tensor | None = None,
+) -> Tensor:
     """c_{i,t} of `mode` for the tokens of one part: zero off the mask.
 
     token-mean m/N · token-sum m · seq-mean-token-sum m/G · seq-mean-token-mean m/(n_i G) ·

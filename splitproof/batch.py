@@ -79,8 +79,13 @@ def check_policy_tensors(
     if seq_ids is not None and tuple(seq_ids.shape) != (shape[0],):
         raise BatchError("seq_ids", f"must be [B] = [{shape[0]}], got shape {tuple(seq_ids.shape)}")
     mask = check_binary_mask("response_mask", response_mask, seq_ids)
-    per_token = {"old_log_prob": old_log_prob, "log_prob": log_prob, "ref_log_prob": ref_log_prob,
-                 "rollout_is_weights": rollout_is_weights, "entropy": entropy}
+    per_token = {
+        "old_log_prob": old_log_prob,
+        "log_prob": log_prob,
+        "ref_log_prob": ref_log_prob,
+        "rollout_is_weights": rollout_is_weights,
+        "entropy": entropy,
+    }
     per_token = {names.get(name, name): value for name, value in per_token.items()}
     for name, value in per_token.items():
         check_per_token_shape(name, value, shape)
@@ -97,22 +102,28 @@ def check_policy_tensors(
         negative = mask & (rollout_is_weights < 0)
         if negative.any():
             row = int(negative.nonzero()[0, 0])
-            raise BatchError(names.get("rollout_is_weights", "rollout_is_weights"), "must be >= 0 on valid tokens",
-                             _seq_label(seq_ids, row))
+            raise BatchError(
+                names.get("rollout_is_weights", "rollout_is_weights"),
+                "must be >= 0 on valid tokens",
+                _seq_label(seq_ids, row),
+            )
     if int(mask.sum()) == 0:
         raise BatchError("response_mask", "empty minibatch: no valid response token (N = 0)")
     return mask, advantages
 
 
-def check_group_index(index: Tensor | None, batch_size: int, seq_ids: Tensor | None = None,
-                      name: str = "index") -> Tensor | None:
+def check_group_index(
+    index: Tensor | None, batch_size: int, seq_ids: Tensor | None = None, name: str = "index"
+) -> Tensor | None:
     """Validate group ids: one integer per row ([B]); returns them as int64 (None stays None)."""
     if index is None:
         return None
     if not isinstance(index, Tensor):
         index = torch.as_tensor(index)
     if tuple(index.shape) != (batch_size,):
-        raise BatchError(name, f"must hold one group id per sequence, [B] = [{batch_size}], got shape {tuple(index.shape)}")
+        raise BatchError(
+            name, f"must hold one group id per sequence, [B] = [{batch_size}], got shape {tuple(index.shape)}"
+        )
     if index.dtype == torch.bool or index.is_complex():
         raise BatchError(name, f"group ids must be integers, got {index.dtype}")
     if index.is_floating_point():
@@ -127,8 +138,11 @@ def check_group_index(index: Tensor | None, batch_size: int, seq_ids: Tensor | N
 def require_group_index(index: Tensor | None, agg_mode: str, name: str = "index") -> None:
     """group-mean-token-mean without group ids is an error (not "each sequence its own group")."""
     if agg_mode == GROUP_AGG and index is None:
-        raise BatchError(name, f"loss_agg_mode {GROUP_AGG!r} needs a group id per sequence (the prompt group, "
-                               "verl's uid), but none was given")
+        raise BatchError(
+            name,
+            f"loss_agg_mode {GROUP_AGG!r} needs a group id per sequence (the prompt group, "
+            "verl's uid), but none was given",
+        )
 
 
 # check_policy_tensors's argument names -> the RolloutBatch fields they come from
@@ -173,23 +187,23 @@ class TokenLayout:
 
     def prompt_lengths(self) -> Tensor:
         """Real prompt tokens per sequence."""
-        return self.attention_mask[:, :self.prompt_width].sum(dim=1)
+        return self.attention_mask[:, : self.prompt_width].sum(dim=1)
 
     def response_lengths(self) -> Tensor:
         """Real response tokens per sequence (a tool's tokens in a multi-turn response included)."""
-        return self.attention_mask[:, self.prompt_width:].sum(dim=1)
+        return self.attention_mask[:, self.prompt_width :].sum(dim=1)
 
     def prompt_spans(self) -> Tensor:
         """Columns from each sequence's first real prompt token to the end of the prompt block (0 if none):
         its prompt length when left-padded, more with padding inside or after it."""
-        real = self.attention_mask[:, :self.prompt_width].bool()
+        real = self.attention_mask[:, : self.prompt_width].bool()
         first = torch.where(real.any(dim=1), real.int().argmax(dim=1), self.prompt_width)
         return self.prompt_width - first
 
     def response_spans(self) -> Tensor:
         """Columns from the start of the response block to each sequence's last real response token (0 if
         none): its response length when right-padded, more with padding inside it."""
-        real = self.attention_mask[:, self.prompt_width:].bool()
+        real = self.attention_mask[:, self.prompt_width :].bool()
         last_from_end = real.flip(dims=[1]).int().argmax(dim=1)
         return torch.where(real.any(dim=1), self.response_width - last_from_end, 0)
 
@@ -208,8 +222,13 @@ class TokenLayout:
         return type(self)(**picked)
 
     def to(self, device: torch.device | str):
-        return replace(self, **{f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device))
-                                for f in fields(self)})
+        return replace(
+            self,
+            **{
+                f.name: (None if getattr(self, f.name) is None else getattr(self, f.name).to(device))
+                for f in fields(self)
+            },
+        )
 
 
 @dataclass
@@ -223,12 +242,20 @@ class TokenBatch(TokenLayout):
     seq_ids: Tensor | None = None  # [B] canonical keys; default arange(B)
 
     @classmethod
-    def from_sequences(cls, prompt_ids, response_ids, *, response_mask=None, response_width: int | None = None,
-                       pad_token_id: int = 0) -> "TokenBatch":
+    def from_sequences(
+        cls, prompt_ids, response_ids, *, response_mask=None, response_width: int | None = None, pad_token_id: int = 0
+    ) -> TokenBatch:
         """The token layout of plain per-sequence lists, as :meth:`RolloutBatch.from_sequences` lays it out
         (masks as 0/1 integers); ``response_width``: the responses' padded width (default the longest)."""
-        return cls(**token_fields(prompt_ids, response_ids, response_mask=response_mask,
-                                  response_width=response_width, pad_token_id=pad_token_id))
+        return cls(
+            **token_fields(
+                prompt_ids,
+                response_ids,
+                response_mask=response_mask,
+                response_width=response_width,
+                pad_token_id=pad_token_id,
+            )
+        )
 
 
 @dataclass
@@ -249,10 +276,25 @@ class RolloutBatch(TokenLayout):
     returns: Tensor | None = None  # [B, T] the critic's targets (GAE returns)
 
     @classmethod
-    def from_sequences(cls, prompt_ids, response_ids, old_log_probs, advantages, *, response_mask=None,
-                       ref_log_probs=None, rollout_is_weights=None, values=None, returns=None, seq_ids=None,
-                       index=None, pad_token_id: int = 0, dtype: torch.dtype = torch.float32,
-                       device: torch.device | str | None = None, response_width: int | None = None) -> "RolloutBatch":
+    def from_sequences(
+        cls,
+        prompt_ids,
+        response_ids,
+        old_log_probs,
+        advantages,
+        *,
+        response_mask=None,
+        ref_log_probs=None,
+        rollout_is_weights=None,
+        values=None,
+        returns=None,
+        seq_ids=None,
+        index=None,
+        pad_token_id: int = 0,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        response_width: int | None = None,
+    ) -> RolloutBatch:
         """A validated batch from plain per-sequence data; row i is sequence i of every list.
 
         - ``prompt_ids[i]``: the prompt's token ids (at least one); left-padded with ``pad_token_id``.
@@ -276,18 +318,29 @@ class RolloutBatch(TokenLayout):
         values are stored in ``dtype`` (padding holds 0); masks as 0/1 integers. See docs/semantics.md
         (the batch).
         """
-        fields = fields_from_sequences(prompt_ids, response_ids, old_log_probs, advantages,
-                                    response_mask=response_mask, ref_log_probs=ref_log_probs,
-                                    rollout_is_weights=rollout_is_weights, values=values, returns=returns,
-                                    seq_ids=seq_ids, index=index, pad_token_id=pad_token_id, dtype=dtype,
-                                    response_width=response_width)
+        fields = fields_from_sequences(
+            prompt_ids,
+            response_ids,
+            old_log_probs,
+            advantages,
+            response_mask=response_mask,
+            ref_log_probs=ref_log_probs,
+            rollout_is_weights=rollout_is_weights,
+            values=values,
+            returns=returns,
+            seq_ids=seq_ids,
+            index=index,
+            pad_token_id=pad_token_id,
+            dtype=dtype,
+            response_width=response_width,
+        )
         batch = cls(**fields)
         if device is not None:
             batch = batch.to(device)
         batch.validate()  # the whole contract: finite values on valid tokens, unique ids, a non-empty minibatch
         return batch
 
-    def validate(self, vocab_size: int | None = None) -> "RolloutBatch":
+    def validate(self, vocab_size: int | None = None) -> RolloutBatch:
         """Check the whole contract; return the batch with bool masks and [B, T] advantages."""
         b = self.prompts.shape[0]
         if self.prompts.dim() != 2 or self.responses.dim() != 2:
@@ -310,10 +363,18 @@ class RolloutBatch(TokenLayout):
             raise BatchError("attention_mask", f"shape {tuple(self.attention_mask.shape)}, expected {expected}")
         attention = check_binary_mask("attention_mask", self.attention_mask, self.seq_ids)
         if tuple(self.response_mask.shape) != tuple(self.responses.shape):
-            raise BatchError("response_mask", f"shape {tuple(self.response_mask.shape)} does not match responses {tuple(self.responses.shape)}")
+            raise BatchError(
+                "response_mask",
+                f"shape {tuple(self.response_mask.shape)} does not match responses {tuple(self.responses.shape)}",
+            )
         mask, advantages = check_policy_tensors(
-            None, self.old_log_probs, self.advantages, self.response_mask,
-            ref_log_prob=self.ref_log_probs, rollout_is_weights=self.rollout_is_weights, seq_ids=self.seq_ids,
+            None,
+            self.old_log_probs,
+            self.advantages,
+            self.response_mask,
+            ref_log_prob=self.ref_log_probs,
+            rollout_is_weights=self.rollout_is_weights,
+            seq_ids=self.seq_ids,
             names=FIELD_NAMES,
         )
         for name in VALUE_FIELDS:
@@ -321,21 +382,32 @@ class RolloutBatch(TokenLayout):
             check_per_token_shape(name, value, mask.shape)
             if value is not None:
                 check_finite_on(name, value.detach(), mask, self.seq_ids)
-        outside = mask & ~attention[:, self.prompt_width:]
+        outside = mask & ~attention[:, self.prompt_width :]
         if outside.any():
             row = int(outside.nonzero()[0, 0])
-            raise BatchError("response_mask", "marks a token that attention_mask says is padding", int(self.seq_ids[row]))
-        no_prompt = attention[:, self.prompt_width:].any(dim=1) & ~attention[:, :self.prompt_width].any(dim=1)
+            raise BatchError(
+                "response_mask", "marks a token that attention_mask says is padding", int(self.seq_ids[row])
+            )
+        no_prompt = attention[:, self.prompt_width :].any(dim=1) & ~attention[:, : self.prompt_width].any(dim=1)
         if no_prompt.any():
             row = int(no_prompt.nonzero()[0, 0])
-            raise BatchError("prompts", "a sequence with response tokens needs at least one prompt token (the first "
-                             "response token is predicted from the last prompt token)", int(self.seq_ids[row]))
+            raise BatchError(
+                "prompts",
+                "a sequence with response tokens needs at least one prompt token (the first "
+                "response token is predicted from the last prompt token)",
+                int(self.seq_ids[row]),
+            )
         if vocab_size is not None:
-            for name, ids, att in (("prompts", self.prompts, attention[:, :self.prompt_width]),
-                                   ("responses", self.responses, attention[:, self.prompt_width:])):
+            for name, ids, att in (
+                ("prompts", self.prompts, attention[:, : self.prompt_width]),
+                ("responses", self.responses, attention[:, self.prompt_width :]),
+            ):
                 bad = att & ((ids < 0) | (ids >= vocab_size))
                 if bad.any():
                     row = int(bad.nonzero()[0, 0])
-                    raise BatchError(name, f"token id {int(ids[bad][0])} outside the model's vocabulary [0, {vocab_size})",
-                                     int(self.seq_ids[row]))
+                    raise BatchError(
+                        name,
+                        f"token id {int(ids[bad][0])} outside the model's vocabulary [0, {vocab_size})",
+                        int(self.seq_ids[row]),
+                    )
         return replace(self, attention_mask=attention, response_mask=mask, advantages=advantages, index=index)

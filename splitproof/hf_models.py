@@ -33,8 +33,7 @@ def tiny_causal_lm(
     Dropout is 0, ``use_cache`` off, embeddings untied unless ``tie_word_embeddings`` (the output layer is
     then the input embedding). The global RNG is left untouched.
     """
-    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                              Qwen3Config, Qwen3ForCausalLM)
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     classes = {
         "llama": (LlamaConfig, LlamaForCausalLM),
@@ -44,8 +43,10 @@ def tiny_causal_lm(
     if arch not in classes:
         raise ValueError(f"arch: unknown architecture {arch!r}, expected one of {ARCHS}")
     if hidden_size % num_heads or num_heads % num_kv_heads:
-        raise ValueError(f"num_heads: hidden_size {hidden_size} / num_heads {num_heads} / num_kv_heads {num_kv_heads} "
-                         "must divide evenly")
+        raise ValueError(
+            f"num_heads: hidden_size {hidden_size} / num_heads {num_heads} / num_kv_heads {num_kv_heads} "
+            "must divide evenly"
+        )
     config_cls, model_cls = classes[arch]
     config = config_cls(
         vocab_size=vocab_size,
@@ -69,8 +70,9 @@ def tiny_causal_lm(
     return model
 
 
-def local_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = None,
-                     trust_remote_code: bool = False) -> tuple[str, dict]:
+def local_checkpoint(
+    path: str | os.PathLike, *, dtype: torch.dtype | None = None, trust_remote_code: bool = False
+) -> tuple[str, dict]:
     """(path, ``from_pretrained`` keyword arguments) for a local checkpoint: local files only, no hub access."""
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -81,8 +83,13 @@ def local_checkpoint(path: str | os.PathLike, *, dtype: torch.dtype | None = Non
     return path, kwargs
 
 
-def load_causal_lm(path: str | os.PathLike, *, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
-                   trust_remote_code: bool = False) -> nn.Module:
+def load_causal_lm(
+    path: str | os.PathLike,
+    *,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+) -> nn.Module:
     """``AutoModelForCausalLM.from_pretrained(path)`` from local files only (no hub access)."""
     from transformers import AutoModelForCausalLM
 

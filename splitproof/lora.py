@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from splitproof.loss_config import ConfigError
 from splitproof.hf_models import base_model_of
 from splitproof.lora_settings import DEFAULT_ALPHA, LoraSettings  # noqa: F401 (the settings, torch-free)
+from splitproof.loss_config import ConfigError
 
 ADAPTER = "default"  # PEFT's adapter name; a run trains one adapter
 DIGEST_KEY = "splitproof_base_digest"  # safetensors metadata of an adapter saved here
@@ -68,14 +68,19 @@ def check_targets(model: nn.Module, settings: LoraSettings) -> None:
     short = sorted({n.rsplit(".", 1)[-1] for n in found})
     p = settings.prefix
     if not found:
-        raise ConfigError(f"{p}lora_rank", f"the model ({type(model).__name__}) has no linear or embedding module "
-                          "for LoRA to adapt")
-    entries = [] if isinstance(settings.target_modules, str) else [("target_modules", t) for t in settings.target_modules]
+        raise ConfigError(
+            f"{p}lora_rank", f"the model ({type(model).__name__}) has no linear or embedding module for LoRA to adapt"
+        )
+    entries = (
+        [] if isinstance(settings.target_modules, str) else [("target_modules", t) for t in settings.target_modules]
+    )
     entries += [("exclude_modules", t) for t in settings.exclude_modules or ()]
     for key, entry in entries:
         if not any(_matches(n, entry) for n in found):
-            raise ConfigError(f"{p}{key}", f"{entry!r} matches no module of the model ({type(model).__name__}); "
-                              f"modules found: {', '.join(short)}")
+            raise ConfigError(
+                f"{p}{key}",
+                f"{entry!r} matches no module of the model ({type(model).__name__}); modules found: {', '.join(short)}",
+            )
 
 
 def check_before_loading(settings: LoraSettings, model_dir: str, *, trust_remote_code: bool = False) -> None:
@@ -102,8 +107,15 @@ def _lora_config(settings: LoraSettings):
     peft = _peft()
     targets = settings.target_modules if isinstance(settings.target_modules, str) else list(settings.target_modules)
     excluded = list(settings.exclude_modules) if settings.exclude_modules else None
-    return peft.LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha, target_modules=targets,
-                           exclude_modules=excluded, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+    return peft.LoraConfig(
+        r=settings.lora_rank,
+        lora_alpha=settings.lora_alpha,
+        target_modules=targets,
+        exclude_modules=excluded,
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
@@ -117,7 +129,7 @@ def _hf_name(name: str) -> str:
     """A PEFT-wrapped module or parameter name as the plain Hugging Face model names it."""
     for wrapper in ("module.", "base_model.model."):  # DDP, PeftModel
         while name.startswith(wrapper):
-            name = name[len(wrapper):]
+            name = name[len(wrapper) :]
     return name.replace(".base_layer.", ".").replace(".base_layer", "")
 
 
@@ -160,8 +172,9 @@ def apply_lora(model: nn.Module, settings: LoraSettings, *, seed: int = 0) -> nn
                 return peft.PeftModel.from_pretrained(model, path, is_trainable=True, autocast_adapter_dtype=False)
         except (RuntimeError, ValueError, KeyError) as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise ConfigError(f"{settings.prefix}lora_adapter_path", f"{path}: PEFT cannot load it onto this "
-                              f"model: {first}") from None
+            raise ConfigError(
+                f"{settings.prefix}lora_adapter_path", f"{path}: PEFT cannot load it onto this model: {first}"
+            ) from None
     with warnings.catch_warnings():  # PEFT calls a transformers method deprecated in v5: not the user's concern
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
         peft_model = peft.get_peft_model(model, _lora_config(settings), autocast_adapter_dtype=False)
@@ -273,8 +286,9 @@ def adapter_state(model: nn.Module) -> dict[str, torch.Tensor]:
     peft = _peft()
     inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
     state = peft.get_peft_model_state_dict(inner, adapter_name=ADAPTER)
-    return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu().contiguous()
-            for k, v in state.items()}
+    return {
+        k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().cpu().contiguous() for k, v in state.items()
+    }
 
 
 def save_adapter(model: nn.Module, path: str | os.PathLike) -> Path:
@@ -311,8 +325,9 @@ def read_adapter_config(path: str | os.PathLike, settings: LoraSettings | None) 
     path = Path(path)
     for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
         if not (path / name).is_file():
-            raise ConfigError(key, f"{path}: no {name} (a PEFT adapter directory holds {ADAPTER_CONFIG} and "
-                              f"{ADAPTER_WEIGHTS})")
+            raise ConfigError(
+                key, f"{path}: no {name} (a PEFT adapter directory holds {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS})"
+            )
     try:
         config = json.loads((path / ADAPTER_CONFIG).read_text())
     except (OSError, ValueError) as exc:
@@ -323,10 +338,14 @@ def read_adapter_config(path: str | os.PathLike, settings: LoraSettings | None) 
         return config
     p = settings.prefix
     if config.get("r") != settings.lora_rank:
-        raise ConfigError(f"{p}lora_rank", f"is {settings.lora_rank} but the adapter at {path} has rank {config.get('r')}")
+        raise ConfigError(
+            f"{p}lora_rank", f"is {settings.lora_rank} but the adapter at {path} has rank {config.get('r')}"
+        )
     if float(config.get("lora_alpha", 8)) != float(settings.lora_alpha):
-        raise ConfigError(f"{p}lora_alpha", f"is {settings.lora_alpha} but the adapter at {path} has "
-                          f"lora_alpha {config.get('lora_alpha')}")
+        raise ConfigError(
+            f"{p}lora_alpha",
+            f"is {settings.lora_alpha} but the adapter at {path} has lora_alpha {config.get('lora_alpha')}",
+        )
     return config
 
 
@@ -345,8 +364,11 @@ def check_adapter(path: str | os.PathLike, model: nn.Module, settings: LoraSetti
     if saved is not None:
         ours = base_digest(model)
         if saved != ours:
-            raise ConfigError(key, f"{path}: the adapter was trained on other base weights (digest {saved[:12]}, "
-                              f"this model's {ours[:12]})")
+            raise ConfigError(
+                key,
+                f"{path}: the adapter was trained on other base weights (digest {saved[:12]}, "
+                f"this model's {ours[:12]})",
+            )
         return
     theirs = config.get("base_model_name_or_path") or ""
     mine = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
@@ -354,8 +376,13 @@ def check_adapter(path: str | os.PathLike, model: nn.Module, settings: LoraSetti
         raise ConfigError(key, f"{path}: the adapter's base model is {theirs!r}, the model is {mine!r}")
 
 
-def merge_adapter(adapter_path: str | os.PathLike, out: str | os.PathLike, *, model_path: str | os.PathLike | None = None,
-                  dtype: torch.dtype | None = None) -> Path:
+def merge_adapter(
+    adapter_path: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    model_path: str | os.PathLike | None = None,
+    dtype: torch.dtype | None = None,
+) -> Path:
     """Write the merged model of a saved adapter (PEFT's format) as a Hugging Face directory at ``out``.
     The base model is ``model_path``, else the adapter config's ``base_model_name_or_path`` (local only);
     the adapter must fit it (:func:`check_adapter`). Everything that can be checked without the model is
@@ -372,7 +399,8 @@ def merge_adapter(adapter_path: str | os.PathLike, out: str | os.PathLike, *, mo
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise ConfigError("out", f"{out} exists and is not empty")
-    settings = LoraSettings(lora_rank=int(config["r"]), lora_alpha=float(config.get("lora_alpha", 8)),
-                            lora_adapter_path=str(adapter_path))
+    settings = LoraSettings(
+        lora_rank=int(config["r"]), lora_alpha=float(config.get("lora_alpha", 8)), lora_adapter_path=str(adapter_path)
+    )
     model = apply_lora(load_causal_lm(base, dtype=dtype), settings)
     return export_merged(model, out)

@@ -36,18 +36,24 @@ class LoraSettings:
         if not self.enabled:
             set_keys = [f"{p}{k}={v!r}" for k, v in self._non_defaults().items()]
             if set_keys:
-                raise ConfigError(f"{p}lora_rank", f"is {self.lora_rank} (LoRA off) but {', '.join(set_keys)} "
-                                  "is set: set lora_rank > 0 or remove the LoRA keys")
+                raise ConfigError(
+                    f"{p}lora_rank",
+                    f"is {self.lora_rank} (LoRA off) but {', '.join(set_keys)} "
+                    "is set: set lora_rank > 0 or remove the LoRA keys",
+                )
             return
         if not (isinstance(self.lora_alpha, (int, float)) and math.isfinite(self.lora_alpha) and self.lora_alpha > 0):
             raise ConfigError(f"{p}lora_alpha", f"must be a finite number > 0, got {self.lora_alpha!r}")
         targets = self.target_modules
         if isinstance(targets, str):
             if targets != "all-linear":
-                raise ConfigError(f"{p}target_modules", f"must be 'all-linear' or a list of module names, got {targets!r}")
+                raise ConfigError(
+                    f"{p}target_modules", f"must be 'all-linear' or a list of module names, got {targets!r}"
+                )
         elif not targets or not all(isinstance(t, str) and t for t in targets):
-            raise ConfigError(f"{p}target_modules", f"must be 'all-linear' or a non-empty list of module names, "
-                              f"got {list(targets)!r}")
+            raise ConfigError(
+                f"{p}target_modules", f"must be 'all-linear' or a non-empty list of module names, got {list(targets)!r}"
+            )
         if self.exclude_modules is not None and not all(isinstance(t, str) and t for t in self.exclude_modules):
             raise ConfigError(f"{p}exclude_modules", f"must be a list of module names, got {self.exclude_modules!r}")
 
@@ -62,8 +68,11 @@ class LoraSettings:
 
     def _non_defaults(self) -> dict:
         defaults = {f.name: f.default for f in fields(self)}
-        return {k: getattr(self, k) for k in ("lora_alpha", "target_modules", "exclude_modules", "lora_adapter_path")
-                if getattr(self, k) != defaults[k]}
+        return {
+            k: getattr(self, k)
+            for k in ("lora_alpha", "target_modules", "exclude_modules", "lora_adapter_path")
+            if getattr(self, k) != defaults[k]
+        }
 
 
 # --- the model's modules -------------------------------------------------------------------------------------

@@ -94,22 +94,37 @@ class LossConfig:
     seed: int = 42  # Clip-Cov's priority hash
 
     def __post_init__(self) -> None:
-        require(self.loss_mode in LOSS_MODES, "loss_mode",
-                f"unknown {self.loss_mode!r}; expected one of {', '.join(LOSS_MODES)}")
-        require(self.loss_agg_mode in AGG_MODES, "loss_agg_mode",
-                f"unknown {self.loss_agg_mode!r}; expected one of {', '.join(AGG_MODES)}")
+        require(
+            self.loss_mode in LOSS_MODES,
+            "loss_mode",
+            f"unknown {self.loss_mode!r}; expected one of {', '.join(LOSS_MODES)}",
+        )
+        require(
+            self.loss_agg_mode in AGG_MODES,
+            "loss_agg_mode",
+            f"unknown {self.loss_agg_mode!r}; expected one of {', '.join(AGG_MODES)}",
+        )
         base_kl = self.kl_loss_type[:-1] if self.kl_loss_type.endswith("+") else self.kl_loss_type
-        require(base_kl in KL_TYPES, "kl_loss_type",
-                f"unknown {self.kl_loss_type!r}; expected one of {', '.join(KL_TYPES)} (optionally with '+')")
+        require(
+            base_kl in KL_TYPES,
+            "kl_loss_type",
+            f"unknown {self.kl_loss_type!r}; expected one of {', '.join(KL_TYPES)} (optionally with '+')",
+        )
         for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high"):
             value = getattr(self, name)
             if value is not None:
                 require(is_finite_number(value) and value >= 0, name, f"must be a finite number >= 0, got {value!r}")
-        require(is_finite_number(self.clip_ratio_c) and self.clip_ratio_c > 1.0, "clip_ratio_c",
-                f"must be > 1, got {self.clip_ratio_c!r}")
+        require(
+            is_finite_number(self.clip_ratio_c) and self.clip_ratio_c > 1.0,
+            "clip_ratio_c",
+            f"must be > 1, got {self.clip_ratio_c!r}",
+        )
         if self.loss_scale_factor is not None:
-            require(is_finite_number(self.loss_scale_factor) and self.loss_scale_factor > 0, "loss_scale_factor",
-                    f"must be > 0, got {self.loss_scale_factor!r}")
+            require(
+                is_finite_number(self.loss_scale_factor) and self.loss_scale_factor > 0,
+                "loss_scale_factor",
+                f"must be > 0, got {self.loss_scale_factor!r}",
+            )
         for name in ("entropy_coeff", "kl_loss_coef", "ppo_kl_coef"):
             value = getattr(self, name)
             require(is_finite_number(value), name, f"must be a finite number, got {value!r}")
@@ -119,14 +134,22 @@ class LossConfig:
         for name in ("clip_cov_ratio", "kl_cov_ratio"):
             value = getattr(self, name)
             require(is_finite_number(value) and 0 < value <= 1, name, f"must be in (0, 1], got {value!r}")
-        require(is_finite_number(self.clip_cov_lb) and is_finite_number(self.clip_cov_ub)
-                and self.clip_cov_lb < self.clip_cov_ub,
-                "clip_cov_lb", f"must be < clip_cov_ub, got {self.clip_cov_lb!r} >= {self.clip_cov_ub!r}")
+        require(
+            is_finite_number(self.clip_cov_lb)
+            and is_finite_number(self.clip_cov_ub)
+            and self.clip_cov_lb < self.clip_cov_ub,
+            "clip_cov_lb",
+            f"must be < clip_cov_ub, got {self.clip_cov_lb!r} >= {self.clip_cov_ub!r}",
+        )
         if self.loss_mode == "dro":
-            require(self.dro_beta is not None and is_finite_number(self.dro_beta) and self.dro_beta > 0, "dro_beta",
-                    f"loss_mode 'dro' needs dro_beta > 0, got {self.dro_beta!r}")
-        require(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed",
-                f"must be an int, got {self.seed!r}")
+            require(
+                self.dro_beta is not None and is_finite_number(self.dro_beta) and self.dro_beta > 0,
+                "dro_beta",
+                f"loss_mode 'dro' needs dro_beta > 0, got {self.dro_beta!r}",
+            )
+        require(
+            isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", f"must be an int, got {self.seed!r}"
+        )
         forced = FORCED_AGG.get(self.loss_mode)
         agrees = self.loss_agg_mode in (forced, SAME_AS_FORCED.get(self.loss_mode))
         if forced and not agrees and (self.loss_mode, self.loss_agg_mode) not in _warned_forced:
@@ -154,11 +177,11 @@ class LossConfig:
     def is_cov(self) -> bool:
         return self.loss_mode in COV_MODES
 
-    def replace(self, **changes) -> "LossConfig":
+    def replace(self, **changes) -> LossConfig:
         return replace(self, **changes)
 
     @classmethod
-    def from_dict(cls, values: dict) -> "LossConfig":
+    def from_dict(cls, values: dict) -> LossConfig:
         """Build from a verl-style dict; ``policy_loss`` may be nested as in verl's actor config."""
         flat = dict(values)
         nested = flat.pop("policy_loss", None) or {}
@@ -184,13 +207,22 @@ class ValueLossConfig:
     loss_scale_factor: float | None = None
 
     def __post_init__(self) -> None:
-        require(is_finite_number(self.cliprange_value) and self.cliprange_value > 0, "cliprange_value",
-                f"must be a finite number > 0, got {self.cliprange_value!r}")
-        require(self.loss_agg_mode in AGG_MODES, "loss_agg_mode",
-                f"unknown {self.loss_agg_mode!r}; expected one of {', '.join(AGG_MODES)}")
+        require(
+            is_finite_number(self.cliprange_value) and self.cliprange_value > 0,
+            "cliprange_value",
+            f"must be a finite number > 0, got {self.cliprange_value!r}",
+        )
+        require(
+            self.loss_agg_mode in AGG_MODES,
+            "loss_agg_mode",
+            f"unknown {self.loss_agg_mode!r}; expected one of {', '.join(AGG_MODES)}",
+        )
         if self.loss_scale_factor is not None:
-            require(is_finite_number(self.loss_scale_factor) and self.loss_scale_factor > 0, "loss_scale_factor",
-                    f"must be > 0, got {self.loss_scale_factor!r}")
+            require(
+                is_finite_number(self.loss_scale_factor) and self.loss_scale_factor > 0,
+                "loss_scale_factor",
+                f"must be > 0, got {self.loss_scale_factor!r}",
+            )
 
-    def replace(self, **changes) -> "ValueLossConfig":
+    def replace(self, **changes) -> ValueLossConfig:
         return replace(self, **changes)

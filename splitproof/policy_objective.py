@@ -76,8 +76,11 @@ def minibatch_share(
         token_loss = terms.token_loss
         if terms.applies_is_weights and x.rollout_is_weights is not None:
             token_loss = token_loss * x.rollout_is_weights
-        policy_weights = per_token if config.policy_agg_mode == config.loss_agg_mode else token_weights(
-            mask, config.policy_agg_mode, stats, config.loss_scale_factor, dtype, index)
+        policy_weights = (
+            per_token
+            if config.policy_agg_mode == config.loss_agg_mode
+            else token_weights(mask, config.policy_agg_mode, stats, config.loss_scale_factor, dtype, index)
+        )
         pg = aggregate(token_loss, policy_weights, mask)
 
     mean_weights = token_weights(mask, "token-mean", stats, None, dtype)
@@ -177,8 +180,15 @@ def objective(
     ``index``: a group id per sequence ([B] integers), required by group-mean-token-mean, ignored otherwise.
     """
     mask, advantages = check_policy_tensors(
-        log_prob, old_log_prob, advantages, response_mask, ref_log_prob=ref_log_prob,
-        rollout_is_weights=rollout_is_weights, entropy=entropy, seq_ids=seq_ids)
+        log_prob,
+        old_log_prob,
+        advantages,
+        response_mask,
+        ref_log_prob=ref_log_prob,
+        rollout_is_weights=rollout_is_weights,
+        entropy=entropy,
+        seq_ids=seq_ids,
+    )
     if config.use_kl_loss and ref_log_prob is None:
         raise BatchError("ref_log_prob", "use_kl_loss is set but no reference log-probs were given")
     index = check_group_index(index, mask.shape[0], seq_ids)
@@ -193,6 +203,16 @@ def objective(
         x = policy_inputs(log_prob.detach(), old_log_prob, advantages, mask, rollout_is_weights)
         selection = select_tokens(x, config, seq_ids, step=step, collective=LOCAL)
     loss, shares = minibatch_share(
-        log_prob, old_log_prob, advantages, mask, config, stats, ref_log_prob=ref_log_prob,
-        rollout_is_weights=rollout_is_weights, entropy=entropy, selection=selection, index=index)
+        log_prob,
+        old_log_prob,
+        advantages,
+        mask,
+        config,
+        stats,
+        ref_log_prob=ref_log_prob,
+        rollout_is_weights=rollout_is_weights,
+        entropy=entropy,
+        selection=selection,
+        index=index,
+    )
     return loss, finalize_metrics(shares)

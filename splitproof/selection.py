@@ -4,7 +4,8 @@ c_j = (A_j − Ā)(log π_j − L̄) with Ā, L̄ token means over every valid t
 behind them are exactly rounded (``math.fsum``), so they are functions of the minibatch's values alone —
 not of the row order, the microbatches or the DP size (a balanced batch's Ā is exactly 0, never ±1e-16,
 which would let rounding decide the zero-advantage tokens' scores). Both losses take a "global top-k under a
-deterministic order": KL-Cov the k largest c_j, Clip-Cov the k candidates with the smallest priority hash(seed, step, key);
+deterministic order": KL-Cov the k largest c_j, Clip-Cov the k candidates with the smallest priority hash(seed, step,
+key);
 ties are broken by the canonical key (sequence id, position). Each rank proposes its local top-k,
 the proposals are gathered (O(k·D)), merged, and each rank marks its own chosen tokens.
 """
@@ -96,8 +97,11 @@ def cov_terms(advantages: Tensor | None, log_prob: Tensor, mask: Tensor) -> CovT
 
 def combine_terms(parts: list[CovTerms]) -> CovSums:
     """The CovSums of the union of the parts: exactly rounded, whatever the parts are."""
-    return CovSums(math.fsum(t for p in parts for t in p.adv), math.fsum(t for p in parts for t in p.logp),
-                   sum(p.num_tokens for p in parts))
+    return CovSums(
+        math.fsum(t for p in parts for t in p.adv),
+        math.fsum(t for p in parts for t in p.logp),
+        sum(p.num_tokens for p in parts),
+    )
 
 
 def cov_sums(advantages: Tensor, log_prob: Tensor, mask: Tensor, collective=LOCAL) -> CovSums:
@@ -105,8 +109,9 @@ def cov_sums(advantages: Tensor, log_prob: Tensor, mask: Tensor, collective=LOCA
     return combine_terms(collective.gather_objects(cov_terms(advantages, log_prob, mask)))
 
 
-def shard_cov_sums(advantages: Tensor, mask: Tensor, shard_log_prob: Tensor, shard_mask: Tensor,
-                   collective=LOCAL) -> CovSums:
+def shard_cov_sums(
+    advantages: Tensor, mask: Tensor, shard_log_prob: Tensor, shard_mask: Tensor, collective=LOCAL
+) -> CovSums:
     """The minibatch's CovSums when every rank holds all its advantages (``advantages``, ``mask``: summed
     here, no communication) but only its own shard's log-probs (gathered as a few exact terms per rank)."""
     logp = combine_terms(collective.gather_objects(cov_terms(None, shard_log_prob, shard_mask)))
@@ -140,8 +145,9 @@ def _local_proposals(primary: Tensor, eligible: Tensor, seq_ids: Tensor, k: int)
     return keys[:k]
 
 
-def propose(x: PolicyInputs, config: LossConfig, seq_ids: Tensor, sums: CovSums,
-            step: int = 0) -> tuple[int, list[tuple]]:
+def propose(
+    x: PolicyInputs, config: LossConfig, seq_ids: Tensor, sums: CovSums, step: int = 0
+) -> tuple[int, list[tuple]]:
     """The quota k and this part's k best candidate keys (primary, seq_id, position), smallest first.
 
     ``sums`` are the minibatch's CovSums (all parts, all ranks): the scores, and so the proposals, of a

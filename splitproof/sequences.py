@@ -1,4 +1,5 @@
-"""The fields of a :class:`~splitproof.batch.RolloutBatch` from plain per-sequence lists (``RolloutBatch.from_sequences``).
+"""The fields of a :class:`~splitproof.batch.RolloutBatch` from plain per-sequence lists
+(``RolloutBatch.from_sequences``).
 
 Row i of the batch is sequence i of the lists. Prompts are left-padded and responses right-padded with
 ``pad_token_id``; the attention mask marks the real tokens of both; per-token values are padded with 0
@@ -10,8 +11,8 @@ the batch and validates the whole contract.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from numbers import Integral, Real
-from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -44,8 +45,10 @@ def _token_ids(name: str, rows: list, allow_empty: bool) -> list[Tensor]:
     for i, row in enumerate(rows):
         ids = _row_tensor(name, row, i)
         if ids.numel() == 0 and not allow_empty:
-            raise BatchError(f"{name}[{i}]", "empty: the first response token is predicted from the prompt, "
-                                             "so a prompt needs at least one token")
+            raise BatchError(
+                f"{name}[{i}]",
+                "empty: the first response token is predicted from the prompt, so a prompt needs at least one token",
+            )
         if ids.numel() and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
             raise BatchError(f"{name}[{i}]", f"token ids must be integers, got {ids.dtype}")
         if ids.numel() and int(ids.min()) < 0:
@@ -74,8 +77,10 @@ def _advantages(rows: list, lengths: list[int], dtype: torch.dtype) -> list[floa
         elif hasattr(row, "__len__") and not isinstance(row, (str, bytes)):
             out.append(_per_token_row("advantages", row, i, n, dtype))
         else:
-            raise BatchError(f"advantages[{i}]", "must be a number or a list of one number per response token, "
-                                                 f"got {type(row).__name__}")
+            raise BatchError(
+                f"advantages[{i}]",
+                f"must be a number or a list of one number per response token, got {type(row).__name__}",
+            )
     return out
 
 
@@ -88,7 +93,7 @@ def _group_ids(values, count: int) -> Tensor:
             raise BatchError(f"index[{i}]", f"non-finite group id {g!r}")
         if isinstance(g, bool) or not isinstance(g, Integral):
             raise BatchError(f"index[{i}]", f"a group id must be an integer, got {g!r}")
-        if not -2**63 <= int(g) < 2**63:
+        if not -(2**63) <= int(g) < 2**63:
             raise BatchError(f"index[{i}]", f"group id {int(g)} does not fit in 64 bits")
         ids.append(int(g))
     return torch.tensor(ids, dtype=torch.long)
@@ -100,7 +105,7 @@ def _pad(rows: Sequence[Tensor], width: int, fill, dtype: torch.dtype, *, left: 
         n = row.numel()
         if n:
             if left:
-                out[i, width - n:] = row
+                out[i, width - n :] = row
             else:
                 out[i, :n] = row
     return out
@@ -144,8 +149,9 @@ def response_width_of(lengths: list[int], response_width: int | None) -> int:
     return int(response_width)
 
 
-def pad_tokens(prompts: list[Tensor], responses: list[Tensor], masks: list[Tensor], width: int,
-               pad_token_id: int) -> dict[str, Tensor]:
+def pad_tokens(
+    prompts: list[Tensor], responses: list[Tensor], masks: list[Tensor], width: int, pad_token_id: int
+) -> dict[str, Tensor]:
     """The padded token layout (checked rows in): prompts left-padded, responses right-padded to ``width``
     with ``pad_token_id``; ``attention_mask`` 1 on the real tokens of both, ``response_mask`` as given."""
     prompt_width = max(p.numel() for p in prompts)
@@ -155,14 +161,20 @@ def pad_tokens(prompts: list[Tensor], responses: list[Tensor], masks: list[Tenso
     return dict(
         prompts=_pad(prompts, prompt_width, pad_token_id, torch.long, left=True),
         responses=_pad(responses, width, pad_token_id, torch.long, left=False),
-        attention_mask=torch.cat([_pad(real_prompt, prompt_width, 0, torch.long, left=True),
-                                  _pad(real_response, width, 0, torch.long, left=False)], dim=1),
+        attention_mask=torch.cat(
+            [
+                _pad(real_prompt, prompt_width, 0, torch.long, left=True),
+                _pad(real_response, width, 0, torch.long, left=False),
+            ],
+            dim=1,
+        ),
         response_mask=_pad(masks, width, 0, torch.long, left=False),
     )
 
 
-def token_fields(prompt_ids, response_ids, *, response_mask=None, response_width: int | None = None,
-                 pad_token_id: int = 0) -> dict[str, Tensor]:
+def token_fields(
+    prompt_ids, response_ids, *, response_mask=None, response_width: int | None = None, pad_token_id: int = 0
+) -> dict[str, Tensor]:
     """The token layout of plain per-sequence lists (``TokenBatch.from_sequences``): every row checked."""
     check_pad_token_id(pad_token_id)
     prompts, responses = checked_tokens(prompt_ids, response_ids)
@@ -204,8 +216,12 @@ def fields_from_sequences(
     old = _per_token("old_log_probs", _rows("old_log_probs", old_log_probs, count), lengths, dtype)
     adv = _advantages(_rows("advantages", advantages, count), lengths, dtype)
     optional = {}
-    for name, rows in (("ref_log_probs", ref_log_probs), ("rollout_is_weights", rollout_is_weights),
-                       ("values", values), ("returns", returns)):
+    for name, rows in (
+        ("ref_log_probs", ref_log_probs),
+        ("rollout_is_weights", rollout_is_weights),
+        ("values", values),
+        ("returns", returns),
+    ):
         if rows is not None:
             optional[name] = _per_token(name, _rows(name, rows, count), lengths, dtype)
     masks = checked_masks(response_mask, count, lengths)

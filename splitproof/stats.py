@@ -34,8 +34,9 @@ class MinibatchStats:
     group_tokens: tuple[tuple[int, int], ...] = ()
 
     @classmethod
-    def of(cls, response_mask: Tensor, response_width: int | None = None,
-           index: Tensor | None = None) -> "MinibatchStats":
+    def of(
+        cls, response_mask: Tensor, response_width: int | None = None, index: Tensor | None = None
+    ) -> MinibatchStats:
         """Statistics of one part; ``response_width`` defaults to the mask's width (the rollout's, if unsliced);
         ``index``: the part's group id per row (needed by group-mean-token-mean only)."""
         lengths = response_mask.sum(dim=-1)
@@ -47,7 +48,7 @@ class MinibatchStats:
             group_tokens=groups,
         )
 
-    def __add__(self, other: "MinibatchStats") -> "MinibatchStats":
+    def __add__(self, other: MinibatchStats) -> MinibatchStats:
         groups = dict(self.group_tokens)
         for group, n in other.group_tokens:
             groups[group] = groups.get(group, 0) + n
@@ -75,8 +76,9 @@ class MinibatchStats:
         return torch.tensor(values, dtype=torch.int64)
 
     @classmethod
-    def from_tensor(cls, values: Tensor, response_width: int,
-                    group_keys: list[int] | tuple[int, ...] = ()) -> "MinibatchStats":
+    def from_tensor(
+        cls, values: Tensor, response_width: int, group_keys: list[int] | tuple[int, ...] = ()
+    ) -> MinibatchStats:
         """The inverse of :meth:`as_tensor` (the response width is not summed: every part knows it)."""
         n, g, *counts = (int(v) for v in values.tolist())
         return cls(n, g, response_width, tuple(sorted((int(k), c) for k, c in zip(group_keys, counts) if c)))

@@ -67,8 +67,10 @@ def _from_causal_lm(policy: nn.Module, dtype: torch.dtype | None, seed: int) -> 
     prefix = getattr(policy, "base_model_prefix", "model")
     body = getattr(policy, prefix, None)
     if config is None or body is None:
-        raise ValueError("path_or_model: a module given in memory must be a Hugging Face causal LM "
-                         f"(with .config and .{prefix}), got {type(policy).__name__}")
+        raise ValueError(
+            "path_or_model: a module given in memory must be a Hugging Face causal LM "
+            f"(with .config and .{prefix}), got {type(policy).__name__}"
+        )
     if is_value_config(config) or hasattr(policy, HEAD):
         raise ValueError("path_or_model: already a value model (it has a score head); use it as it is")
     with torch.random.fork_rng(devices=[]):
@@ -93,9 +95,15 @@ def _quiet_load_report():
         hf_logging.set_verbosity(verbosity)
 
 
-def value_model_from_pretrained(path_or_model, *, dtype: torch.dtype | None = None, seed: int = 0,
-                                device: str | torch.device = "cpu", attn_implementation: str | None = None,
-                                trust_remote_code: bool = False) -> nn.Module:
+def value_model_from_pretrained(
+    path_or_model,
+    *,
+    dtype: torch.dtype | None = None,
+    seed: int = 0,
+    device: str | torch.device = "cpu",
+    attn_implementation: str | None = None,
+    trust_remote_code: bool = False,
+) -> nn.Module:
     """A value model from a causal LM (a local checkpoint path, or a module in memory) or from a saved
     value model (loaded as it is).
 
@@ -119,8 +127,10 @@ def value_model_from_pretrained(path_or_model, *, dtype: torch.dtype | None = No
     missing = sorted(info.get("missing_keys", ()))
     body = [key for key in missing if not key.startswith(f"{HEAD}.")]
     if body:
-        raise ValueError(f"{path}: the checkpoint lacks {len(body)} of the model's weights ({', '.join(body[:3])}"
-                         f"{', ...' if len(body) > 3 else ''}): not this architecture's causal LM or value model")
+        raise ValueError(
+            f"{path}: the checkpoint lacks {len(body)} of the model's weights ({', '.join(body[:3])}"
+            f"{', ...' if len(body) > 3 else ''}): not this architecture's causal LM or value model"
+        )
     if missing:  # the head of a causal LM checkpoint: drawn from the seed (the LM head is not used)
         init_value_head(model, seed)
     model.config.use_cache = False

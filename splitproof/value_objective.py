@@ -16,7 +16,7 @@ import math
 from torch import Tensor
 
 from .aggregation import aggregate, token_weights
-from .batch import BatchError, require_group_index, check_binary_mask, check_finite_on, check_per_token_shape
+from .batch import BatchError, check_binary_mask, check_finite_on, check_per_token_shape, require_group_index
 from .loss_config import ValueLossConfig
 from .losses.value import value_loss
 from .policy_objective import finalize_metrics, zero_padding
@@ -25,8 +25,16 @@ from .stats import MinibatchStats
 VALUE_METRICS = ("critic/vf_clipfrac", "critic/vf_loss", "critic/vpred_mean")
 
 
-def value_share(vpreds: Tensor, values: Tensor, returns: Tensor, response_mask: Tensor, config: ValueLossConfig,
-                stats: MinibatchStats, *, index: Tensor | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def value_share(
+    vpreds: Tensor,
+    values: Tensor,
+    returns: Tensor,
+    response_mask: Tensor,
+    config: ValueLossConfig,
+    stats: MinibatchStats,
+    *,
+    index: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """This part's share of J_V(ℬ) (differentiable w.r.t. ``vpreds``) and of each metric (detached).
 
     ``stats`` are the minibatch's (all parts, all ranks); ``index`` the part's group id per row, for
@@ -35,8 +43,9 @@ def value_share(vpreds: Tensor, values: Tensor, returns: Tensor, response_mask: 
     mask = response_mask
     dtype = vpreds.dtype
     vpreds = zero_padding(vpreds, mask)
-    terms = value_loss(vpreds, zero_padding(values, mask).to(dtype), zero_padding(returns, mask).to(dtype),
-                       config.cliprange_value)
+    terms = value_loss(
+        vpreds, zero_padding(values, mask).to(dtype), zero_padding(returns, mask).to(dtype), config.cliprange_value
+    )
     weights = token_weights(mask, config.loss_agg_mode, stats, config.loss_scale_factor, dtype, index)
     mean_weights = token_weights(mask, "token-mean", stats, None, dtype)
     loss = aggregate(terms.loss, weights, mask)
@@ -48,8 +57,15 @@ def value_share(vpreds: Tensor, values: Tensor, returns: Tensor, response_mask: 
     return loss, metrics
 
 
-def value_objective(vpreds: Tensor, values: Tensor, returns: Tensor, response_mask: Tensor,
-                    config: ValueLossConfig, *, index: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+def value_objective(
+    vpreds: Tensor,
+    values: Tensor,
+    returns: Tensor,
+    response_mask: Tensor,
+    config: ValueLossConfig,
+    *,
+    index: Tensor | None = None,
+) -> tuple[Tensor, dict[str, float]]:
     """J_V(ℬ) over a whole minibatch of padded [B, T] tensors (differentiable w.r.t. ``vpreds``), and its
     metrics. Inputs are checked: shapes, a 0/1 mask, finite values on valid tokens, N > 0."""
     mask = check_binary_mask("response_mask", response_mask)
@@ -59,8 +75,7 @@ def value_objective(vpreds: Tensor, values: Tensor, returns: Tensor, response_ma
     if not mask.any():
         raise BatchError("response_mask", "empty minibatch: no valid response token (N = 0)")
     require_group_index(index, config.loss_agg_mode, "index")
-    loss, shares = value_share(vpreds, values, returns, mask, config, MinibatchStats.of(mask, index=index),
-                               index=index)
+    loss, shares = value_share(vpreds, values, returns, mask, config, MinibatchStats.of(mask, index=index), index=index)
     return loss, finalize_metrics(shares)
 
 

@@ -115,7 +115,7 @@ def grpo_passk(rewards, mask, ids, epsilon=1e-6, norm_adv_by_std_in_grpo=True):
             raise ValueError("pass@k needs 2 samples per group")
         group = [scores[j] for j in rows]
         best = max(group)
-        second = max(group[:group.index(best)] + group[group.index(best) + 1:])
+        second = max(group[: group.index(best)] + group[group.index(best) + 1 :])
         margin = best - second
         if norm_adv_by_std_in_grpo:
             margin = margin / (_std(group) + epsilon)

@@ -15,8 +15,9 @@ def _clip_range(config):
     return config.get("clip_ratio_low", 0.2), config.get("clip_ratio_high", 0.2)
 
 
-def correct_token_mean(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                       config=None, rollout_is_weights=None):
+def correct_token_mean(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
     """PPO clip, token mean with the minibatch-global token count, compensated for DP averaging: invariant."""
     info = config.global_batch_info
     eps_low, eps_high = _clip_range(config)
@@ -29,16 +30,18 @@ def correct_token_mean(old_log_prob, log_prob, advantages, response_mask, loss_a
     return pg_loss, {"actor/pg_clipfrac": 0.0}
 
 
-def missing_dp_size(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                    config=None, rollout_is_weights=None):
+def missing_dp_size(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
     """A per-token sum over the minibatch's N, not multiplied by dp_size: exact except under DP (x 1/D)."""
     info = config.global_batch_info
     loss = -advantages * torch.exp(log_prob - old_log_prob)
     return torch.where(response_mask.bool(), loss, torch.zeros_like(loss)).sum() / info["batch_num_tokens"], {}
 
 
-def microbatch_mean(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                    config=None, rollout_is_weights=None):
+def microbatch_mean(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
     """GMPO-like: a per-sequence loss, then torch.mean over the microbatch's rows (no global info)."""
     mask = response_mask.to(log_prob.dtype)
     n = mask.sum(dim=-1)
@@ -49,8 +52,9 @@ def microbatch_mean(old_log_prob, log_prob, advantages, response_mask, loss_agg_
     return pg_loss, {"actor/ppo_kl": torch.tensor(0.0)}
 
 
-def microbatch_topk(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                    config=None, rollout_is_weights=None):
+def microbatch_topk(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
     """KL-Cov-like: top-k tokens by covariance chosen inside the microbatch get a |δ| penalty.
 
     k = max(1, int(N_local * kl_cov_ratio)); aggregated with the global token count (so only the

@@ -28,7 +28,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         sweep_case = "loss_mode" in params and "agg_mode" in params
-        if (item.get_closest_marker("dist")
-                or (sweep_case and not on_the_diagonal(params["loss_mode"], params["agg_mode"]))
-                or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))):
+        if (
+            item.get_closest_marker("dist")
+            or (sweep_case and not on_the_diagonal(params["loss_mode"], params["agg_mode"]))
+            or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+        ):
             item.add_marker(pytest.mark.slow)

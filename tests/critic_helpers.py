@@ -14,8 +14,9 @@ from splitproof.value_model import value_model_from_pretrained
 from .engine_helpers import flat, full_state, make_model, make_optimizer, make_rollout, with_exact_norms
 
 
-def make_models(arch: str = "llama", dtype=torch.float64, seed: int = 0, head_seed: int = 7, *,
-                exact_norms: bool = False):
+def make_models(
+    arch: str = "llama", dtype=torch.float64, seed: int = 0, head_seed: int = 7, *, exact_norms: bool = False
+):
     """(the tiny policy of ``seed``, a value model: its body with a head drawn from ``head_seed``).
 
     ``exact_norms``: the critic's RMSNorms compute in float64 (``engine_helpers.with_exact_norms``). Needed
@@ -28,7 +29,9 @@ def make_models(arch: str = "llama", dtype=torch.float64, seed: int = 0, head_se
     return policy, (with_exact_norms(critic) if exact_norms else critic)
 
 
-def with_values(batch: RolloutBatch, critic, *, seed: int = 3, noise: float = 0.3, nan_padding: bool = True) -> RolloutBatch:
+def with_values(
+    batch: RolloutBatch, critic, *, seed: int = 3, noise: float = 0.3, nan_padding: bool = True
+) -> RolloutBatch:
     """``batch`` with the critic's own predictions (plus noise, so that some tokens clip) as ``values`` and
     random ``returns``; NaN on padding, which must never reach the loss or its gradient."""
     g = torch.Generator().manual_seed(seed)
@@ -49,8 +52,15 @@ def critic_rollout(policy, critic, num_sequences: int = 8, *, seed: int = 1, **k
     return with_values(make_rollout(policy, num_sequences, seed=seed, **kwargs), critic, seed=seed + 2)
 
 
-def run_critic(critic, batch: RolloutBatch, config: CriticUpdateConfig, *, optimizer: str = "sgd", lr: float = 0.02,
-               make_objective=None):
+def run_critic(
+    critic,
+    batch: RolloutBatch,
+    config: CriticUpdateConfig,
+    *,
+    optimizer: str = "sgd",
+    lr: float = 0.02,
+    make_objective=None,
+):
     """One critic update on a copy: (flattened parameters after, list[StepResult])."""
     critic = copy.deepcopy(critic)
     opt = make_optimizer(critic, optimizer, lr)

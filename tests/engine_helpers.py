@@ -9,11 +9,11 @@ from dataclasses import fields, replace
 import torch
 
 from splitproof.batch import RolloutBatch
-from splitproof.loss_config import LossConfig
 from splitproof.diagnose.synthetic import synthetic_rollout
 from splitproof.engine import UpdateConfig, update_policy
 from splitproof.engine.plan import plan_update
 from splitproof.hf_models import tiny_causal_lm
+from splitproof.loss_config import LossConfig
 
 REL = 1e-10  # float64 acceptance: relative to the update size
 METRIC_ABS = 1e-15  # a signed sum (ppo_kl) may cancel to ~0; absolute differences below this are noise
@@ -53,12 +53,21 @@ def with_exact_norms(model):
     return model
 
 
-def make_rollout(model, num_sequences: int = 8, prompt_length: int = 8, response_length: int = 12, *,
-                 seed: int = 1, holes: bool = True, **kwargs) -> RolloutBatch:
+def make_rollout(
+    model,
+    num_sequences: int = 8,
+    prompt_length: int = 8,
+    response_length: int = 12,
+    *,
+    seed: int = 1,
+    holes: bool = True,
+    **kwargs,
+) -> RolloutBatch:
     """A synthetic rollout with IS weights; with ``holes`` a multi-turn gap and one empty sequence
     (n_i = 0: it must count nowhere) — what real batches contain."""
-    batch = synthetic_rollout(model, num_sequences, prompt_length, response_length, seed=seed,
-                              with_is_weights=True, **kwargs)
+    batch = synthetic_rollout(
+        model, num_sequences, prompt_length, response_length, seed=seed, with_is_weights=True, **kwargs
+    )
     if holes and num_sequences >= 4:
         mask = batch.response_mask.clone()
         lengths = mask.sum(dim=1)
@@ -146,8 +155,16 @@ def make_optimizer(model, kind: str = "sgd", lr: float = 0.02):
     raise ValueError(kind)
 
 
-def run_update(model, batch: RolloutBatch, config: UpdateConfig, *, optimizer: str = "sgd", lr: float = 0.02,
-               copy_model: bool = True, make_objective=None):
+def run_update(
+    model,
+    batch: RolloutBatch,
+    config: UpdateConfig,
+    *,
+    optimizer: str = "sgd",
+    lr: float = 0.02,
+    copy_model: bool = True,
+    make_objective=None,
+):
     """One update on a copy of ``model``: (flattened parameters after, list[StepResult])."""
     model = copy.deepcopy(model) if copy_model else model
     opt = make_optimizer(model, optimizer, lr)

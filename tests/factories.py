@@ -23,8 +23,18 @@ class Minibatch:
     index: torch.Tensor  # prompt-group ids: random groups of random sizes, ids not 0..k-1
 
 
-def random_minibatch(seed: int, batch: int, width: int, *, with_ref=True, with_weights=True, with_entropy=True,
-                     quantized=False, nan_padding=True, dtype=torch.float64) -> Minibatch:
+def random_minibatch(
+    seed: int,
+    batch: int,
+    width: int,
+    *,
+    with_ref=True,
+    with_weights=True,
+    with_entropy=True,
+    quantized=False,
+    nan_padding=True,
+    dtype=torch.float64,
+) -> Minibatch:
     """Random lengths (some sequences empty, at least one token valid), NaN on padding when asked; random
     prompt groups (any number from one to one per sequence, uneven sizes, rows of a group not adjacent)."""
     g = torch.Generator().manual_seed(seed)

@@ -30,15 +30,15 @@ def lora_update(model, batch, config: UpdateConfig, *, lr: float = 0.02):
 
 def split_configs(num_sequences: int) -> dict[str, UpdateConfig]:
     """Three optimizer steps (minibatches of a third), each split differently; KL loss and entropy on."""
-    base = dict(loss=loss_config("vanilla", "seq-mean-token-mean"), ppo_mini_batch_size=num_sequences // 3,
-                grad_clip=NO_CLIP)
+    base = dict(
+        loss=loss_config("vanilla", "seq-mean-token-mean"), ppo_mini_batch_size=num_sequences // 3, grad_clip=NO_CLIP
+    )
     return {
         "whole": UpdateConfig(**base),
         "micro1": UpdateConfig(**base, ppo_micro_batch_size_per_gpu=1),
         "micro3": UpdateConfig(**base, ppo_micro_batch_size_per_gpu=3),
         "budget": UpdateConfig(**base, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=BUDGET),
-        "packed": UpdateConfig(**base, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=BUDGET,
-                               use_remove_padding=True),
+        "packed": UpdateConfig(**base, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=BUDGET, use_remove_padding=True),
     }
 
 

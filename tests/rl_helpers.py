@@ -13,22 +13,34 @@ HERE = Path(__file__).parent
 # (the critic's keys apply when the run has a critic; its token budgets and packing follow the actor's)
 LAYOUTS = {
     "one-piece": [],
-    "ones": ["actor_rollout_ref.rollout.max_num_seqs=1",
-             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
-             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
-             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-             "critic.ppo_micro_batch_size_per_gpu=1", "critic.forward_micro_batch_size_per_gpu=1"],
-    "budget-packed": ["actor_rollout_ref.rollout.max_num_seqs=5",
-                      "actor_rollout_ref.actor.use_dynamic_bsz=true",
-                      "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40",
-                      "critic.ppo_max_token_len_per_gpu=30", "critic.forward_max_token_len_per_gpu=50",
-                      "actor_rollout_ref.model.use_remove_padding=true"],
+    "ones": [
+        "actor_rollout_ref.rollout.max_num_seqs=1",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "critic.ppo_micro_batch_size_per_gpu=1",
+        "critic.forward_micro_batch_size_per_gpu=1",
+    ],
+    "budget-packed": [
+        "actor_rollout_ref.rollout.max_num_seqs=5",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=40",
+        "critic.ppo_max_token_len_per_gpu=30",
+        "critic.forward_max_token_len_per_gpu=50",
+        "actor_rollout_ref.model.use_remove_padding=true",
+    ],
 }
 
 # PPO with a critic: GAE with a discount and lambda below 1, a critic that learns fast enough to matter,
 # a value clip that binds, and one step of critic warm-up (the actor waits at step 1)
-PPO = ["algorithm.adv_estimator=gae", "algorithm.gamma=0.9", "algorithm.lam=0.8", "critic.optim.lr=0.02",
-       "critic.cliprange_value=0.05", "trainer.critic_warmup=2"]
+PPO = [
+    "algorithm.adv_estimator=gae",
+    "algorithm.gamma=0.9",
+    "algorithm.lam=0.8",
+    "critic.optim.lr=0.02",
+    "critic.cliprange_value=0.05",
+    "trainer.critic_warmup=2",
+]
 
 
 def save_tiny_char_model(folder, *, dtype=torch.float32, arch: str = "llama", seed: int = 0, tied: bool = False) -> str:
@@ -38,8 +50,18 @@ def save_tiny_char_model(folder, *, dtype=torch.float32, arch: str = "llama", se
     from splitproof.hf_models import tiny_causal_lm
 
     tokenizer = char_tokenizer()
-    model = tiny_causal_lm(arch, vocab_size=len(tokenizer), hidden_size=32, num_layers=2, num_heads=4,
-                           num_kv_heads=2, intermediate_size=64, seed=seed, dtype=dtype, tie_word_embeddings=tied)
+    model = tiny_causal_lm(
+        arch,
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=64,
+        seed=seed,
+        dtype=dtype,
+        tie_word_embeddings=tied,
+    )
     model.config.eos_token_id = tokenizer.eos_token_id
     model.config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(folder)
@@ -136,8 +158,9 @@ def assert_same_trajectory(got, want):
     from splitproof.rl.tracking.metrics import is_machine_dependent
 
     for step, (a, b) in enumerate(zip(got["samples"], want["samples"]), start=1):
-        assert [(s.uid, s.sample_index, s.response_ids) for s in a] == \
-               [(s.uid, s.sample_index, s.response_ids) for s in b], step
+        assert [(s.uid, s.sample_index, s.response_ids) for s in a] == [
+            (s.uid, s.sample_index, s.response_ids) for s in b
+        ], step
     assert relative_update_difference(got["weights"], want["weights"], want["initial"]) <= 1e-10
     if "critic_weights" in want:
         difference = relative_update_difference(got["critic_weights"], want["critic_weights"], want["critic_initial"])
@@ -150,8 +173,9 @@ def assert_same_trajectory(got, want):
             assert math.isclose(a[k], b[k], rel_tol=1e-9, abs_tol=1e-12), (k, a[k], b[k])
 
 
-def train_overrides(model_dir: str, out_dir, steps: int, *, dtype: str = "fp32", reward: str = "graded",
-                    extra=()) -> list[str]:
+def train_overrides(
+    model_dir: str, out_dir, steps: int, *, dtype: str = "fp32", reward: str = "graded", extra=()
+) -> list[str]:
     """A small `splitproof train` command line (key=value overrides): GRPO on the built-in addition task
     with a tiny saved model and a graded reward, checkpoints and metrics under ``out_dir``."""
     return small_grpo(model_dir, dtype) + [

@@ -52,8 +52,11 @@ class Case:
         return list(self.ids)
 
     def options(self):
-        return dict(values=torch.tensor(self.values, dtype=D), reward_baselines=torch.tensor(self.baselines, dtype=D),
-                    **self.chosen)
+        return dict(
+            values=torch.tensor(self.values, dtype=D),
+            reward_baselines=torch.tensor(self.baselines, dtype=D),
+            **self.chosen,
+        )
 
 
 @st.composite
@@ -82,9 +85,13 @@ def cases(draw, max_groups=5, max_size=4, max_t=6):
             rewards[i][max([p for p in range(t) if row[p]], default=t - 1)] = rng.choice(grid)
     values = [[rng.randint(-40, 40) / 16 for _ in range(t)] for _ in range(b)]
     baselines = [rng.randint(-16, 16) / 4 for _ in range(b)]
-    chosen = {"epsilon": rng.choice([1e-6, 1e-3, 0.5]), "norm_adv_by_std_in_grpo": rng.random() < 0.7,
-              "gamma": rng.choice([1.0, 0.9, 0.5]), "lam": rng.choice([1.0, 0.95, 0.0]),
-              "f_norm": rng.choice([1.0, 2.0, -0.5])}
+    chosen = {
+        "epsilon": rng.choice([1e-6, 1e-3, 0.5]),
+        "norm_adv_by_std_in_grpo": rng.random() < 0.7,
+        "gamma": rng.choice([1.0, 0.9, 0.5]),
+        "lam": rng.choice([1.0, 0.95, 0.0]),
+        "f_norm": rng.choice([1.0, 2.0, -0.5]),
+    }
     return Case(rewards, mask, ids, values, baselines, mask_dtype, index_form, chosen)
 
 
@@ -142,6 +149,7 @@ def test_row_order_never_changes_a_value(case, seed):
 
 
 # --------------------------------------------------------------------------------------------- edge cases
+
 
 def outcome(scores, width=3):
     """Rewards with each row's score on its last token, full masks."""
@@ -203,10 +211,18 @@ def test_gae_and_reinforce_skip_observation_tokens_and_ignore_padding_values():
     assert returns.tolist() == [[0.25, 0.0, 0.5, 1.0, 0.0]]  # the 5.0 of the observation token is skipped
 
 
-@pytest.mark.parametrize("index", [
-    [5, 5, 9, 9, 5], (5, 5, 9, 9, 5), np.array([5, 5, 9, 9, 5]), torch.tensor([5, 5, 9, 9, 5]),
-    ["a", "a", "b", "b", "a"], np.array(["a", "a", "b", "b", "a"]), np.array(["a", "a", "b", "b", "a"], dtype=object),
-])
+@pytest.mark.parametrize(
+    "index",
+    [
+        [5, 5, 9, 9, 5],
+        (5, 5, 9, 9, 5),
+        np.array([5, 5, 9, 9, 5]),
+        torch.tensor([5, 5, 9, 9, 5]),
+        ["a", "a", "b", "b", "a"],
+        np.array(["a", "a", "b", "b", "a"]),
+        np.array(["a", "a", "b", "b", "a"], dtype=object),
+    ],
+)
 def test_every_index_form_groups_the_same_rows(index):
     adv, _ = compute_advantage("grpo", *outcome([1.0, 2.0, 3.0, 5.0, 6.0]), index)
     expected, _ = compute_advantage("grpo", *outcome([1.0, 2.0, 3.0, 5.0, 6.0]), [0, 0, 1, 1, 0])
@@ -214,6 +230,7 @@ def test_every_index_form_groups_the_same_rows(index):
 
 
 # ------------------------------------------------------------------------------------------------- dtypes
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("estimator", ["grpo", "reinforce_plus_plus", "gae"])
@@ -230,6 +247,7 @@ def test_low_precision_input_is_computed_in_float64_and_returned_in_its_dtype(dt
 
 
 # ------------------------------------------------------------------------------------------------- errors
+
 
 def test_unknown_estimator_lists_the_known_ones():
     with pytest.raises(UnknownEstimatorError, match="'grpoo'.*known: gae, grpo, ") as info:
@@ -257,20 +275,33 @@ def test_options_an_estimator_does_not_read_are_ignored():
     assert torch.equal(a[0], b[0])
 
 
-@pytest.mark.parametrize("option, value, message", [
-    ("epsilon", 0.0, "must be > 0"), ("epsilon", float("nan"), "finite"), ("gamma", "1", "finite"),
-    ("norm_adv_by_std_in_grpo", 1, "True or False"), ("f_norm", 0.0, "must not be 0"),
-])
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("epsilon", 0.0, "must be > 0"),
+        ("epsilon", float("nan"), "finite"),
+        ("gamma", "1", "finite"),
+        ("norm_adv_by_std_in_grpo", 1, "True or False"),
+        ("f_norm", 0.0, "must not be 0"),
+    ],
+)
 def test_bad_option_values_are_named(option, value, message):
     estimator = {"gamma": "reinforce_plus_plus", "f_norm": "gpg"}.get(option, "grpo")
     with pytest.raises(AdvantageOptionError, match=f"option '{option}' {message}|option '{option}' must"):
         compute_advantage(estimator, *outcome([1.0, 2.0]), [0, 0], **{option: value})
 
 
-@pytest.mark.parametrize("index, message", [
-    (None, "needs index"), ([0, 0, 1], "3 ids for 2 rows"), ([[0], [1]], r"row 0.*not a usable group id"),
-    ([0, float("nan")], "row 1"), (np.zeros((2, 1)), "one-dimensional"), ("ab", "sequence of group ids"),
-])
+@pytest.mark.parametrize(
+    "index, message",
+    [
+        (None, "needs index"),
+        ([0, 0, 1], "3 ids for 2 rows"),
+        ([[0], [1]], r"row 0.*not a usable group id"),
+        ([0, float("nan")], "row 1"),
+        (np.zeros((2, 1)), "one-dimensional"),
+        ("ab", "sequence of group ids"),
+    ],
+)
 def test_bad_index_is_named(index, message):
     with pytest.raises(AdvantageError, match=message):
         compute_advantage("grpo", *outcome([1.0, 2.0]), index)
@@ -310,7 +341,9 @@ def test_which_estimators_need_groups():
         assert (requires_groups(name) is not None) == (name in NEEDS_GROUPS)
     check_samples_per_prompt("gae", 1)
     check_samples_per_prompt("grpo", 2)
-    with pytest.raises(GroupsRequiredError, match="'rloo': needs rollout.n >= 2 samples per prompt, got 1: its baseline"):
+    with pytest.raises(
+        GroupsRequiredError, match="'rloo': needs rollout.n >= 2 samples per prompt, got 1: its baseline"
+    ):
         check_samples_per_prompt("rloo", 1)
     with pytest.raises(UnknownEstimatorError):
         requires_groups("ppo")

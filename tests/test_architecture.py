@@ -10,9 +10,25 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "splitproof"
 
 # a module's layer is its first-level name under splitproof/ (a core module is its own name)
-CORE = {"batch", "batch_error", "sequences", "stats", "aggregation", "losses", "selection", "policy_objective",
-        "value_objective", "oracle", "collective", "loss_config", "hf_models", "value_model", "builtin", "lora",
-        "lora_settings"}
+CORE = {
+    "batch",
+    "batch_error",
+    "sequences",
+    "stats",
+    "aggregation",
+    "losses",
+    "selection",
+    "policy_objective",
+    "value_objective",
+    "oracle",
+    "collective",
+    "loss_config",
+    "hf_models",
+    "value_model",
+    "builtin",
+    "lora",
+    "lora_settings",
+}
 LOWER = {"engine": CORE | {"engine"}, "advantages": CORE | {"advantages"}}
 LOWER["rl"] = CORE | {"engine", "advantages", "rl"}
 LOWER["diagnose"] = CORE | {"engine", "advantages", "diagnose"}
@@ -67,7 +83,7 @@ def test_no_import_cycle():
             if MODULES[name][1] and dep.startswith(name + "."):
                 continue
             if state.get(dep) == 1:
-                cycle = path[path.index(dep):] + [dep] if dep in path else [name, dep]
+                cycle = path[path.index(dep) :] + [dep] if dep in path else [name, dep]
                 pytest.fail("import cycle: " + " -> ".join(cycle))
             if dep not in state:
                 visit(dep, path + [dep])
@@ -83,8 +99,7 @@ def test_layers_import_only_downwards(layer):
     allowed = CORE if layer == "core" else LOWER[layer]
     members = [m for m in GRAPH if _layer(m) in (CORE if layer == "core" else {layer})]
     assert members
-    wrong = sorted(f"{m} -> {d}" for m in members for d in GRAPH[m]
-                   if _layer(d) not in allowed and d != "splitproof")
+    wrong = sorted(f"{m} -> {d}" for m in members for d in GRAPH[m] if _layer(d) not in allowed and d != "splitproof")
     assert not wrong, f"{layer} imports a layer above it: {wrong}"
 
 

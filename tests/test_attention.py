@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from splitproof.loss_config import ConfigError
 from splitproof.engine import UpdateConfig, compute_log_probs, update_policy
 from splitproof.engine.logprobs import response_log_probs
 from splitproof.hf_models import tiny_causal_lm
+from splitproof.loss_config import ConfigError
 
 from .engine_helpers import flat, loss_config, make_optimizer, make_rollout, rel_diff, run_update
 from .test_packing import LAYOUTS, layout_batch
@@ -22,8 +22,10 @@ EAGER_TOL = {torch.float64: 1e-6, torch.float32: 1e-5}  # 50x and 10x the measur
 
 
 def models(dtype):
-    return (tiny_causal_lm("llama", dtype=dtype, seed=1, attn_implementation="eager"),
-            tiny_causal_lm("llama", dtype=dtype, seed=1, attn_implementation="sdpa"))
+    return (
+        tiny_causal_lm("llama", dtype=dtype, seed=1, attn_implementation="eager"),
+        tiny_causal_lm("llama", dtype=dtype, seed=1, attn_implementation="sdpa"),
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -60,8 +62,10 @@ def test_eager_update_matches_sdpa_update():
     theta0 = flat(sdpa.state_dict())
     base = dict(loss=loss_config("vanilla", "seq-mean-token-mean"), ppo_mini_batch_size=8, grad_clip=1e9)
     reference, _ = run_update(sdpa, batch, UpdateConfig(**base))
-    for extra in (dict(ppo_micro_batch_size_per_gpu=3),
-                  dict(use_remove_padding=True, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=40)):
+    for extra in (
+        dict(ppo_micro_batch_size_per_gpu=3),
+        dict(use_remove_padding=True, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=40),
+    ):
         params, (result,) = run_update(eager, batch, UpdateConfig(**base, **extra))
         assert torch.isfinite(params).all() and not result.skipped
         assert rel_diff(params, reference, theta0) <= 1e-5, extra
@@ -75,8 +79,9 @@ def test_other_attention_implementations_are_refused_before_anything_runs(implem
     before = flat(model.state_dict())
     optimizer = make_optimizer(model, "adamw")
     with pytest.raises(ConfigError, match="attn_implementation") as info:
-        update_policy(model, optimizer, batch, UpdateConfig(loss=loss_config("vanilla", "token-mean"),
-                                                            ppo_mini_batch_size=4))
+        update_policy(
+            model, optimizer, batch, UpdateConfig(loss=loss_config("vanilla", "token-mean"), ppo_mini_batch_size=4)
+        )
     assert info.value.field == "attn_implementation"
     assert implementation in str(info.value) and "attn_implementation='sdpa'" in str(info.value)
     assert torch.equal(flat(model.state_dict()), before) and not optimizer.state

@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 
-from splitproof.loss_config import LossConfig
 from splitproof.diagnose.audit import (
     SPLIT_KINDS,
     AuditError,
@@ -18,6 +17,7 @@ from splitproof.diagnose.audit import (
     load_loss_fn,
     run_audit,
 )
+from splitproof.loss_config import LossConfig
 from tests import audit_examples as ex
 
 ROW_KEYS = {"split", "microbatches", "grad_max_abs_diff", "grad_rel_diff", "control_rel_diff", "verdict"}
@@ -25,8 +25,7 @@ ROW_KEYS = {"split", "microbatches", "grad_max_abs_diff", "grad_rel_diff", "cont
 
 @pytest.fixture(scope="module")
 def reports() -> dict[str, AuditReport]:
-    return {name: run_audit(getattr(ex, name))
-            for name in ("correct_token_mean", "microbatch_mean", "microbatch_topk")}
+    return {name: run_audit(getattr(ex, name)) for name in ("correct_token_mean", "microbatch_mean", "microbatch_topk")}
 
 
 def _by_split(report: AuditReport) -> dict[str, dict]:
@@ -91,8 +90,17 @@ def test_report_json_schema(reports):
         assert row["verdict"] in ("pass", "fail", "error")
         assert isinstance(row["microbatches"], int) and row["microbatches"] >= 2
     settings = data["settings"]
-    for key in ("convention", "loss_mode", "agg_mode", "seed", "sequences", "response_length", "dtype",
-                "batch_num_tokens", "global_batch_size"):
+    for key in (
+        "convention",
+        "loss_mode",
+        "agg_mode",
+        "seed",
+        "sequences",
+        "response_length",
+        "dtype",
+        "batch_num_tokens",
+        "global_batch_size",
+    ):
         assert key in settings
     assert settings["convention"] == "verl" and settings["dtype"] == "float64"
     assert settings["global_batch_size"] == 16
@@ -111,8 +119,15 @@ def test_global_batch_info_and_config_as_verl_fills_them():
         assert log_prob.dtype == torch.float64 and log_prob.requires_grad
         assert not old_log_prob.requires_grad and rollout_is_weights is None
         assert log_prob.shape == response_mask.shape == advantages.shape and log_prob.shape[-1] == 12
-        seen.append((dict(config.global_batch_info), loss_agg_mode, config.loss_agg_mode,
-                     config.policy_loss.loss_mode, int(response_mask.sum())))
+        seen.append(
+            (
+                dict(config.global_batch_info),
+                loss_agg_mode,
+                config.loss_agg_mode,
+                config.policy_loss.loss_mode,
+                int(response_mask.sum()),
+            )
+        )
         return ex.correct_token_mean(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config)
 
     report = run_audit(spy, loss_mode="kl_cov", agg_mode="seq-mean-token-mean", sequences=8, response_length=12)

@@ -15,8 +15,19 @@ import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-SCRIPTS = ("engine_overhead", "cov_strategies", "token_budget", "memory", "scaling", "rollout", "train_stages",
-           "vs_trl", "refill_round", "multi_turn", "lora")
+SCRIPTS = (
+    "engine_overhead",
+    "cov_strategies",
+    "token_budget",
+    "memory",
+    "scaling",
+    "rollout",
+    "train_stages",
+    "vs_trl",
+    "refill_round",
+    "multi_turn",
+    "lora",
+)
 
 
 def _load(name: str):
@@ -67,8 +78,11 @@ def results(docs):
 def test_engine_overhead(results):
     r = results["engine_overhead"]
     assert {(row["mode"], row["split"].split(",")[0].split(" ")[0]) for row in r["rows"]} == {
-        ("token-mean", "fixed"), ("token-mean", "token"), ("seq-mean-token-mean", "fixed"),
-        ("seq-mean-token-mean", "token")}
+        ("token-mean", "fixed"),
+        ("token-mean", "token"),
+        ("seq-mean-token-mean", "fixed"),
+        ("seq-mean-token-mean", "token"),
+    }
     for row in r["rows"]:
         assert row["microbatches"] >= 1
         for key in ("engine_s", "plain_s", "engine_wall_s", "plain_wall_s", "ratio", "q1", "q3"):
@@ -125,16 +139,24 @@ def test_scaling(results):
 def test_rollout(results):
     r = results["rollout"]
     assert {(row["model"], row["setting"]) for row in r["generation"]} == {
-        (m, s) for m in ("tiny", "small") for s in ("T 1", "T 0.8, top-k 50, top-p 0.9")}
+        (m, s) for m in ("tiny", "small") for s in ("T 1", "T 0.8, top-k 50, top-p 0.9")
+    }
     for row in r["generation"]:
         assert all(_positive(row[k]) for k in ("ours_s", "plain_s", "ratio", "q1", "q3"))
-    assert {row["pick"] for row in r["picks"]} == {"log_softmax only", "counter-based inverse CDF",
-                                                    "torch.multinomial", "counter-based Gumbel-max"}
+    assert {row["pick"] for row in r["picks"]} == {
+        "log_softmax only",
+        "counter-based inverse CDF",
+        "torch.multinomial",
+        "counter-based Gumbel-max",
+    }
     assert all(_positive(row["ms"]) for row in r["picks"])
     assert {row["variant"] for row in r["old"]} == {"compute_log_probs", "plain forward", "forward + log_softmax head"}
     assert all(_positive(row["ms"]) and _positive(row["ratio"].median) for row in r["old"])
     assert {(row["model"], row["kind"]) for row in r["old"]} == {
-        ("tiny", "model"), ("tiny", "zero-logits stand-in"), ("small", "model")}
+        ("tiny", "model"),
+        ("tiny", "zero-logits stand-in"),
+        ("small", "model"),
+    }
     assert {row["dtype"] for row in r["drift"]} == {"float32", "float64"}
     for row in r["drift"]:
         assert 0 <= row["differ"] <= row["samples"] and math.isfinite(row["max_logprob_gap"])
@@ -184,7 +206,7 @@ def test_docs_sections(results, docs):
     for name in SCRIPTS:
         begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
         assert text.count(begin) == 1 and text.count(end) == 1
-        body = text[text.index(begin):text.index(end)]
+        body = text[text.index(begin) : text.index(end)]
         assert "| --- |" in body or "|---|" in body  # a generated table
         assert "CPU:" in body and "torch " in body and "threads" in body  # the machine description
 
@@ -240,8 +262,9 @@ def test_revision_names_the_commit_and_ignores_the_docs_it_writes(tmp_path):
     (tmp_path / "bench.md").write_text("tables\n")
     git("add", ".")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "c")
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True,
-                          text=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=tmp_path, capture_output=True, text=True
+    ).stdout.strip()
     (tmp_path / "bench.md").write_text("new tables\n")  # what the run itself writes
     assert bl.tree_changes(tmp_path, ignore=tmp_path / "bench.md") == []
     assert bl.git_revision(tmp_path, ignore=tmp_path / "bench.md") == f"commit {head} (clean tree)"

@@ -1,10 +1,10 @@
 """Checkpoints: bitwise round trip, atomic saves under crashes and kills, layout-free across DP, resume rules."""
 
 import copy
+import multiprocessing
 import os
 import pickle
 import random
-import multiprocessing
 import time
 
 import numpy as np
@@ -16,16 +16,18 @@ from splitproof import ConfigError
 from splitproof.engine import wrap_model
 from splitproof.engine.launch import run_data_parallel
 from splitproof.hf_models import tiny_causal_lm
+from splitproof.rl.checkpoint import resume
 from splitproof.rl.checkpoint import store as ckpt
-from splitproof.rl.config.schema import TrainerConfig
 from splitproof.rl.config.load import dump_config, load_train_config
+from splitproof.rl.config.schema import TrainerConfig
 
 TRAINER_STATE = {"sampler": {"epoch": 1, "cursor": 24}, "kl_coef": 0.0125, "history": [0.5, 0.25]}
 
 
 def make(seed=0, dtype=torch.float64, strategy="none"):
-    model = wrap_model(tiny_causal_lm(seed=seed, dtype=dtype, num_layers=2, hidden_size=32, intermediate_size=64),
-                       strategy)
+    model = wrap_model(
+        tiny_causal_lm(seed=seed, dtype=dtype, num_layers=2, hidden_size=32, intermediate_size=64), strategy
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 / (1 + s))
     return model, optimizer, scheduler
@@ -63,8 +65,15 @@ def rng_snapshot():
 
 
 def save(root, step, model, optimizer, scheduler, **kwargs):
-    return ckpt.save_checkpoint(root, step, model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                trainer_state={**TRAINER_STATE, "step": step}, **kwargs)
+    return ckpt.save_checkpoint(
+        root,
+        step,
+        model=model,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        trainer_state={**TRAINER_STATE, "step": step},
+        **kwargs,
+    )
 
 
 def tiny_tokenizer():
@@ -72,8 +81,9 @@ def tiny_tokenizer():
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<pad>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate("abc")}}
-    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<pad>")),
-                                   pad_token="<pad>", eos_token="<eos>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<pad>")), pad_token="<pad>", eos_token="<eos>"
+    )
 
 
 def test_round_trip_is_bitwise(tmp_path):
@@ -85,7 +95,7 @@ def test_round_trip_is_bitwise(tmp_path):
     torch.manual_seed(123), random.seed(5), np.random.seed(7)
     rngs = rng_snapshot()
     path = save(tmp_path, 2, model, optimizer, scheduler, tokenizer=tiny_tokenizer(), config_yaml="a: 1\n")
-    assert (tmp_path / ckpt.TRACKER).read_text().strip() == "2" and ckpt.latest_checkpoint(tmp_path) == path
+    assert (tmp_path / ckpt.TRACKER).read_text().strip() == "2" and resume.latest_checkpoint(tmp_path) == path
     torch.rand(3), random.random(), np.random.rand()  # move every RNG on
     again = make(seed=1)
     resumed = ckpt.load_checkpoint(path, model=again[0], optimizer=again[1], lr_scheduler=again[2])
@@ -147,13 +157,15 @@ def test_crash_at_any_stage_keeps_the_previous_checkpoint(tmp_path, monkeypatch)
     expected = full_state(model, optimizer)
     train_step(model, optimizer, scheduler, 1)
     for stage in STAGES:
+
         def crash(at, stage=stage):
             if at == stage:
                 raise RuntimeError(f"crash at {at}")
+
         monkeypatch.setattr(ckpt, "_progress_hook", crash)
         with pytest.raises(RuntimeError, match=stage):
             save(tmp_path, 2, model, optimizer, scheduler)
-        newest = ckpt.latest_checkpoint(tmp_path)
+        newest = resume.latest_checkpoint(tmp_path)
         assert newest == ckpt.checkpoint_dir(tmp_path, 1), stage
         fresh = make(seed=3)
         ckpt.load_checkpoint(newest, model=fresh[0], optimizer=fresh[1], lr_scheduler=fresh[2])
@@ -161,7 +173,7 @@ def test_crash_at_any_stage_keeps_the_previous_checkpoint(tmp_path, monkeypatch)
     monkeypatch.setattr(ckpt, "_progress_hook", lambda at: None)
     save(tmp_path, 3, model, optimizer, scheduler)
     assert not [e for e in os.listdir(tmp_path) if e.startswith(".")]  # leftovers cleaned up
-    assert ckpt.latest_checkpoint(tmp_path) == ckpt.checkpoint_dir(tmp_path, 3)
+    assert resume.latest_checkpoint(tmp_path) == ckpt.checkpoint_dir(tmp_path, 3)
 
 
 def _write_then_stall(root, stage, ready):
@@ -193,10 +205,14 @@ def test_killed_writer_leaves_the_previous_checkpoint(tmp_path, stage):
         writer.kill()  # SIGKILL: no cleanup runs
         writer.join()
     assert (root / ".tmp-global_step_2").is_dir()  # the half-written checkpoint
-    assert ckpt.latest_checkpoint(root) == ckpt.checkpoint_dir(root, 1)
+    assert resume.latest_checkpoint(root) == ckpt.checkpoint_dir(root, 1)
     model, optimizer, scheduler = make(seed=4)
-    assert ckpt.load_checkpoint(ckpt.latest_checkpoint(root), model=model, optimizer=optimizer,
-                                lr_scheduler=scheduler).step == 1
+    assert (
+        ckpt.load_checkpoint(
+            resume.latest_checkpoint(root), model=model, optimizer=optimizer, lr_scheduler=scheduler
+        ).step
+        == 1
+    )
     reference = make()
     assert_same_state(full_state(model, optimizer), full_state(reference[0], reference[1]))
     save(root, 2, model, optimizer, scheduler)
@@ -213,17 +229,17 @@ def test_max_to_keep_prunes_older(tmp_path):
 def test_resume_modes(tmp_path):
     root = tmp_path / "run"
     trainer = TrainerConfig(default_local_dir=str(root))
-    assert ckpt.find_resume_checkpoint(trainer) is None
+    assert resume.find_resume_checkpoint(trainer) is None
     model, optimizer, scheduler = make()
     save(root, 1, model, optimizer, scheduler)
     save(root, 2, model, optimizer, scheduler)
-    assert ckpt.find_resume_checkpoint(trainer) == root / "global_step_2"
+    assert resume.find_resume_checkpoint(trainer) == root / "global_step_2"
     (root / ckpt.TRACKER).write_text("7\n")  # names nothing complete: the newest complete one is used
-    assert ckpt.find_resume_checkpoint(trainer) == root / "global_step_2"
-    assert ckpt.find_resume_checkpoint(TrainerConfig(default_local_dir=str(root), resume_mode="disable")) is None
+    assert resume.find_resume_checkpoint(trainer) == root / "global_step_2"
+    assert resume.find_resume_checkpoint(TrainerConfig(default_local_dir=str(root), resume_mode="disable")) is None
 
     def by_path(path):
-        return ckpt.find_resume_checkpoint(TrainerConfig(resume_mode="resume_path", resume_from_path=str(path)))
+        return resume.find_resume_checkpoint(TrainerConfig(resume_mode="resume_path", resume_from_path=str(path)))
 
     assert by_path(root / "global_step_1") == root / "global_step_1"
     assert by_path(root) == root / "global_step_2"
@@ -238,22 +254,35 @@ def test_resume_config_check():
     base = ["trainer.total_training_steps=10"]
     cfg = load_train_config(None, base)
     resumed = ckpt.Resumed(path="x", step=1, trainer_state={}, config_yaml=dump_config(cfg))
-    layout = load_train_config(None, base + [
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", "actor_rollout_ref.actor.strategy=ddp",
-        "actor_rollout_ref.rollout.max_num_seqs=3", "actor_rollout_ref.model.use_remove_padding=true",
-        "trainer.logger=[console]", "trainer.total_training_steps=20", "trainer.test_freq=3"])
-    ckpt.check_resume_config(resumed, layout)
+    layout = load_train_config(
+        None,
+        base
+        + [
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+            "actor_rollout_ref.actor.strategy=ddp",
+            "actor_rollout_ref.rollout.max_num_seqs=3",
+            "actor_rollout_ref.model.use_remove_padding=true",
+            "trainer.logger=[console]",
+            "trainer.total_training_steps=20",
+            "trainer.test_freq=3",
+        ],
+    )
+    resume.check_resume_config(resumed, layout)
     changed = load_train_config(None, base + ["actor_rollout_ref.actor.optim.lr=0.5", "data.seed=4"])
     with pytest.raises(ConfigError) as info:
-        ckpt.check_resume_config(resumed, changed)
+        resume.check_resume_config(resumed, changed)
     assert info.value.field == "actor_rollout_ref.actor.optim.lr, data.seed"
-    ckpt.check_resume_config(resumed, load_train_config(None, base + [
-        "actor_rollout_ref.actor.optim.lr=0.5", "trainer.resume_allow_config_change=true"]))
+    resume.check_resume_config(
+        resumed,
+        load_train_config(
+            None, base + ["actor_rollout_ref.actor.optim.lr=0.5", "trainer.resume_allow_config_change=true"]
+        ),
+    )
     # a cosine schedule stretched over the run: its length changes the result
     cosine = base + ["actor_rollout_ref.actor.optim.lr_scheduler_type=cosine"]
     resumed.config_yaml = dump_config(load_train_config(None, cosine))
     with pytest.raises(ConfigError, match="trainer.total_training_steps"):
-        ckpt.check_resume_config(resumed, load_train_config(None, cosine[1:] + ["trainer.total_training_steps=20"]))
+        resume.check_resume_config(resumed, load_train_config(None, cosine[1:] + ["trainer.total_training_steps=20"]))
 
 
 def test_resume_notices_keys_added_to_or_removed_from_a_mapping():
@@ -261,18 +290,21 @@ def test_resume_notices_keys_added_to_or_removed_from_a_mapping():
     base = ["trainer.total_training_steps=10"]
     thinking = base + ["+data.apply_chat_template_kwargs.enable_thinking=true"]
     for saved, now in ((base, thinking), (thinking, base)):
-        resumed = ckpt.Resumed(path="x", step=1, trainer_state={}, config_yaml=dump_config(load_train_config(None, saved)))
+        resumed = ckpt.Resumed(
+            path="x", step=1, trainer_state={}, config_yaml=dump_config(load_train_config(None, saved))
+        )
         with pytest.raises(ConfigError) as info:
-            ckpt.check_resume_config(resumed, load_train_config(None, now))
+            resume.check_resume_config(resumed, load_train_config(None, now))
         assert info.value.field.startswith("data.apply_chat_template_kwargs")
     two = thinking + ["+data.apply_chat_template_kwargs.x=1"]
     resumed = ckpt.Resumed(path="x", step=1, trainer_state={}, config_yaml=dump_config(load_train_config(None, two)))
     with pytest.raises(ConfigError, match="data.apply_chat_template_kwargs.x"):
-        ckpt.check_resume_config(resumed, load_train_config(None, thinking))
-    ckpt.check_resume_config(resumed, load_train_config(None, two))
+        resume.check_resume_config(resumed, load_train_config(None, thinking))
+    resume.check_resume_config(resumed, load_train_config(None, two))
 
 
 # ------------------------------------------------------------------------------------------ data parallel
+
 
 def _dp_train_and_save(root, strategy):
     import torch.distributed as dist
@@ -320,8 +352,9 @@ def test_checkpoints_hold_no_dp_layout(tmp_path):
     train_step(model, optimizer, scheduler, 20)
     save(one_root, 2, model, optimizer, scheduler)
     one = full_state(model, optimizer)
-    ddp_loaded = run_data_parallel(_dp_load, 2, [fsdp_root / "global_step_1", one_root / "global_step_2"], "ddp",
-                                   ddp_root)
+    ddp_loaded = run_data_parallel(
+        _dp_load, 2, [fsdp_root / "global_step_1", one_root / "global_step_2"], "ddp", ddp_root
+    )
     assert [out[2] for out in ddp_loaded[1][:2]] == [1, 2]  # every rank loaded both
     assert_same_state(written, ddp_loaded[0][0][0])  # (full states are gathered on rank 0)
     assert_same_state(one, ddp_loaded[0][1][0])

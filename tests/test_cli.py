@@ -13,8 +13,17 @@ from splitproof.diagnose.compare import tolerance, verdict
 from splitproof.diagnose.splits import SplitError, parse_split
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-SPLIT_FIELDS = {"split", "grad_max_abs_diff", "grad_rel_diff", "update_max_abs_diff", "update_rel_diff", "objective",
-                "objective_reference", "verdict", "control"}
+SPLIT_FIELDS = {
+    "split",
+    "grad_max_abs_diff",
+    "grad_rel_diff",
+    "update_max_abs_diff",
+    "update_rel_diff",
+    "objective",
+    "objective_reference",
+    "verdict",
+    "control",
+}
 DIFF_FIELDS = {"grad_max_abs_diff", "grad_rel_diff", "update_max_abs_diff", "update_rel_diff"}
 
 
@@ -24,7 +33,6 @@ def default_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("diagnose")
     code = main(["diagnose", "--json", str(out / "d.json"), "--plot", str(out / "d.png"), "--no-progress"])
     return code, json.loads((out / "d.json").read_text()), out / "d.png"
-
 
 
 def _scenario(record: dict, name: str) -> dict:
@@ -112,8 +120,20 @@ def test_plot_writes_png(default_run):
 def test_failing_verdict_exits_1(tmp_path, capsys):
     # the candidate itself selects per microbatch (the second seed's bug): it must fail
     path = tmp_path / "f.json"
-    code = main(["diagnose", "--loss-mode", "kl_cov", "--cov-strategy", "microbatch", "--split", "even:4",
-                 "--json", str(path), "--no-progress"])
+    code = main(
+        [
+            "diagnose",
+            "--loss-mode",
+            "kl_cov",
+            "--cov-strategy",
+            "microbatch",
+            "--split",
+            "even:4",
+            "--json",
+            str(path),
+            "--no-progress",
+        ]
+    )
     assert code == 1
     record = json.loads(path.read_text())
     assert record["passed"] is False
@@ -123,10 +143,42 @@ def test_failing_verdict_exits_1(tmp_path, capsys):
 
 def test_legacy_statistics_scope_fails_and_scope_column(tmp_path):
     path = tmp_path / "g.json"
-    assert main(["diagnose", "--loss-mode", "geo_mean", "--statistics-scope", "microbatch", "--split", "sizes:3,5",
-                 "--no-progress"]) == 1
-    assert main(["diagnose", "--loss-mode", "vanilla", "--agg-mode", "seq-mean-token-mean", "--split", "sizes:1,7",
-                 "--split", "tokens:48", "--scope", "microbatch", "--json", str(path), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "diagnose",
+                "--loss-mode",
+                "geo_mean",
+                "--statistics-scope",
+                "microbatch",
+                "--split",
+                "sizes:3,5",
+                "--no-progress",
+            ]
+        )
+        == 1
+    )
+    assert (
+        main(
+            [
+                "diagnose",
+                "--loss-mode",
+                "vanilla",
+                "--agg-mode",
+                "seq-mean-token-mean",
+                "--split",
+                "sizes:1,7",
+                "--split",
+                "tokens:48",
+                "--scope",
+                "microbatch",
+                "--json",
+                str(path),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     splits = json.loads(path.read_text())["scenarios"][0]["splits"]
     assert all(s["verdict"] == "pass" and s["legacy"]["verdict"] == "fail" for s in splits)
 
@@ -135,9 +187,29 @@ def test_group_mean_custom_run(tmp_path):
     """The synthetic batch carries group ids: group-mean-token-mean runs, exact across splits that cut the
     groups, and per-microbatch group counts (the legacy column) differ."""
     path = tmp_path / "g.json"
-    assert main(["diagnose", "--loss-mode", "vanilla", "--agg-mode", "group-mean-token-mean", "--dtype", "float64",
-                 "--split", "sizes:3,5", "--split", "dp:2", "--scope", "microbatch", "--json", str(path),
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "diagnose",
+                "--loss-mode",
+                "vanilla",
+                "--agg-mode",
+                "group-mean-token-mean",
+                "--dtype",
+                "float64",
+                "--split",
+                "sizes:3,5",
+                "--split",
+                "dp:2",
+                "--scope",
+                "microbatch",
+                "--json",
+                str(path),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     splits = json.loads(path.read_text())["scenarios"][0]["splits"]
     assert all(s["update_rel_diff"] < 1e-12 and s["verdict"] == "pass" for s in splits)
     assert splits[0]["legacy"]["verdict"] == "fail"
@@ -147,8 +219,26 @@ def test_value_scenario_exact_and_legacy_differs(tmp_path):
     """The critic's value loss: exact across splits in float64; verl's per-microbatch normalisation before
     its PR #6957 (the legacy column) is not, and as the candidate it fails."""
     path = tmp_path / "v.json"
-    assert main(["diagnose", "value", "--dtype", "float64", "--split", "even:8", "--split", "packed:48",
-                 "--split", "shuffle:1+sizes:3,5", "--json", str(path), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "diagnose",
+                "value",
+                "--dtype",
+                "float64",
+                "--split",
+                "even:8",
+                "--split",
+                "packed:48",
+                "--split",
+                "shuffle:1+sizes:3,5",
+                "--json",
+                str(path),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     record = _scenario(json.loads(path.read_text()), "value")
     assert record["passed"] and record["settings"]["loss"]["cliprange_value"] == 0.2
     for s in record["splits"]:
@@ -169,8 +259,25 @@ def test_value_scenario_default_splits(tmp_path):
 
 def test_float64_is_exact(tmp_path):
     path = tmp_path / "e.json"
-    assert main(["diagnose", "--dtype", "float64", "--loss-mode", "geo_mean", "--split", "even:8",
-                 "--split", "shuffle:3+sizes:5,3", "--json", str(path), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "diagnose",
+                "--dtype",
+                "float64",
+                "--loss-mode",
+                "geo_mean",
+                "--split",
+                "even:8",
+                "--split",
+                "shuffle:3+sizes:5,3",
+                "--json",
+                str(path),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     for s in json.loads(path.read_text())["scenarios"][0]["splits"]:
         assert s["grad_rel_diff"] < 1e-12 and s["update_rel_diff"] < 1e-12
         assert abs(s["objective"] - s["objective_reference"]) < 1e-12
@@ -189,7 +296,7 @@ def test_verdict_rule():
     control = {"grad_rel_diff": 1e-7, "update_rel_diff": 1e-6}
     bounds = tolerance(control, "float32")
     assert bounds["update_rel_diff"] == pytest.approx(1.6e-5)
-    assert bounds["grad_rel_diff"] == pytest.approx(64 * 2.0 ** -23)  # the dtype floor wins over 16 x 1e-7
+    assert bounds["grad_rel_diff"] == pytest.approx(64 * 2.0**-23)  # the dtype floor wins over 16 x 1e-7
     assert verdict({"grad_rel_diff": 1e-6, "update_rel_diff": 1e-5}, bounds) == "pass"
     assert verdict({"grad_rel_diff": 1e-6, "update_rel_diff": 1e-4}, bounds) == "fail"
     assert verdict({"grad_rel_diff": float("nan"), "update_rel_diff": 0.0}, bounds) == "fail"
@@ -200,8 +307,23 @@ def test_audit_exit_codes(fn, code, tmp_path, monkeypatch):
     pytest.importorskip("splitproof.diagnose.audit")
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
     path = tmp_path / "a.json"
-    assert main(["diagnose", "audit", "--loss-fn", f"tests.audit_examples:{fn}", "--convention", "verl",
-                 "--loss-mode", "kl_cov", "--json", str(path)]) == code
+    assert (
+        main(
+            [
+                "diagnose",
+                "audit",
+                "--loss-fn",
+                f"tests.audit_examples:{fn}",
+                "--convention",
+                "verl",
+                "--loss-mode",
+                "kl_cov",
+                "--json",
+                str(path),
+            ]
+        )
+        == code
+    )
     assert json.loads(path.read_text())["passed"] is (code == 0)
 
 
@@ -217,9 +339,28 @@ def test_local_checkpoint_with_model_flag(tmp_path, capfd):
     assert any(p.suffix == ".safetensors" for p in path.iterdir())
     out = tmp_path / "m.json"
     capfd.readouterr()
-    code = main(["diagnose", "--model", str(path), "--loss-mode", "geo_mean", "--sequences", "4",
-                 "--response-length", "6", "--split", "even:4", "--split", "sizes:1,3", "--dtype", "float64",
-                 "--json", str(out), "--no-progress"])
+    code = main(
+        [
+            "diagnose",
+            "--model",
+            str(path),
+            "--loss-mode",
+            "geo_mean",
+            "--sequences",
+            "4",
+            "--response-length",
+            "6",
+            "--split",
+            "even:4",
+            "--split",
+            "sizes:1,3",
+            "--dtype",
+            "float64",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
     record = json.loads(out.read_text())
     assert code == 0 and record["passed"]
     assert str(path) in json.dumps(record)
@@ -232,8 +373,24 @@ def test_packed_split_passes(tmp_path):
     """`packed:B` runs the engine with use_remove_padding: the same update as one padded microbatch."""
     assert parse_split("packed:64").micro == ("packed", 64)
     out = tmp_path / "p.json"
-    code = main(["diagnose", "--loss-mode", "vanilla", "--sequences", "6", "--response-length", "8",
-                 "--split", "packed:40", "--dtype", "float64", "--json", str(out), "--no-progress"])
+    code = main(
+        [
+            "diagnose",
+            "--loss-mode",
+            "vanilla",
+            "--sequences",
+            "6",
+            "--response-length",
+            "8",
+            "--split",
+            "packed:40",
+            "--dtype",
+            "float64",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
     record = json.loads(out.read_text())
     assert code == 0 and record["passed"]
 
@@ -244,7 +401,8 @@ def test_audit_of_a_file_shows_what_the_user_typed(tmp_path, monkeypatch, capsys
         "def plain_sum(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, weights=None):\n"
         "    loss = -advantages * torch.exp(log_prob - old_log_prob)\n"
         "    loss = torch.where(response_mask.bool(), loss, torch.zeros_like(loss)).sum()\n"
-        "    return loss / config.global_batch_info['batch_num_tokens'], {}\n")
+        "    return loss / config.global_batch_info['batch_num_tokens'], {}\n"
+    )
     monkeypatch.chdir(tmp_path)
     assert main(["diagnose", "audit", "--loss-fn", "mylosses.py:plain_sum"]) == 1
     out = capsys.readouterr().out

@@ -30,40 +30,43 @@ def _forbid_work(monkeypatch, diagnosis_step: str) -> None:
     monkeypatch.setattr(audit, "run_audit", no_work)
 
 
-
-@pytest.mark.parametrize("argv", [
-    ["--loss-mode", "nope"],
-    ["--agg-mode", "token-median"],
-    ["--split", "even:"],
-    ["--split", "even:x"],
-    ["--split", "sizes:3,4"],
-    ["--split", "even:99"],
-    ["--split", "dp:2+dp:2"],
-    ["--split", "tokens:3"],
-    ["--model", "MISSING"],
-    ["nosuch"],
-    ["gmpo", "--loss-mode", "vanilla"],
-    ["--lr", "-1"],
-    ["--kl-cov-ratio", "2"],
-    ["--loss-mode", "kl_cov", "--kl-cov-ratio", "2"],
-    ["--kl-cov-ratio", "0.1"],  # only with --loss-mode kl_cov
-    ["--loss-mode", "kl_cov", "--clip-cov-ratio", "0.1"],
-    ["--cov-strategy", "prepass"],  # vanilla has no selection
-    ["gmpo", "--cov-strategy", "prepass"],
-    ["sweep", "--lr", "0.1"],
-    ["--kl-loss-coef", "-0.5"],
-    ["--entropy-coeff", "nan"],
-    ["--trust-remote-code"],
-    ["--dp-wrapper", "fsdp2", "--split", "even:2"],  # no dp split to wrap
-    ["audit"],
-    ["audit", "--loss-fn", "tests.audit_examples:microbatch_mean", "--dtype", "bfloat16"],
-    ["audit", "--loss-fn", "tests.audit_examples:microbatch_mean", "--device", "cuda"],
-    ["audit", "--loss-fn", "tests.audit_examples:microbatch_mean", "--plot", "a.png"],
-    ["audit", "--loss-fn", "tests.audit_examples:microbatch_mean", "--split", "even:2"],
-    ["audit", "--loss-fn", "tests.audit_examples:microbatch_mean", "--convention", "trl"],
-    ["audit", "--loss-fn", "tests.audit_examples:microbatch_mean", "--agg-mode", "group-mean-token-mean"],
-    ["--loss-fn", "tests.audit_examples:microbatch_mean"],
-], ids=lambda a: " ".join(a))
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--loss-mode", "nope"],
+        ["--agg-mode", "token-median"],
+        ["--split", "even:"],
+        ["--split", "even:x"],
+        ["--split", "sizes:3,4"],
+        ["--split", "even:99"],
+        ["--split", "dp:2+dp:2"],
+        ["--split", "tokens:3"],
+        ["--model", "MISSING"],
+        ["nosuch"],
+        ["gmpo", "--loss-mode", "vanilla"],
+        ["--lr", "-1"],
+        ["--kl-cov-ratio", "2"],
+        ["--loss-mode", "kl_cov", "--kl-cov-ratio", "2"],
+        ["--kl-cov-ratio", "0.1"],  # only with --loss-mode kl_cov
+        ["--loss-mode", "kl_cov", "--clip-cov-ratio", "0.1"],
+        ["--cov-strategy", "prepass"],  # vanilla has no selection
+        ["gmpo", "--cov-strategy", "prepass"],
+        ["sweep", "--lr", "0.1"],
+        ["--kl-loss-coef", "-0.5"],
+        ["--entropy-coeff", "nan"],
+        ["--trust-remote-code"],
+        ["--dp-wrapper", "fsdp2", "--split", "even:2"],  # no dp split to wrap
+        ["audit"],
+        ["audit", "--loss-fn", "tests.audit_examples:microbatch_mean", "--dtype", "bfloat16"],
+        ["audit", "--loss-fn", "tests.audit_examples:microbatch_mean", "--device", "cuda"],
+        ["audit", "--loss-fn", "tests.audit_examples:microbatch_mean", "--plot", "a.png"],
+        ["audit", "--loss-fn", "tests.audit_examples:microbatch_mean", "--split", "even:2"],
+        ["audit", "--loss-fn", "tests.audit_examples:microbatch_mean", "--convention", "trl"],
+        ["audit", "--loss-fn", "tests.audit_examples:microbatch_mean", "--agg-mode", "group-mean-token-mean"],
+        ["--loss-fn", "tests.audit_examples:microbatch_mean"],
+    ],
+    ids=lambda a: " ".join(a),
+)
 def test_user_errors_exit_2_with_one_line(argv, tmp_path, capsys, monkeypatch):
     _forbid_work(monkeypatch, "run")  # planning the splits (in __init__) is how some of them are refused
     argv = [str(tmp_path / "missing-model") if a == "MISSING" else a for a in argv]
@@ -74,10 +77,20 @@ def test_user_errors_exit_2_with_one_line(argv, tmp_path, capsys, monkeypatch):
     assert err.startswith("splitproof: error: ")
 
 
-@pytest.mark.parametrize("option, path", [
-    ("--json", "."), ("--plot", "."), ("--json", "DIR"), ("--plot", "out.jpg"), ("--plot", "out"), ("--plot", "-"),
-    ("--json", "nofolder/x.json"), ("--json", "/proc/splitproof-test.json"), ("--plot", "/proc/x.png"),
-])
+@pytest.mark.parametrize(
+    "option, path",
+    [
+        ("--json", "."),
+        ("--plot", "."),
+        ("--json", "DIR"),
+        ("--plot", "out.jpg"),
+        ("--plot", "out"),
+        ("--plot", "-"),
+        ("--json", "nofolder/x.json"),
+        ("--json", "/proc/splitproof-test.json"),
+        ("--plot", "/proc/x.png"),
+    ],
+)
 @pytest.mark.parametrize("scenario", ["gmpo", "audit"])
 def test_bad_output_path_exits_2_before_any_work(option, path, scenario, tmp_path, monkeypatch, capsys):
     """A directory, an unsupported extension, a missing folder or an unwritable place: one line, nothing runs."""
@@ -97,8 +110,22 @@ def test_json_and_plot_cannot_share_a_file(tmp_path, capsys):
 
 
 def test_json_dash_writes_the_record_to_stdout_and_the_report_to_stderr(capsys):
-    argv = ["diagnose", "--loss-mode", "gpg", "--sequences", "4", "--response-length", "4", "--split", "even:2",
-            "--entropy-coeff", "-0.01", "--json", "-", "--no-progress"]
+    argv = [
+        "diagnose",
+        "--loss-mode",
+        "gpg",
+        "--sequences",
+        "4",
+        "--response-length",
+        "4",
+        "--split",
+        "even:2",
+        "--entropy-coeff",
+        "-0.01",
+        "--json",
+        "-",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     out, err = capsys.readouterr()
     record = json.loads(out)  # stdout holds the JSON record and nothing else
@@ -117,8 +144,12 @@ def test_audit_json_dash(capsys, monkeypatch):
 def test_a_closed_pipe_ends_quietly():
     """`splitproof ... | head`: the reader goes away; no traceback, exit status 141 (128 + SIGPIPE)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.Popen([sys.executable, "-m", "splitproof", "diagnose", "--help"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "splitproof", "diagnose", "--help"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     proc.stdout.close()  # before the command writes anything
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141
@@ -130,14 +161,42 @@ def test_plot_formats_and_panels(tmp_path, monkeypatch):
     from splitproof.diagnose import plot
 
     path = tmp_path / "g.json"  # GMPO with the legacy column, on one process (cheap)
-    assert main(["diagnose", "--loss-mode", "geo_mean", "--agg-mode", "seq-mean-token-mean", "--sequences", "8",
-                 "--response-length", "8", "--split", "even:8", "--split", "sizes:3,5", "--scope", "microbatch",
-                 "--json", str(path), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "diagnose",
+                "--loss-mode",
+                "geo_mean",
+                "--agg-mode",
+                "seq-mean-token-mean",
+                "--sequences",
+                "8",
+                "--response-length",
+                "8",
+                "--split",
+                "even:8",
+                "--split",
+                "sizes:3,5",
+                "--scope",
+                "microbatch",
+                "--json",
+                str(path),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     record = json.loads(path.read_text())
     drawn = []
     original = plot._draw
-    monkeypatch.setattr(plot, "_draw", lambda ax, labels, series, title, ylabel: (
-        drawn.append((title, series)), original(ax, labels, series, title, ylabel)))
+    monkeypatch.setattr(
+        plot,
+        "_draw",
+        lambda ax, labels, series, title, ylabel: (
+            drawn.append((title, series)),
+            original(ax, labels, series, title, ylabel),
+        ),
+    )
     plot.write_plot(record, str(tmp_path / "d.pdf"))
     plot.write_plot(record, str(tmp_path / "d.svg"))
     assert (tmp_path / "d.pdf").read_bytes()[:5] == b"%PDF-"
@@ -164,15 +223,28 @@ def test_help_exits_0(capsys):
     assert "< 0 penalises it" in " ".join(out.split())  # what a negative --entropy-coeff means
 
 
-@pytest.mark.parametrize("scenario, shows, hides", [
-    ("gmpo", ["geo_mean", "even:8", "--split", "--lr", "--dtype"], ["--loss-mode", "--cov-strategy", "--loss-fn"]),
-    ("klcov", ["kl_cov_ratio 2e-4", "tokens:1088", "--cov-strategy"], ["--loss-mode", "--loss-fn"]),
-    ("sweep", ["geo_mean", "seq-mean-token-sum-norm", "group-mean-token-mean", "--dtype", "--plot"],
-     ["--split", "--lr", "--loss-fn"]),
-    ("value", ["cliprange_value 0.2", "packed:48", "PR #6957", "--split", "--statistics-scope"],
-     ["--loss-mode", "--cov-strategy", "--loss-fn"]),
-    ("audit", ["--loss-fn", "global_batch_info", "dp_size", "--json"], ["--dtype", "--device", "--plot", "--split"]),
-])
+@pytest.mark.parametrize(
+    "scenario, shows, hides",
+    [
+        ("gmpo", ["geo_mean", "even:8", "--split", "--lr", "--dtype"], ["--loss-mode", "--cov-strategy", "--loss-fn"]),
+        ("klcov", ["kl_cov_ratio 2e-4", "tokens:1088", "--cov-strategy"], ["--loss-mode", "--loss-fn"]),
+        (
+            "sweep",
+            ["geo_mean", "seq-mean-token-sum-norm", "group-mean-token-mean", "--dtype", "--plot"],
+            ["--split", "--lr", "--loss-fn"],
+        ),
+        (
+            "value",
+            ["cliprange_value 0.2", "packed:48", "PR #6957", "--split", "--statistics-scope"],
+            ["--loss-mode", "--cov-strategy", "--loss-fn"],
+        ),
+        (
+            "audit",
+            ["--loss-fn", "global_batch_info", "dp_size", "--json"],
+            ["--dtype", "--device", "--plot", "--split"],
+        ),
+    ],
+)
 def test_scenario_help_names_its_runs_and_flags(scenario, shows, hides, capsys):
     assert main(["diagnose", scenario, "--help"]) == 0
     out = capsys.readouterr().out
@@ -204,7 +276,6 @@ def test_every_flag_is_honoured_or_refused(scenario, tmp_path, monkeypatch, caps
         assert err.startswith(f"splitproof: error: {o.flags[-1]}") and len(err.strip().splitlines()) == 1, err
 
 
-
 def test_audit_bad_function_exits_2(capsys, monkeypatch):
     pytest.importorskip("splitproof.diagnose.audit")
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
@@ -232,8 +303,8 @@ def test_console_script():
 
 def test_python_dash_m_runs_the_command():
     """`python -m splitproof` is the `splitproof` command (torchrun -m needs it): same report, same exit status."""
-    done = _run_command([sys.executable, "-m", "splitproof"], "diagnose", "--loss-mode", "gpg", "--split", "sizes:3,5",
-                        "--no-progress")
+    done = _run_command(
+        [sys.executable, "-m", "splitproof"], "diagnose", "--loss-mode", "gpg", "--split", "sizes:3,5", "--no-progress"
+    )
     assert done.returncode == 0, done.stderr
     assert "overall: PASS" in done.stdout and "gpg x token-mean" in done.stdout
-

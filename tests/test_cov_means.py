@@ -22,7 +22,16 @@ from splitproof.engine import PolicyObjective, UpdateConfig, compute_log_probs, 
 from splitproof.engine.launch import run_data_parallel
 from splitproof.selection import cov_sums, exact_sum
 
-from .engine_helpers import REL, assert_metrics_close, flat, full_state, loss_config, make_model, make_optimizer, rel_diff
+from .engine_helpers import (
+    REL,
+    assert_metrics_close,
+    flat,
+    full_state,
+    loss_config,
+    make_model,
+    make_optimizer,
+    rel_diff,
+)
 
 X = 0.9953591936840092  # not a short binary fraction: sums of ±X round differently in different orders
 ADVANTAGES = (X, 0.0, -X, X)
@@ -52,8 +61,9 @@ def balanced_batch(model) -> RolloutBatch:
         seq_ids=torch.tensor([10, 11, 12, 13]),
     )
     logp, _ = compute_log_probs(model, batch, micro_batch_size=4)
-    batch.old_log_probs = torch.where(resp_att, logp + 0.05 * torch.randn(4, T, generator=g, dtype=torch.float64),
-                                      torch.zeros(()))
+    batch.old_log_probs = torch.where(
+        resp_att, logp + 0.05 * torch.randn(4, T, generator=g, dtype=torch.float64), torch.zeros(())
+    )
     return batch
 
 
@@ -74,8 +84,9 @@ def _configs():
     out = {}
     for (loss_mode, extra), strategy, micro in zip(LOSSES.items(), ("prepass", "deferred"), (1, None)):
         loss = loss_config(loss_mode, "token-mean", use_kl_loss=False, entropy_coeff=0.0, **extra)
-        out[(loss_mode, strategy, micro)] = UpdateConfig(loss=loss, ppo_mini_batch_size=4, grad_clip=1e9,
-                                                         cov_strategy=strategy, ppo_micro_batch_size_per_gpu=micro)
+        out[(loss_mode, strategy, micro)] = UpdateConfig(
+            loss=loss, ppo_mini_batch_size=4, grad_clip=1e9, cov_strategy=strategy, ppo_micro_batch_size_per_gpu=micro
+        )
     return out
 
 
@@ -89,14 +100,19 @@ def _run_all(model, batch, configs, wrapper=None):
                 copied = wrap_model(copied, wrapper)
             keys: set[tuple[int, int]] = set()
 
-            def record(mask, seq_ids):
+            def record(mask, seq_ids, keys=keys):
                 rows, cols = mask.nonzero(as_tuple=True)
                 keys.update(zip(seq_ids[rows].tolist(), cols.tolist()))
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                (result,) = update_policy(copied, make_optimizer(copied), batch.select(list(perm)), config,
-                                          make_objective=watched(PolicyObjective, on_selection=record))
+                (result,) = update_policy(
+                    copied,
+                    make_optimizer(copied),
+                    batch.select(list(perm)),
+                    config,
+                    make_objective=watched(PolicyObjective, on_selection=record),
+                )
             out[(name, perm)] = (flat(full_state(copied)), result.metrics, keys)
     return out
 

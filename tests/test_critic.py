@@ -9,12 +9,12 @@ from dataclasses import replace
 import pytest
 import torch
 
-from splitproof.loss_config import AGG_MODES, ValueLossConfig
+from splitproof.diagnose.per_microbatch import per_microbatch
 from splitproof.engine import CriticUpdateConfig, compute_values, response_values
 from splitproof.engine.norm_gradients import float64_norm_gradients
+from splitproof.loss_config import AGG_MODES, ValueLossConfig
 from splitproof.losses.value import value_loss
 from splitproof.oracle import oracle_value_objective
-from splitproof.diagnose.per_microbatch import per_microbatch
 from splitproof.stats import MinibatchStats
 from splitproof.value_objective import explained_variance, value_objective, value_share
 
@@ -41,8 +41,9 @@ def test_value_loss_formula():
     old = torch.zeros(3, dtype=torch.float64)
     ret = torch.tensor([2.0, 2.0, 0.4], dtype=torch.float64)
     terms = value_loss(v, old, ret, 0.5)
-    assert torch.allclose(terms.loss, torch.tensor([0.5 * 1.5 ** 2, 0.5 * 1.8 ** 2, 0.5 * 0.6 ** 2], dtype=torch.float64),
-                          rtol=0, atol=1e-15)
+    assert torch.allclose(
+        terms.loss, torch.tensor([0.5 * 1.5**2, 0.5 * 1.8**2, 0.5 * 0.6**2], dtype=torch.float64), rtol=0, atol=1e-15
+    )
     assert terms.clipfrac.tolist() == [True, False, False]
 
 
@@ -74,8 +75,16 @@ def test_objective_matches_reference(agg_mode, seed):
     v1 = vpreds.clone().requires_grad_(True)
     v2 = vpreds.clone().requires_grad_(True)
     loss, metrics = value_objective(v1, old, returns, mask, config, index=index)
-    ref, ref_metrics = oracle_value_objective(v2, old, returns, mask, cliprange_value=0.4, loss_agg_mode=agg_mode,
-                                                 loss_scale_factor=config.loss_scale_factor, index=index)
+    ref, ref_metrics = oracle_value_objective(
+        v2,
+        old,
+        returns,
+        mask,
+        cliprange_value=0.4,
+        loss_agg_mode=agg_mode,
+        loss_scale_factor=config.loss_scale_factor,
+        index=index,
+    )
     loss.backward()
     ref.backward()
     assert abs(float(loss.detach()) - float(ref.detach())) <= FLOOR * abs(float(ref.detach()))
@@ -94,8 +103,9 @@ def test_shares_of_any_partition_add_up(agg_mode):
     stats = MinibatchStats.of(mask, index=index)
     total, sums = 0.0, {}
     for rows in ([4, 0], [7], [2, 8, 1], [3, 5, 6]):
-        share, shares = value_share(vpreds[rows], old[rows], returns[rows], mask[rows], config, stats,
-                                    index=index[rows])
+        share, shares = value_share(
+            vpreds[rows], old[rows], returns[rows], mask[rows], config, stats, index=index[rows]
+        )
         total += float(share)
         for k, x in shares.items():
             sums[k] = sums.get(k, 0.0) + float(x)
@@ -119,7 +129,7 @@ def _one_sequence_values(critic, batch, row):
     n_resp = int(att[P:].sum())
     with torch.no_grad():
         out = critic(input_ids=ids).logits[0, :, 0]
-    return out[n_prompt - 1:n_prompt - 1 + n_resp]
+    return out[n_prompt - 1 : n_prompt - 1 + n_resp]
 
 
 def test_values_convention_and_splits(models, batch):
@@ -128,11 +138,16 @@ def test_values_convention_and_splits(models, batch):
     _, critic = models
     values = compute_values(critic, batch, micro_batch_size=len(batch))
     for row in range(len(batch)):
-        n = int(batch.attention_mask[row, batch.prompt_width:].sum())
+        n = int(batch.attention_mask[row, batch.prompt_width :].sum())
         assert (values[row, :n] - _one_sequence_values(critic, batch, row)).abs().max() <= 1e-12
         assert (values[row, n:] == 0).all()
-    for kwargs in (dict(micro_batch_size=1), dict(micro_batch_size=3), dict(max_token_len=BUDGET),
-                   dict(max_token_len=BUDGET, packed=True), dict(max_token_len=80, packed=True)):
+    for kwargs in (
+        dict(micro_batch_size=1),
+        dict(micro_batch_size=3),
+        dict(max_token_len=BUDGET),
+        dict(max_token_len=BUDGET, packed=True),
+        dict(max_token_len=80, packed=True),
+    ):
         assert (compute_values(critic, batch, **kwargs) - values).abs().max() <= 1e-12, kwargs
     order = permutation(len(batch))
     assert (compute_values(critic, batch.select(order), micro_batch_size=3) - values[order]).abs().max() <= 1e-12
@@ -157,12 +172,18 @@ def _reference_step(critic, batch, config: CriticUpdateConfig, lr: float):
             n_prompt, n_resp = int(att[:P].sum()), int(att[P:].sum())
             out = critic(input_ids=batch.input_ids[row][att][None]).logits[0, :, 0]
             v = torch.zeros(batch.response_width, dtype=torch.float64)
-            v = torch.cat([out[n_prompt - 1:n_prompt - 1 + n_resp], v[n_resp:]])
+            v = torch.cat([out[n_prompt - 1 : n_prompt - 1 + n_resp], v[n_resp:]])
             rows.append(v)
         vpreds = torch.stack(rows)
-        loss, metrics = oracle_value_objective(vpreds, batch.values, batch.returns, batch.response_mask,
-                                                  cliprange_value=config.cliprange_value,
-                                                  loss_agg_mode=config.loss_agg_mode, index=batch.index)
+        loss, metrics = oracle_value_objective(
+            vpreds,
+            batch.values,
+            batch.returns,
+            batch.response_mask,
+            cliprange_value=config.cliprange_value,
+            loss_agg_mode=config.loss_agg_mode,
+            index=batch.index,
+        )
         loss.backward()
     with torch.no_grad():
         for p in critic.parameters():
@@ -176,8 +197,13 @@ def test_update_matches_reference(models, batch, agg_mode):
     independent float64 SGD step."""
     _, critic = models
     batch = replace(batch, index=torch.arange(len(batch)) // 2)
-    config = CriticUpdateConfig(ppo_mini_batch_size=len(batch), ppo_micro_batch_size_per_gpu=3, grad_clip=NO_CLIP,
-                                cliprange_value=0.2, loss_agg_mode=agg_mode)
+    config = CriticUpdateConfig(
+        ppo_mini_batch_size=len(batch),
+        ppo_micro_batch_size_per_gpu=3,
+        grad_clip=NO_CLIP,
+        cliprange_value=0.2,
+        loss_agg_mode=agg_mode,
+    )
     params, steps = run_critic(critic, batch, config, lr=0.05)
     ref_params, ref_metrics = _reference_step(critic, batch, config, 0.05)
     theta0 = flat(full_state(critic))
@@ -189,13 +215,19 @@ def test_update_matches_reference(models, batch, agg_mode):
 
 def test_update_metrics_and_steps(models, batch):
     _, critic = models
-    config = CriticUpdateConfig(ppo_mini_batch_size=2, rollout_n=2, ppo_epochs=2, shuffle=True,
-                                ppo_micro_batch_size_per_gpu=1, grad_clip=0.5)
+    config = CriticUpdateConfig(
+        ppo_mini_batch_size=2, rollout_n=2, ppo_epochs=2, shuffle=True, ppo_micro_batch_size_per_gpu=1, grad_clip=0.5
+    )
     _, steps = run_critic(critic, batch, config, optimizer="adamw")
     assert len(steps) == 4  # 8 sequences / minibatches of 2 x 2 = 2 steps per epoch
     for step in steps:
-        assert set(step.metrics) == {"critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm",
-                                     "critic/step_skipped"}
+        assert set(step.metrics) == {
+            "critic/vf_loss",
+            "critic/vf_clipfrac",
+            "critic/vpred_mean",
+            "critic/grad_norm",
+            "critic/step_skipped",
+        }
         assert step.metrics["critic/step_skipped"] == 0.0 and not step.skipped
 
 
@@ -208,8 +240,14 @@ def exact_critic():
 def test_update_is_split_invariant(exact_critic, batch, split):
     """Several minibatches and epochs (shuffled), AdamW, clipping on: any split gives the same update."""
     critic = exact_critic
-    common = dict(ppo_mini_batch_size=4, ppo_epochs=2, shuffle=True, data_loader_seed=5, grad_clip=0.3,
-                  loss_agg_mode="seq-mean-token-mean")
+    common = dict(
+        ppo_mini_batch_size=4,
+        ppo_epochs=2,
+        shuffle=True,
+        data_loader_seed=5,
+        grad_clip=0.3,
+        loss_agg_mode="seq-mean-token-mean",
+    )
     base_params, base_steps = run_critic(critic, batch, CriticUpdateConfig(**common), optimizer="adamw")
     if split == "micro1":
         config = CriticUpdateConfig(**common, ppo_micro_batch_size_per_gpu=1)
@@ -218,8 +256,9 @@ def test_update_is_split_invariant(exact_critic, batch, split):
     elif split == "budget":
         config = CriticUpdateConfig(**common, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=BUDGET)
     else:
-        config = CriticUpdateConfig(**common, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=BUDGET,
-                                    use_remove_padding=True)
+        config = CriticUpdateConfig(
+            **common, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=BUDGET, use_remove_padding=True
+        )
     params, steps = run_critic(critic, batch, config, optimizer="adamw")
     theta0 = flat(full_state(critic))
     assert rel_diff(params, base_params, theta0) <= REL
@@ -231,16 +270,18 @@ def test_per_microbatch_scope_is_verl_before_its_pr_6957(models, batch):
     """Per-microbatch statistics (the diagnosis's legacy column) = Σ over microbatches of the value loss
     normalised by each microbatch's own tokens: the independent reference applied microbatch by microbatch."""
     _, critic = models
-    config = CriticUpdateConfig(ppo_mini_batch_size=len(batch), ppo_micro_batch_size_per_gpu=3, grad_clip=NO_CLIP,
-                                cliprange_value=0.2)
+    config = CriticUpdateConfig(
+        ppo_mini_batch_size=len(batch), ppo_micro_batch_size_per_gpu=3, grad_clip=NO_CLIP, cliprange_value=0.2
+    )
     params, steps = run_critic(critic, batch, config, make_objective=per_microbatch(value=True))
     model = copy.deepcopy(critic)
     total = 0.0
     with float64_norm_gradients(model):
         for rows in ([0, 1, 2], [3, 4, 5], [6, 7]):
             sub = batch.select(rows)
-            loss, _ = oracle_value_objective(response_values(model, sub), sub.values, sub.returns,
-                                                sub.response_mask, cliprange_value=0.2)
+            loss, _ = oracle_value_objective(
+                response_values(model, sub), sub.values, sub.returns, sub.response_mask, cliprange_value=0.2
+            )
             loss.backward()
             total += float(loss.detach())
     with torch.no_grad():

@@ -11,13 +11,22 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from splitproof.loss_config import AGG_MODES
 from splitproof.engine import CriticUpdateConfig, update_critic, wrap_model
 from splitproof.engine.launch import run_data_parallel
+from splitproof.loss_config import AGG_MODES
 
 from .critic_helpers import critic_rollout, make_models, run_critic
-from .engine_helpers import (BUDGET, NO_CLIP, REL, assert_metrics_close, flat, full_state, make_optimizer, rel_diff,
-                             run_wrapped_cases)
+from .engine_helpers import (
+    BUDGET,
+    NO_CLIP,
+    REL,
+    assert_metrics_close,
+    flat,
+    full_state,
+    make_optimizer,
+    rel_diff,
+    run_wrapped_cases,
+)
 
 pytestmark = pytest.mark.dist
 
@@ -30,23 +39,55 @@ def build_cases(policy, critic):
     odd = critic_rollout(policy, critic, 7, seed=5)  # 7 sequences -> shards of 4 and 3
     cases = {}
     for agg_mode in AGG_MODES:
-        cases[f"micro2/{agg_mode}"] = (batch, CriticUpdateConfig(
-            ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=2, grad_clip=NO_CLIP, cliprange_value=0.2,
-            loss_agg_mode=agg_mode), "sgd")
-    cases["budget/packed"] = (batch, CriticUpdateConfig(
-        ppo_mini_batch_size=8, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=BUDGET, use_remove_padding=True,
-        grad_clip=NO_CLIP, loss_agg_mode="seq-mean-token-mean"), "sgd")
-    cases["uneven"] = (odd, CriticUpdateConfig(ppo_mini_batch_size=7, ppo_micro_batch_size_per_gpu=3,
-                                               grad_clip=NO_CLIP), "sgd")
-    cases["epochs"] = (batch, CriticUpdateConfig(
-        ppo_mini_batch_size=2, rollout_n=2, ppo_epochs=2, shuffle=True, data_loader_seed=11,
-        ppo_micro_batch_size_per_gpu=1, grad_clip=0.5), "momentum")
+        cases[f"micro2/{agg_mode}"] = (
+            batch,
+            CriticUpdateConfig(
+                ppo_mini_batch_size=8,
+                ppo_micro_batch_size_per_gpu=2,
+                grad_clip=NO_CLIP,
+                cliprange_value=0.2,
+                loss_agg_mode=agg_mode,
+            ),
+            "sgd",
+        )
+    cases["budget/packed"] = (
+        batch,
+        CriticUpdateConfig(
+            ppo_mini_batch_size=8,
+            use_dynamic_bsz=True,
+            ppo_max_token_len_per_gpu=BUDGET,
+            use_remove_padding=True,
+            grad_clip=NO_CLIP,
+            loss_agg_mode="seq-mean-token-mean",
+        ),
+        "sgd",
+    )
+    cases["uneven"] = (
+        odd,
+        CriticUpdateConfig(ppo_mini_batch_size=7, ppo_micro_batch_size_per_gpu=3, grad_clip=NO_CLIP),
+        "sgd",
+    )
+    cases["epochs"] = (
+        batch,
+        CriticUpdateConfig(
+            ppo_mini_batch_size=2,
+            rollout_n=2,
+            ppo_epochs=2,
+            shuffle=True,
+            data_loader_seed=11,
+            ppo_micro_batch_size_per_gpu=1,
+            grad_clip=0.5,
+        ),
+        "momentum",
+    )
     return cases
 
 
 def _dp_worker(wrapper, critic, cases, bad):
-    out = {name: (state, [r.metrics for r in results])
-           for name, (state, results) in run_wrapped_cases(update_critic, wrapper, critic, cases).items()}
+    out = {
+        name: (state, [r.metrics for r in results])
+        for name, (state, results) in run_wrapped_cases(update_critic, wrapper, critic, cases).items()
+    }
     wrapped = wrap_model(copy.deepcopy(critic), wrapper)
     before = flat(full_state(wrapped))
     try:
@@ -68,8 +109,10 @@ def setup():
         params, results = run_critic(critic, batch, cfg, optimizer=optimizer, lr=0.02)
         single[name] = (params, [r.metrics for r in results])
     batch = cases["micro2/token-mean"][0]
-    bad = replace(batch, returns=batch.returns.masked_fill(batch.response_mask.bool() & (batch.seq_ids[:, None] == 4),
-                                                           float("nan")))
+    bad = replace(
+        batch,
+        returns=batch.returns.masked_fill(batch.response_mask.bool() & (batch.seq_ids[:, None] == 4), float("nan")),
+    )
     return critic, cases, single, bad
 
 

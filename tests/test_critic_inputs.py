@@ -11,9 +11,9 @@ import torch
 from splitproof.batch import BatchError
 from splitproof.diagnose.per_microbatch import per_microbatch
 from splitproof.diagnose.split_run import RunSettings
-from splitproof.loss_config import ConfigError, ValueLossConfig
 from splitproof.engine import CriticUpdateConfig, compute_values, update_critic
 from splitproof.hf_models import tiny_causal_lm
+from splitproof.loss_config import ConfigError, ValueLossConfig
 from splitproof.value_model import value_model_from_config, value_model_from_pretrained
 
 from .critic_helpers import critic_rollout, make_models
@@ -30,16 +30,19 @@ def batch(models):
     return critic_rollout(*models)
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("cliprange_value", 0.0, "cliprange_value: must be a finite number > 0"),
-    ("cliprange_value", -0.5, "cliprange_value: must be a finite number > 0"),
-    ("cliprange_value", float("nan"), "cliprange_value: must be a finite number > 0"),
-    ("loss_agg_mode", "mean", "loss_agg_mode: unknown 'mean'"),
-    ("loss_scale_factor", 0, "loss_scale_factor: must be > 0"),
-    ("ppo_mini_batch_size", 0, "ppo_mini_batch_size: must be an int >= 1"),
-    ("ppo_micro_batch_size_per_gpu", 0, "ppo_micro_batch_size_per_gpu: must be None or an int >= 1"),
-    ("grad_clip", 0.0, "grad_clip: must be > 0"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("cliprange_value", 0.0, "cliprange_value: must be a finite number > 0"),
+        ("cliprange_value", -0.5, "cliprange_value: must be a finite number > 0"),
+        ("cliprange_value", float("nan"), "cliprange_value: must be a finite number > 0"),
+        ("loss_agg_mode", "mean", "loss_agg_mode: unknown 'mean'"),
+        ("loss_scale_factor", 0, "loss_scale_factor: must be > 0"),
+        ("ppo_mini_batch_size", 0, "ppo_mini_batch_size: must be an int >= 1"),
+        ("ppo_micro_batch_size_per_gpu", 0, "ppo_micro_batch_size_per_gpu: must be None or an int >= 1"),
+        ("grad_clip", 0.0, "grad_clip: must be > 0"),
+    ],
+)
 def test_config_errors_name_the_field(field, value, message):
     with pytest.raises(ConfigError, match=message):
         CriticUpdateConfig(**{field: value})
@@ -63,8 +66,21 @@ def _nan_on_valid(batch, field):
     return replace(batch, **{field: value}), int(batch.seq_ids[row])
 
 
-@pytest.mark.parametrize("case", ["no values", "no returns", "nan values", "inf returns", "values shape",
-                                  "returns dtype", "budget", "minibatch size", "no group ids", "policy model"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "no values",
+        "no returns",
+        "nan values",
+        "inf returns",
+        "values shape",
+        "returns dtype",
+        "budget",
+        "minibatch size",
+        "no group ids",
+        "policy model",
+    ],
+)
 def test_bad_input_fails_before_anything_moves(models, batch, case):
     policy, critic = models
     critic = copy.deepcopy(critic)

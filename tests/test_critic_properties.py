@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitproof.loss_config import AGG_MODES
 from splitproof.engine import CriticUpdateConfig
+from splitproof.loss_config import AGG_MODES
 
 from .critic_helpers import critic_rollout, make_models, run_critic
 from .engine_helpers import REL, assert_metrics_close, flat, full_state, rel_diff
@@ -23,18 +23,31 @@ def setup():
 
 
 @settings(max_examples=30)
-@given(agg_mode=st.sampled_from(AGG_MODES), order=st.permutations(range(8)), split=st.one_of(
-           st.tuples(st.just("micro"), st.integers(1, 8)), st.tuples(st.just("budget"), st.integers(20, 200))),
-       grad_clip=st.sampled_from([0.05, 1e9]), remove_padding=st.booleans(), cliprange_value=st.sampled_from([0.05, 0.5]),
-       steps=st.sampled_from([(8, 1, False), (4, 2, True), (2, 1, True)]))
-def test_any_split_gives_the_one_microbatch_update(setup, agg_mode, order, split, grad_clip, remove_padding,
-                                                   cliprange_value, steps):
+@given(
+    agg_mode=st.sampled_from(AGG_MODES),
+    order=st.permutations(range(8)),
+    split=st.one_of(st.tuples(st.just("micro"), st.integers(1, 8)), st.tuples(st.just("budget"), st.integers(20, 200))),
+    grad_clip=st.sampled_from([0.05, 1e9]),
+    remove_padding=st.booleans(),
+    cliprange_value=st.sampled_from([0.05, 0.5]),
+    steps=st.sampled_from([(8, 1, False), (4, 2, True), (2, 1, True)]),
+)
+def test_any_split_gives_the_one_microbatch_update(
+    setup, agg_mode, order, split, grad_clip, remove_padding, cliprange_value, steps
+):
     critic, batch, theta0 = setup
     mini, epochs, shuffle = steps
     if mini < len(batch):
         order = list(range(len(batch)))  # several minibatches: rows, not keys, choose them (as in verl)
-    common = dict(ppo_mini_batch_size=mini, ppo_epochs=epochs, shuffle=shuffle, data_loader_seed=3,
-                  grad_clip=grad_clip, cliprange_value=cliprange_value, loss_agg_mode=agg_mode)
+    common = dict(
+        ppo_mini_batch_size=mini,
+        ppo_epochs=epochs,
+        shuffle=shuffle,
+        data_loader_seed=3,
+        grad_clip=grad_clip,
+        cliprange_value=cliprange_value,
+        loss_agg_mode=agg_mode,
+    )
     base_params, base_steps = run_critic(critic, batch, CriticUpdateConfig(**common), optimizer="adamw")
     kind, size = split
     common["use_remove_padding"] = remove_padding

@@ -34,10 +34,10 @@ def test_overlong_penalty_equals_verls_on_a_grid():
     worst = 0.0
     for m, b, f in GRID:
         buffer = OverlongBuffer(length=b, penalty_factor=f, max_resp_len=m, log=True)
-        for length in range(0, m + 1):
+        for length in range(m + 1):
             ours, theirs = overlong_reward(length, buffer), float(verl_overlong_reward(length, m, b, f))
             assert (ours < 0) == (theirs < 0), (m, b, f, length)
-            assert abs(ours - theirs) <= 2 ** -23 * abs(theirs), (m, b, f, length, ours, theirs)
+            assert abs(ours - theirs) <= 2**-23 * abs(theirs), (m, b, f, length, ours, theirs)
             worst = max(worst, abs(ours - theirs))
         assert overlong_reward(m, buffer) == -f and overlong_reward(m - b, buffer) == 0.0
     print(f"largest |ours - verl's| over {len(GRID)} settings: {worst:.2e}")
@@ -46,19 +46,24 @@ def test_overlong_penalty_equals_verls_on_a_grid():
 def _managed(manager, scores, extras, lengths):
     """``apply_manager`` on per-sample scores and extra dicts, its result as per-sample lists again."""
     names = dict.fromkeys(name for extra in extras for name in extra)
-    given = Rewards(torch.tensor(scores, dtype=torch.float64),
-                    {name: [extra.get(name, math.nan) for extra in extras] for name in names})
+    given = Rewards(
+        torch.tensor(scores, dtype=torch.float64),
+        {name: [extra.get(name, math.nan) for extra in extras] for name in names},
+    )
     out = apply_manager(manager, given, lengths)
-    return out.scores.tolist(), [{name: values[i] for name, values in out.extra.items() if not math.isnan(values[i])}
-                                 for i in range(len(scores))]
+    return out.scores.tolist(), [
+        {name: values[i] for name, values in out.extra.items() if not math.isnan(values[i])} for i in range(len(scores))
+    ]
 
 
 def test_manager_adds_the_penalty_and_verls_extra_values():
     buffer = OverlongBuffer(length=2, penalty_factor=1.0, max_resp_len=4, log=True)
     rewards, extras = _managed(RewardManager("dapo", buffer), [1.0, 0.5], [{}, {"acc": 0.0, "pred": 3.0}], [4, 1])
     assert rewards == [0.0, 0.5]
-    assert extras == [{"acc": 1.0, "overlong_reward": -1.0, "overlong": 1.0},
-                      {"acc": 0.0, "pred": 3.0, "overlong_reward": 0.0, "overlong": 0.0}]
+    assert extras == [
+        {"acc": 1.0, "overlong_reward": -1.0, "overlong": 1.0},
+        {"acc": 0.0, "pred": 3.0, "overlong_reward": 0.0, "overlong": 0.0},
+    ]
     assert _managed(RewardManager("dapo"), [1.0], [{}], [9]) == ([1.0], [{"acc": 1.0}])
     assert _managed(RewardManager("naive"), [1.0], [{}], [9]) == ([1.0], [{}])
 
@@ -75,8 +80,10 @@ def test_scoring_applies_the_manager_to_every_sample(tmp_path):
     data = load_prompts("builtin://addition/train", tokenizer, max_prompt_length=16, max_samples=2)
     truth = str(data[0].columns["reward_model"]["ground_truth"])
     eos = tokenizer.eos_token_id
-    samples = [Sample(0, 0, list(data[0].prompt_ids), tokenizer.encode(truth) + [eos], [], True),
-               Sample(0, 1, list(data[0].prompt_ids), tokenizer.encode("x" * 6), [], False)]
+    samples = [
+        Sample(0, 0, list(data[0].prompt_ids), tokenizer.encode(truth) + [eos], [], True),
+        Sample(0, 1, list(data[0].prompt_ids), tokenizer.encode("x" * 6), [], False),
+    ]
     buffer = OverlongBuffer(length=4, penalty_factor=0.5, max_resp_len=6, log=True)
     reward = Reward(fn=None, manager=RewardManager("dapo", buffer), tokenizer=tokenizer, total_steps=1)
     rewards = score_samples(reward, data, samples, 1, default_collective("cpu"))
@@ -87,43 +94,73 @@ def test_scoring_applies_the_manager_to_every_sample(tmp_path):
     assert scores.tolist() == [1.0 + penalties[0], 0.0 + penalties[1]] and penalties[1] == -0.5
 
 
-RECIPE = ["+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
-          "+reward_model.reward_kwargs.overlong_buffer_cfg.len=2",
-          "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
-          "+reward_model.reward_kwargs.overlong_buffer_cfg.log=False",
-          "+reward_model.reward_kwargs.max_resp_len=4"]
+RECIPE = [
+    "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
+    "+reward_model.reward_kwargs.overlong_buffer_cfg.len=2",
+    "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
+    "+reward_model.reward_kwargs.overlong_buffer_cfg.log=False",
+    "+reward_model.reward_kwargs.max_resp_len=4",
+]
 
 
 def test_verls_two_spellings_select_the_same_manager():
     old = reward_manager_of(load_train_config(None, ["reward_model.reward_manager=dapo", *RECIPE]))
-    new = reward_manager_of(load_train_config(None, ["reward.reward_manager.name=dapo",
-                                                     *[r.replace("reward_model.", "reward.") for r in RECIPE]]))
+    new = reward_manager_of(
+        load_train_config(
+            None, ["reward.reward_manager.name=dapo", *[r.replace("reward_model.", "reward.") for r in RECIPE]]
+        )
+    )
     assert old == new == RewardManager("dapo", OverlongBuffer(length=2, penalty_factor=1.0, max_resp_len=4, log=False))
     assert reward_manager_of(load_train_config(None, [])) == RewardManager("naive")
 
 
-@pytest.mark.parametrize("overrides, key, words", [
-    (["reward_model.reward_manager=prime"], "reward_model.reward_manager", "not implemented"),
-    (["reward.reward_manager.name=batch"], "reward.reward_manager.name", "not implemented"),
-    (["reward_model.reward_manager=dapo", "reward.reward_manager.name=naive", "reward.reward_manager.name=batch"],
-     "reward_model.reward_manager", "set one of them"),
-    (["+reward.reward_kwargs.max_resp_len=4"], "reward.reward_kwargs", "only by the dapo"),
-    (["reward.reward_manager.name=dapo", "+reward.reward_kwargs.overlong=1"], "reward.reward_kwargs.overlong",
-     "unknown"),
-    (["reward_model.reward_manager=dapo", *RECIPE[:3]], "reward_model.reward_kwargs.max_resp_len", "must be set"),
-    (["reward_model.reward_manager=dapo", *RECIPE[:2]], "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor",
-     "number"),
-    (["reward_model.reward_manager=dapo", *RECIPE[:4], "+reward_model.reward_kwargs.max_resp_len=1"],
-     "reward_model.reward_kwargs.overlong_buffer_cfg.len", "longer than"),
-    (["reward_model.reward_manager=dapo", *RECIPE, "reward_model.reward_kwargs.overlong_buffer_cfg.len=6",
-      "reward_model.reward_kwargs.max_resp_len=8"], "reward_model.reward_kwargs.overlong_buffer_cfg.len",
-     "longer than data.max_response_length"),
-])
+@pytest.mark.parametrize(
+    "overrides, key, words",
+    [
+        (["reward_model.reward_manager=prime"], "reward_model.reward_manager", "not implemented"),
+        (["reward.reward_manager.name=batch"], "reward.reward_manager.name", "not implemented"),
+        (
+            [
+                "reward_model.reward_manager=dapo",
+                "reward.reward_manager.name=naive",
+                "reward.reward_manager.name=batch",
+            ],
+            "reward_model.reward_manager",
+            "set one of them",
+        ),
+        (["+reward.reward_kwargs.max_resp_len=4"], "reward.reward_kwargs", "only by the dapo"),
+        (
+            ["reward.reward_manager.name=dapo", "+reward.reward_kwargs.overlong=1"],
+            "reward.reward_kwargs.overlong",
+            "unknown",
+        ),
+        (["reward_model.reward_manager=dapo", *RECIPE[:3]], "reward_model.reward_kwargs.max_resp_len", "must be set"),
+        (
+            ["reward_model.reward_manager=dapo", *RECIPE[:2]],
+            "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor",
+            "number",
+        ),
+        (
+            ["reward_model.reward_manager=dapo", *RECIPE[:4], "+reward_model.reward_kwargs.max_resp_len=1"],
+            "reward_model.reward_kwargs.overlong_buffer_cfg.len",
+            "longer than",
+        ),
+        (
+            [
+                "reward_model.reward_manager=dapo",
+                *RECIPE,
+                "reward_model.reward_kwargs.overlong_buffer_cfg.len=6",
+                "reward_model.reward_kwargs.max_resp_len=8",
+            ],
+            "reward_model.reward_kwargs.overlong_buffer_cfg.len",
+            "longer than data.max_response_length",
+        ),
+    ],
+)
 def test_reward_manager_mistakes_name_the_key(overrides, key, words):
     with pytest.raises(ConfigError) as info:
         load_train_config(None, overrides)
     assert info.value.field == key and words in str(info.value), str(info.value)
-
 
 
 def test_the_built_in_dapo_recipe_loads_with_verls_dapo_settings():
@@ -131,24 +168,34 @@ def test_the_built_in_dapo_recipe_loads_with_verls_dapo_settings():
     assert cfg.algorithm.filter_groups.enable and cfg.algorithm.filter_groups.metric == "acc"
     assert cfg.data.gen_batch_size == 2 * cfg.data.train_batch_size == 256
     assert cfg.actor_rollout_ref.actor.clip_ratio_high == 0.28 and not cfg.actor_rollout_ref.actor.use_kl_loss
-    assert reward_manager_of(cfg) == RewardManager("dapo", OverlongBuffer(length=2, penalty_factor=1.0,
-                                                                          max_resp_len=6, log=True))
+    assert reward_manager_of(cfg) == RewardManager(
+        "dapo", OverlongBuffer(length=2, penalty_factor=1.0, max_resp_len=6, log=True)
+    )
     with pytest.raises(ConfigError, match="builtin://charlm-dapo"):
         load_train_config("builtin://charlm-dap", [])
 
 
-@pytest.mark.parametrize("kwargs, key", [
-    (["overlong_buffer_cfg.len=4", "overlong_buffer_cfg.penalty_factor=1.0"], "max_resp_len"),
-    (["overlong_buffer_cfg.len=0", "overlong_buffer_cfg.penalty_factor=1.0", "max_resp_len=64"],
-     "overlong_buffer_cfg.len"),
-])
+@pytest.mark.parametrize(
+    "kwargs, key",
+    [
+        (["overlong_buffer_cfg.len=4", "overlong_buffer_cfg.penalty_factor=1.0"], "max_resp_len"),
+        (
+            ["overlong_buffer_cfg.len=0", "overlong_buffer_cfg.penalty_factor=1.0", "max_resp_len=64"],
+            "overlong_buffer_cfg.len",
+        ),
+    ],
+)
 def test_an_error_about_reward_kwargs_you_set_calls_them_yours(kwargs, key, capsys):
     """reward_kwargs set key by key on the command line are the user's: the error names the key, and never
     calls the mapping verl's default."""
     from splitproof.cli import main
 
-    overrides = ["reward_model.reward_manager=dapo", "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
-                 *(f"+reward_model.reward_kwargs.{kv}" for kv in kwargs), "trainer.total_training_steps=1"]
+    overrides = [
+        "reward_model.reward_manager=dapo",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=true",
+        *(f"+reward_model.reward_kwargs.{kv}" for kv in kwargs),
+        "trainer.total_training_steps=1",
+    ]
     assert main(["train", *overrides]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith(f"splitproof: error: reward_model.reward_kwargs.{key}:"), err

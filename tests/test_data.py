@@ -80,7 +80,9 @@ def test_json_array_file_and_single_path(tmp_path):
 
 def test_chat_template_kwargs_reach_the_template(tmp_path):
     tok = char_tokenizer()
-    tok.chat_template = "{{ hint }}|{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}>{% endif %}"
+    tok.chat_template = (
+        "{{ hint }}|{% for m in messages %}{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}>{% endif %}"
+    )
     rows = [{"prompt": [{"role": "user", "content": "q"}]}]
     data = load_prompts(write_jsonl(tmp_path / "k.jsonl", rows), tok, apply_chat_template_kwargs={"hint": "H"})
     assert data[0].prompt_ids == ids("H|q>")
@@ -192,7 +194,9 @@ def test_chat_prompt_needs_a_chat_template(tmp_path):
     tok = char_tokenizer()
     tok.chat_template = None
     path = write_jsonl(tmp_path / "c.jsonl", [{"prompt": [{"role": "user", "content": "x"}]}])
-    with pytest.raises(DataError, match="row 0: 'prompt' is a chat-message list but the tokenizer has no chat template"):
+    with pytest.raises(
+        DataError, match="row 0: 'prompt' is a chat-message list but the tokenizer has no chat template"
+    ):
         load_prompts(path, tok)
 
 

@@ -13,20 +13,20 @@ import pytest
 import torch
 import torch.distributed as dist
 
+import splitproof.diagnose.baseline_store as store_module
 import splitproof.diagnose.diagnosis as diagnosis_module
 import splitproof.diagnose.split_run as run_module
-import splitproof.diagnose.baseline_store as store_module
 from splitproof.cli import main
 from splitproof.collective import default_collective
 from splitproof.diagnose import scenarios as sc
+from splitproof.diagnose.baseline_store import FlatStore, spills_to_disk
 from splitproof.diagnose.context import ModelSpec
 from splitproof.diagnose.diagnosis import Diagnosis
-from splitproof.diagnose.baseline_store import FlatStore, spills_to_disk
 from splitproof.diagnose.synthetic import synthetic_rollout
 from splitproof.diagnose.watched import Watched
 from splitproof.engine import PolicyObjective, UpdateConfig, wrap_model
-from splitproof.engine.optimizer_step import optimizer_step
 from splitproof.engine.launch import run_data_parallel
+from splitproof.engine.optimizer_step import optimizer_step
 from splitproof.engine.plan import MinibatchPlan
 from splitproof.hf_models import tiny_causal_lm, vocab_size_of
 
@@ -50,15 +50,18 @@ def test_one_baseline_at_a_time_and_no_model_sized_results(monkeypatch):
 
     monkeypatch.setattr(diagnosis_module, "run_baseline", counting_baseline)
     monkeypatch.setattr(diagnosis_module, "run_compared", checked_compared)
-    scenario = sc.custom(seed=0, loss_mode="kl_cov", kl_cov_ratio=0.05, sequences=8,
-                         splits=("sizes:3,5", "packed:48", "dp:2+sizes:1,3"))
+    scenario = sc.custom(
+        seed=0, loss_mode="kl_cov", kl_cov_ratio=0.05, sequences=8, splits=("sizes:3,5", "packed:48", "dp:2+sizes:1,3")
+    )
     diagnosis = Diagnosis([scenario], ModelSpec(dtype="float64")).run()
     assert len(live) == 2  # the loss and its control
     record = diagnosis.results(scenario)
     assert record["passed"], [(s["split"], s["verdict"]) for s in record["splits"]]
     for outcome in diagnosis.outcomes.values():
         assert not any(isinstance(v, torch.Tensor) for v in outcome.values())
-    assert not any(isinstance(v, torch.Tensor) for result in diagnosis.baselines.values() for v in vars(result).values())
+    assert not any(
+        isinstance(v, torch.Tensor) for result in diagnosis.baselines.values() for v in vars(result).values()
+    )
 
 
 def _dying_worker(*args):
@@ -110,8 +113,12 @@ def _gradient_buffers_worker():
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
     run_module._zero_gradients_in_place(optimizer)
     batch = synthetic_rollout(model, 4, 4, 6, seed=1).validate(vocab_size_of(model))
-    plan = MinibatchPlan(rows=[0, 1, 2, 3], shard=[2 * dist.get_rank(), 2 * dist.get_rank() + 1],
-                         microbatches=[[2 * dist.get_rank()], [2 * dist.get_rank() + 1]], stand_in=0)
+    plan = MinibatchPlan(
+        rows=[0, 1, 2, 3],
+        shard=[2 * dist.get_rank(), 2 * dist.get_rank() + 1],
+        microbatches=[[2 * dist.get_rank()], [2 * dist.get_rank() + 1]],
+        stand_in=0,
+    )
     seen = {}
 
     def on_gradients(m):

@@ -13,15 +13,18 @@ import splitproof.loss_config
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-NEEDS_VERL = re.compile(r"^\s*(from|import) verl\b", re.M)  # run by hand in a scratch environment (verl is no dependency)
+NEEDS_VERL = re.compile(
+    r"^\s*(from|import) verl\b", re.M
+)  # run by hand in a scratch environment (verl is no dependency)
 
 
 def _python_blocks(path: Path) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", path.read_text(), re.S | re.M)
 
 
-EXAMPLES = [(path, i, block) for path in DOCS for i, block in enumerate(_python_blocks(path))
-            if not NEEDS_VERL.search(block)]
+EXAMPLES = [
+    (path, i, block) for path in DOCS for i, block in enumerate(_python_blocks(path)) if not NEEDS_VERL.search(block)
+]
 
 
 def test_the_examples_are_found():

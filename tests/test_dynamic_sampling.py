@@ -12,20 +12,31 @@ import pytest
 import torch
 
 from splitproof.engine.launch import run_data_parallel
-from splitproof.rl.data.dynamic_sampling import (ROUND_METRICS, FilterError, PromptStream, Round, occurrences,
-                                                 select_groups)
+from splitproof.rl.data.dynamic_sampling import (
+    ROUND_METRICS,
+    FilterError,
+    PromptStream,
+    Round,
+    occurrences,
+    select_groups,
+)
 from splitproof.rl.tracking.metrics import is_machine_dependent
 
 from .rl_helpers import HERE, final_weights, relative_update_difference, save_tiny_char_model, trajectory_config
 
 STEPS = 4
 BATCH = 2  # prompts per step
-FILTER = [f"custom_reward_function.path={HERE / 'filter_reward.py'}", "algorithm.filter_groups.enable=true",
-          "algorithm.filter_groups.metric=acc", f"data.train_batch_size={BATCH}",
-          "actor_rollout_ref.actor.ppo_mini_batch_size=1"]
+FILTER = [
+    f"custom_reward_function.path={HERE / 'filter_reward.py'}",
+    "algorithm.filter_groups.enable=true",
+    "algorithm.filter_groups.metric=acc",
+    f"data.train_batch_size={BATCH}",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+]
 
 
 # ------------------------------------------------------------------------------------------ the stream (pure)
+
 
 def _eligible(step: int, uid: int, k: int) -> bool:
     """A stand-in for a group's reward spread: a fixed function of (step, uid, repeat)."""
@@ -34,9 +45,10 @@ def _eligible(step: int, uid: int, k: int) -> bool:
 
 def _select(stream: PromptStream, step: int, gen: int, batch: int, max_rounds: int = 0):
     def generate_round(uids, repeats):
-        return Round(groups=[(uid, k) for uid, k in zip(uids, repeats)],
-                     metric_values=[[0.0, 1.0] if _eligible(step, uid, k) else [1.0, 1.0]
-                                    for uid, k in zip(uids, repeats)])
+        return Round(
+            groups=[(uid, k) for uid, k in zip(uids, repeats)],
+            metric_values=[[0.0, 1.0] if _eligible(step, uid, k) else [1.0, 1.0] for uid, k in zip(uids, repeats)],
+        )
 
     return select_groups(stream, batch, gen, max_rounds, generate_round, "acc")
 
@@ -81,6 +93,7 @@ def test_max_num_gen_batches_stops_with_the_kept_count():
 
 # ------------------------------------------------------------------------------------------ float64 runs
 
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     return save_tiny_char_model(tmp_path_factory.mktemp("model"), dtype=torch.float64)
@@ -100,8 +113,13 @@ def run_filtered(model_dir: str, extra=()) -> dict:
         consumed.append(out.scored.consumed)
 
     records = fit(run, on_step=keep)
-    return {"records": records, "samples": samples, "consumed": consumed, "initial": initial,
-            "weights": final_weights(run.actor.model)}
+    return {
+        "records": records,
+        "samples": samples,
+        "consumed": consumed,
+        "initial": initial,
+        "weights": final_weights(run.actor.model),
+    }
 
 
 def assert_same_filtered_run(got: dict, want: dict) -> None:
@@ -135,8 +153,9 @@ def test_filtering_is_active(baseline):
 def test_three_times_the_generation_batch_and_uneven_max_num_seqs_change_nothing(model_dir, baseline):
     got = run_filtered(model_dir, [f"data.gen_batch_size={3 * BATCH}", "actor_rollout_ref.rollout.max_num_seqs=5"])
     assert_same_filtered_run(got, baseline)
-    assert [r["train/num_gen_batches"] for r in got["records"]] != [r["train/num_gen_batches"]
-                                                                   for r in baseline["records"]]
+    assert [r["train/num_gen_batches"] for r in got["records"]] != [
+        r["train/num_gen_batches"] for r in baseline["records"]
+    ]
 
 
 def test_a_prompt_repeated_within_a_step_draws_its_own_samples(model_dir):
@@ -163,8 +182,11 @@ def _dp_worker(model_dir, extra):
 @pytest.mark.slow
 def test_data_parallel_changes_nothing(model_dir, baseline):
     """Two forked ranks (three: under torchrun, below)."""
-    extra = ["actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.rollout.max_num_seqs=3",
-             f"data.gen_batch_size={3 * BATCH}"]
+    extra = [
+        "actor_rollout_ref.actor.strategy=ddp",
+        "actor_rollout_ref.rollout.max_num_seqs=3",
+        f"data.gen_batch_size={3 * BATCH}",
+    ]
     for got in run_data_parallel(_dp_worker, 2, model_dir, extra):
         assert_same_filtered_run(got, baseline)
 
@@ -174,15 +196,25 @@ def test_killed_in_a_refill_round_and_resumed_equals_an_uninterrupted_run(model_
     """SIGKILL after the second generation round of a step (nothing of it updated or saved), then
     ``resume_mode=auto``: the run ends with the uninterrupted run's weights, bitwise, and its metrics."""
     from splitproof.cli import main
-    from splitproof.rl.checkpoint.store import latest_checkpoint
+    from splitproof.rl.checkpoint.resume import latest_checkpoint
     from splitproof.rl.tracking.loggers import read_metrics
 
     from .rl_helpers import train_overrides
     from .test_train_resume import _kill_at, _run_to_the_end, _same_files, _same_metrics
 
     def args(out):
-        return train_overrides(model_dir, out, STEPS, dtype="fp64", extra=[
-            *FILTER, "custom_reward_function.name=compute_score", "trainer.save_freq=1", "trainer.resume_mode=auto"])
+        return train_overrides(
+            model_dir,
+            out,
+            STEPS,
+            dtype="fp64",
+            extra=[
+                *FILTER,
+                "custom_reward_function.name=compute_score",
+                "trainer.save_freq=1",
+                "trainer.resume_mode=auto",
+            ],
+        )
 
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     assert main(["train", *args(whole)]) == 0
@@ -206,12 +238,20 @@ def test_verls_dapo_example_runs_unchanged(tmp_path):
     from splitproof.rl.tracking.loggers import read_metrics
 
     model = save_tiny_char_model(tmp_path / "model")
-    example = [line.strip() for line in (HERE / "verl_dapo_example.txt").read_text().splitlines()
-               if line.strip() and not line.startswith("#")]
-    paths = [f"actor_rollout_ref.model.path={model}", "data.train_files=builtin://addition/train",
-             "data.val_files=builtin://addition/test?size=8", f"trainer.default_local_dir={tmp_path / 'out'}",
-             "trainer.total_training_steps=2", "trainer.logger=[file]",
-             f"custom_reward_function.path={HERE / 'filter_reward.py'}"]  # a random model never scores on addition
+    example = [
+        line.strip()
+        for line in (HERE / "verl_dapo_example.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    paths = [
+        f"actor_rollout_ref.model.path={model}",
+        "data.train_files=builtin://addition/train",
+        "data.val_files=builtin://addition/test?size=8",
+        f"trainer.default_local_dir={tmp_path / 'out'}",
+        "trainer.total_training_steps=2",
+        "trainer.logger=[file]",
+        f"custom_reward_function.path={HERE / 'filter_reward.py'}",
+    ]  # a random model never scores on addition
     assert main(["train", *example, *paths]) == 0
     records = read_metrics(tmp_path / "out" / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2]
@@ -225,9 +265,20 @@ def test_a_step_that_cannot_fill_stops_with_the_kept_count(model_dir, tmp_path, 
 
     from .rl_helpers import train_overrides
 
-    args = train_overrides(model_dir, tmp_path / "out", 2, dtype="fp64", extra=[
-        "custom_reward_function.path=null", "custom_reward_function.name=null", "algorithm.filter_groups.enable=true",
-        "algorithm.filter_groups.max_num_gen_batches=2", "data.gen_batch_size=6", "trainer.val_before_train=false"])
+    args = train_overrides(
+        model_dir,
+        tmp_path / "out",
+        2,
+        dtype="fp64",
+        extra=[
+            "custom_reward_function.path=null",
+            "custom_reward_function.name=null",
+            "algorithm.filter_groups.enable=true",
+            "algorithm.filter_groups.max_num_gen_batches=2",
+            "data.gen_batch_size=6",
+            "trainer.val_before_train=false",
+        ],
+    )
     assert main(["train", *args]) == 1
     err = capsys.readouterr().err
     assert "max_num_gen_batches=2 generation rounds of data.gen_batch_size=6 prompts kept 0 of the 4 groups" in err
@@ -249,24 +300,51 @@ def test_torchrun_on_three_ranks_equals_one_process(model_dir, tmp_path):
     from .rl_helpers import train_overrides
 
     def args(out):
-        return train_overrides(model_dir, out, STEPS, dtype="fp64", extra=[
-            *FILTER, "custom_reward_function.name=compute_score", f"trainer.save_freq={STEPS}",
-            "actor_rollout_ref.actor.strategy=ddp", f"data.gen_batch_size={3 * BATCH}"])
+        return train_overrides(
+            model_dir,
+            out,
+            STEPS,
+            dtype="fp64",
+            extra=[
+                *FILTER,
+                "custom_reward_function.name=compute_score",
+                f"trainer.save_freq={STEPS}",
+                "actor_rollout_ref.actor.strategy=ddp",
+                f"data.gen_batch_size={3 * BATCH}",
+            ],
+        )
 
     one, three = tmp_path / "one", tmp_path / "three"
     assert main(["train", *args(one)]) == 0
     env = dict(os.environ, PYTHONPATH=str(HERE.parent))
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "3",
-                           "-m", "splitproof", "train", *args(three)], env=env, capture_output=True, text=True,
-                          timeout=900)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "3",
+            "-m",
+            "splitproof",
+            "train",
+            *args(three),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     for a, b in zip(read_metrics(three / "metrics.jsonl"), read_metrics(one / "metrics.jsonl"), strict=True):
         keys = {k for k in b if not is_machine_dependent(k)}
         assert keys == {k for k in a if not is_machine_dependent(k)}
         for k in keys:
             assert math.isclose(a[k], b[k], rel_tol=1e-9, abs_tol=1e-12), (b["step"], k, a[k], b[k])
-    weights = [{k: v.double() for k, v in load_file(out / f"global_step_{STEPS}" / "actor" / "model.safetensors").items()}
-               for out in (three, one)]
+    weights = [
+        {k: v.double() for k, v in load_file(out / f"global_step_{STEPS}" / "actor" / "model.safetensors").items()}
+        for out in (three, one)
+    ]
     initial = {k: v.double() for k, v in save_and_load_initial(model_dir).items()}
     assert relative_update_difference(weights[0], weights[1], initial) <= 1e-10
 

@@ -16,17 +16,29 @@ import pytest
 import torch
 
 from splitproof.batch import BatchError
-from splitproof.loss_config import AGG_MODES, LOSS_MODES
 from splitproof.diagnose.per_microbatch import per_microbatch
 from splitproof.engine import UpdateConfig, update_policy
 from splitproof.engine.microbatch import minibatch_schedule
+from splitproof.loss_config import AGG_MODES, LOSS_MODES
 
-from .engine_helpers import (NO_CLIP, REL, assert_metrics_close, cast_batch, flat, loss_config, make_model,
-                             make_optimizer, make_rollout, num_microbatches, rel_diff, run_update, split_runs,
-                             with_exact_norms)
+from .engine_helpers import (
+    NO_CLIP,
+    REL,
+    assert_metrics_close,
+    cast_batch,
+    flat,
+    loss_config,
+    make_model,
+    make_optimizer,
+    make_rollout,
+    num_microbatches,
+    rel_diff,
+    run_update,
+    split_runs,
+    with_exact_norms,
+)
 
 ARCHS = ("llama", "qwen2")
-
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -53,8 +65,9 @@ def test_update_is_split_invariant(setup, loss_mode, agg_mode):
     arch, model, batch = setup
     loss = loss_config(loss_mode, agg_mode)
     theta0 = flat(model.state_dict())
-    one, base_results = run_update(model, batch, UpdateConfig(loss=loss, ppo_mini_batch_size=len(batch),
-                                                              grad_clip=NO_CLIP))
+    one, base_results = run_update(
+        model, batch, UpdateConfig(loss=loss, ppo_mini_batch_size=len(batch), grad_clip=NO_CLIP)
+    )
     (base,) = base_results
     assert not base.skipped
     for name, b, cfg in split_runs(batch, loss):
@@ -71,9 +84,12 @@ def test_the_comparison_sees_a_split_dependent_update(setup, loss_mode, agg_mode
     loss = loss_config(loss_mode, agg_mode)
     theta0 = flat(model.state_dict())
     one, _ = run_update(model, batch, UpdateConfig(loss=loss, ppo_mini_batch_size=len(batch), grad_clip=NO_CLIP))
-    legacy, _ = run_update(model, batch, UpdateConfig(loss=loss, ppo_mini_batch_size=len(batch), grad_clip=NO_CLIP,
-                                                      ppo_micro_batch_size_per_gpu=3),
-                           make_objective=per_microbatch(statistics_scope="microbatch"))
+    legacy, _ = run_update(
+        model,
+        batch,
+        UpdateConfig(loss=loss, ppo_mini_batch_size=len(batch), grad_clip=NO_CLIP, ppo_micro_batch_size_per_gpu=3),
+        make_objective=per_microbatch(statistics_scope="microbatch"),
+    )
     assert rel_diff(one, legacy, theta0) > 0.1
 
 
@@ -83,14 +99,16 @@ def test_multi_minibatch_two_epochs_shuffled(setup, loss_mode):
     micro 1 == one microbatch, step by step."""
     _, model, batch = setup
     loss = loss_config(loss_mode, "seq-mean-token-mean")
-    base = dict(loss=loss, ppo_mini_batch_size=2, ppo_epochs=2, shuffle=True, data_loader_seed=7, grad_clip=1.0,
-                temperature=0.8)
+    base = dict(
+        loss=loss, ppo_mini_batch_size=2, ppo_epochs=2, shuffle=True, data_loader_seed=7, grad_clip=1.0, temperature=0.8
+    )
     schedule = minibatch_schedule(len(batch), 2, epochs=2, shuffle=True, seed=7)
     assert len(schedule) == 8 and schedule[:4] != schedule[4:]  # the epochs really reshuffle
     theta0 = flat(model.state_dict())
     whole, whole_results = run_update(model, batch, UpdateConfig(**base), optimizer="momentum")
-    micro, micro_results = run_update(model, batch, UpdateConfig(**base, ppo_micro_batch_size_per_gpu=1),
-                                      optimizer="momentum")
+    micro, micro_results = run_update(
+        model, batch, UpdateConfig(**base, ppo_micro_batch_size_per_gpu=1), optimizer="momentum"
+    )
     assert len(whole_results) == len(micro_results) == 8
     assert rel_diff(whole, micro, theta0) <= REL
     for step, (a, b) in enumerate(zip(whole_results, micro_results)):
@@ -105,8 +123,12 @@ def test_same_seed_same_inputs_bitwise_identical():
         model = make_model("llama", torch.float32, seed=3)
         batch = make_rollout(model, seed=4)
         for loss_mode in ("geo_mean", "clip_cov"):
-            cfg = UpdateConfig(loss=loss_config(loss_mode, "token-mean"), ppo_mini_batch_size=4,
-                               ppo_micro_batch_size_per_gpu=3, shuffle=True)
+            cfg = UpdateConfig(
+                loss=loss_config(loss_mode, "token-mean"),
+                ppo_mini_batch_size=4,
+                ppo_micro_batch_size_per_gpu=3,
+                shuffle=True,
+            )
             runs.append(run_update(model, batch, cfg, optimizer="adamw", copy_model=False))
     (p1, r1), (q1, s1), (p2, r2), (q2, s2) = runs
     assert torch.equal(p1, p2) and torch.equal(q1, q2)
@@ -149,6 +171,7 @@ def test_float32_within_measured_floor(loss_mode, agg_mode):
 
 # ---- non-finite gradients -------------------------------------------------------------------------------
 
+
 def _snapshot_optimizer(opt) -> dict:
     return copy.deepcopy(opt.state_dict())
 
@@ -177,8 +200,9 @@ def test_nonfinite_gradient_skips_the_step(optimizer, how):
     """A non-finite gradient norm: skipped, reported, weights and optimizer state bitwise unchanged."""
     model = make_model("llama", torch.float64)
     batch = make_rollout(model)
-    cfg = UpdateConfig(loss=loss_config("vanilla", "token-mean"), ppo_mini_batch_size=len(batch),
-                       ppo_micro_batch_size_per_gpu=3)
+    cfg = UpdateConfig(
+        loss=loss_config("vanilla", "token-mean"), ppo_mini_batch_size=len(batch), ppo_micro_batch_size_per_gpu=3
+    )
     opt = make_optimizer(model, optimizer)
     (first,) = update_policy(model, opt, batch, cfg)  # a normal step first: the optimizer has state
     assert not first.skipped and opt.state
@@ -211,6 +235,7 @@ def test_nonfinite_gradient_skips_the_step(optimizer, how):
 
 # ---- clear errors, nothing touched ----------------------------------------------------------------------
 
+
 @pytest.fixture
 def fresh():
     model = make_model("llama", torch.float64)
@@ -239,10 +264,15 @@ def test_error_sequence_longer_than_token_budget(fresh):
     model, batch = fresh
     lengths = batch.token_lengths()
     row = int(torch.argmax(lengths))
-    cfg = UpdateConfig(loss=loss_config("vanilla", "token-mean"), ppo_mini_batch_size=len(batch),
-                       use_dynamic_bsz=True, ppo_max_token_len_per_gpu=int(lengths[row]) - 1)
-    err = _assert_raises_untouched(model, batch, cfg, BatchError, "ppo_max_token_len_per_gpu",
-                                   sequence=int(batch.seq_ids[row]))
+    cfg = UpdateConfig(
+        loss=loss_config("vanilla", "token-mean"),
+        ppo_mini_batch_size=len(batch),
+        use_dynamic_bsz=True,
+        ppo_max_token_len_per_gpu=int(lengths[row]) - 1,
+    )
+    err = _assert_raises_untouched(
+        model, batch, cfg, BatchError, "ppo_max_token_len_per_gpu", sequence=int(batch.seq_ids[row])
+    )
     assert str(int(lengths[row])) in str(err)
 
 
@@ -293,14 +323,16 @@ def test_out_of_vocabulary_ids_on_padding_are_ignored(fresh):
     padded.prompts = torch.where(attention[:, :P], batch.prompts, torch.full_like(batch.prompts, 10**6))
     padded.responses = torch.where(attention[:, P:], batch.responses, torch.full_like(batch.responses, -7))
     assert not torch.equal(padded.prompts, batch.prompts)
-    cfg = UpdateConfig(loss=loss_config("vanilla", "token-mean"), ppo_mini_batch_size=len(batch),
-                       ppo_micro_batch_size_per_gpu=3)
+    cfg = UpdateConfig(
+        loss=loss_config("vanilla", "token-mean"), ppo_mini_batch_size=len(batch), ppo_micro_batch_size_per_gpu=3
+    )
     a, _ = run_update(model, batch, cfg)
     b, _ = run_update(model, padded, cfg)
     assert torch.equal(a, b)
 
 
 # ---- memory ---------------------------------------------------------------------------------------------
+
 
 def _largest_forward(model, batch, cfg):
     """The largest logits tensor and the most rows in one forward, seen by hooks during one update."""

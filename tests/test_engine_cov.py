@@ -15,16 +15,27 @@ import torch
 
 import splitproof.engine.cov_strategy as cov_strategy
 from splitproof.diagnose.per_microbatch import per_microbatch
-from splitproof.loss_config import AGG_MODES
 from splitproof.engine import UpdateConfig, update_policy
 from splitproof.engine.validation import active_dropout
+from splitproof.loss_config import AGG_MODES
 
-from .engine_helpers import (NO_CLIP, REL, assert_metrics_close, flat, loss_config, make_model, make_optimizer,
-                             make_rollout, rel_diff, run_update, split_runs, with_exact_norms)
+from .engine_helpers import (
+    NO_CLIP,
+    REL,
+    assert_metrics_close,
+    flat,
+    loss_config,
+    make_model,
+    make_optimizer,
+    make_rollout,
+    rel_diff,
+    run_update,
+    split_runs,
+    with_exact_norms,
+)
 
 COV_MODES = ("kl_cov", "clip_cov")
 STRATEGIES = ("prepass", "deferred")
-
 
 
 @pytest.fixture(scope="module")
@@ -97,8 +108,13 @@ def test_cov_selection_and_update_are_split_invariant(setup, exact_model, spy, l
 
     exact = {}
     for strategy in STRATEGIES:
-        cfg = UpdateConfig(loss=loss, ppo_mini_batch_size=len(batch), grad_clip=NO_CLIP, cov_strategy=strategy,
-                           ppo_micro_batch_size_per_gpu=3)
+        cfg = UpdateConfig(
+            loss=loss,
+            ppo_mini_batch_size=len(batch),
+            grad_clip=NO_CLIP,
+            cov_strategy=strategy,
+            ppo_micro_batch_size_per_gpu=3,
+        )
         exact[strategy] = run_selected(spy, exact_model, batch, cfg)
     (p_pre, r_pre, k_pre), (p_def, r_def, k_def) = exact["prepass"], exact["deferred"]
     assert k_pre == k_def
@@ -118,8 +134,12 @@ def test_selection_is_not_trivial(setup, spy, loss_mode):
     valid = {(int(batch.seq_ids[r]), c) for r, c in batch.response_mask.bool().nonzero().tolist()}
     assert keys <= valid
     # the same loss with (almost) nothing selected moves the weights differently
-    tiny = UpdateConfig(loss=loss.replace(kl_cov_ratio=1e-9, clip_cov_ratio=1e-9), ppo_mini_batch_size=len(batch),
-                        grad_clip=NO_CLIP, cov_strategy="prepass")
+    tiny = UpdateConfig(
+        loss=loss.replace(kl_cov_ratio=1e-9, clip_cov_ratio=1e-9),
+        ppo_mini_batch_size=len(batch),
+        grad_clip=NO_CLIP,
+        cov_strategy="prepass",
+    )
     fewer, _, few_keys = run_selected(spy, model, batch, tiny)
     assert len(few_keys) == 1
     assert rel_diff(with_sel, fewer, flat(model.state_dict())) > 1e-6
@@ -145,9 +165,19 @@ def test_auto_picks_deferred_at_small_ratios_and_prepass_at_large(setup, spy, lo
 def _dropout_llama():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, intermediate_size=128, max_position_embeddings=512,
-                         attention_dropout=0.1, use_cache=False, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        max_position_embeddings=512,
+        attention_dropout=0.1,
+        use_cache=False,
+        tie_word_embeddings=False,
+    )
     config._attn_implementation = "sdpa"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -194,25 +224,33 @@ def test_microbatch_strategy_warns_and_changes_the_update():
     base = dict(loss=loss, ppo_mini_batch_size=16, grad_clip=NO_CLIP)
 
     exact, (exact_result,) = run_update(model, batch, UpdateConfig(**base, cov_strategy="prepass"))
-    split_exact, (split_result,) = run_update(model, batch, UpdateConfig(**base, cov_strategy="prepass",
-                                                                         ppo_micro_batch_size_per_gpu=2))
+    split_exact, (split_result,) = run_update(
+        model, batch, UpdateConfig(**base, cov_strategy="prepass", ppo_micro_batch_size_per_gpu=2)
+    )
     assert exact_result.metrics["cov_selected"] == split_result.metrics["cov_selected"] == 2
     assert rel_diff(exact, split_exact, theta0) <= REL
 
     legacy_model = copy.deepcopy(model)
     with pytest.warns(UserWarning, match="cov_strategy 'microbatch'"):
-        (legacy_result,) = update_policy(legacy_model, make_optimizer(legacy_model), batch,
-                                         UpdateConfig(**base, ppo_micro_batch_size_per_gpu=2),
-                                         make_objective=per_microbatch(statistics_scope="minibatch",
-                                                                       cov_strategy="microbatch"))
+        (legacy_result,) = update_policy(
+            legacy_model,
+            make_optimizer(legacy_model),
+            batch,
+            UpdateConfig(**base, ppo_micro_batch_size_per_gpu=2),
+            make_objective=per_microbatch(statistics_scope="minibatch", cov_strategy="microbatch"),
+        )
     assert legacy_result.cov_strategy == "microbatch"
     assert legacy_result.metrics["cov_selected"] == 8
     legacy = flat(legacy_model.state_dict())
     assert rel_diff(exact, legacy, theta0) > 1e-6  # ~1e4 x the float64 floor
 
     # with a single microbatch the per-microbatch selection is the minibatch one
-    whole_legacy, (whole_result,) = run_update(model, batch, UpdateConfig(**base), make_objective=per_microbatch(
-        statistics_scope="minibatch", cov_strategy="microbatch"))
+    whole_legacy, (whole_result,) = run_update(
+        model,
+        batch,
+        UpdateConfig(**base),
+        make_objective=per_microbatch(statistics_scope="minibatch", cov_strategy="microbatch"),
+    )
     assert whole_result.metrics["cov_selected"] == 2
     assert rel_diff(exact, whole_legacy, theta0) <= REL
 
@@ -232,8 +270,9 @@ def test_clip_cov_seed_decides_the_selection(setup, spy):
 
     other_seeds = []
     for seed in (43, 7):
-        other = UpdateConfig(loss=loss.replace(seed=seed), ppo_mini_batch_size=len(batch), grad_clip=NO_CLIP,
-                             cov_strategy="prepass")
+        other = UpdateConfig(
+            loss=loss.replace(seed=seed), ppo_mini_batch_size=len(batch), grad_clip=NO_CLIP, cov_strategy="prepass"
+        )
         _, _, keys = run_selected(spy, model, batch, other)
         assert len(keys) == len(first)
         other_seeds.append(keys)

@@ -14,19 +14,32 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from splitproof.loss_config import AGG_MODES, LOSS_MODES
 from splitproof.engine import UpdateConfig, update_policy, wrap_model
 from splitproof.engine.launch import run_data_parallel
 from splitproof.engine.plan import plan_update
+from splitproof.loss_config import AGG_MODES, LOSS_MODES
 
-from .engine_helpers import (BUDGET, NO_CLIP, REL, assert_metrics_close, flat, full_state, grouped_rollout, loss_config,
-                             make_model, make_optimizer, make_rollout, rel_diff, run_update, run_wrapped_cases)
+from .engine_helpers import (
+    BUDGET,
+    NO_CLIP,
+    REL,
+    assert_metrics_close,
+    flat,
+    full_state,
+    grouped_rollout,
+    loss_config,
+    make_model,
+    make_optimizer,
+    make_rollout,
+    rel_diff,
+    run_update,
+    run_wrapped_cases,
+)
 
 pytestmark = pytest.mark.dist
 
 WRAPPERS = ("ddp", "fsdp2")
 WORLD = 2
-
 
 
 def build_cases(model):
@@ -38,41 +51,101 @@ def build_cases(model):
         strategies = ("prepass", "deferred") if loss_mode in ("kl_cov", "clip_cov") else ("auto",)
         for agg_mode in AGG_MODES:
             for strategy in strategies:
-                cfg = UpdateConfig(loss=loss_config(loss_mode, agg_mode), ppo_mini_batch_size=8,
-                                   ppo_micro_batch_size_per_gpu=2, grad_clip=NO_CLIP, cov_strategy=strategy)
+                cfg = UpdateConfig(
+                    loss=loss_config(loss_mode, agg_mode),
+                    ppo_mini_batch_size=8,
+                    ppo_micro_batch_size_per_gpu=2,
+                    grad_clip=NO_CLIP,
+                    cov_strategy=strategy,
+                )
                 cases[f"{loss_mode}/{agg_mode}/{strategy}"] = (batch, cfg, "sgd")
-    for loss_mode, agg_mode, strategy in (("vanilla", "token-mean", "auto"), ("geo_mean", "seq-mean-token-sum-norm", "auto"),
-                                          ("kl_cov", "seq-mean-token-mean", "deferred"),
-                                          ("clip_cov", "token-sum", "prepass")):
+    for loss_mode, agg_mode, strategy in (
+        ("vanilla", "token-mean", "auto"),
+        ("geo_mean", "seq-mean-token-sum-norm", "auto"),
+        ("kl_cov", "seq-mean-token-mean", "deferred"),
+        ("clip_cov", "token-sum", "prepass"),
+    ):
         loss = loss_config(loss_mode, agg_mode)
-        cases[f"budget/{loss_mode}/{agg_mode}/{strategy}"] = (batch, UpdateConfig(
-            loss=loss, ppo_mini_batch_size=8, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=BUDGET,
-            grad_clip=NO_CLIP, cov_strategy=strategy), "sgd")
-        cases[f"uneven/{loss_mode}/{agg_mode}/{strategy}"] = (odd, UpdateConfig(
-            loss=loss, ppo_mini_batch_size=7, ppo_micro_batch_size_per_gpu=3, grad_clip=NO_CLIP,
-            cov_strategy=strategy), "sgd")
+        cases[f"budget/{loss_mode}/{agg_mode}/{strategy}"] = (
+            batch,
+            UpdateConfig(
+                loss=loss,
+                ppo_mini_batch_size=8,
+                use_dynamic_bsz=True,
+                ppo_max_token_len_per_gpu=BUDGET,
+                grad_clip=NO_CLIP,
+                cov_strategy=strategy,
+            ),
+            "sgd",
+        )
+        cases[f"uneven/{loss_mode}/{agg_mode}/{strategy}"] = (
+            odd,
+            UpdateConfig(
+                loss=loss,
+                ppo_mini_batch_size=7,
+                ppo_micro_batch_size_per_gpu=3,
+                grad_clip=NO_CLIP,
+                cov_strategy=strategy,
+            ),
+            "sgd",
+        )
+    cases.update(_group_and_epoch_cases(model, batch))
+    return cases
+
+
+def _group_and_epoch_cases(model, batch):
+    """Uneven prompt groups cut across the ranks' shards, two minibatches, and shuffled epochs."""
+    cases = {}
     grouped = grouped_rollout(model)  # uneven prompt groups, cut across the two ranks' shards
-    for loss_mode, strategy, split in (("vanilla", "auto", dict(ppo_micro_batch_size_per_gpu=2)),
-                                       ("geo_mean", "auto", dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=BUDGET,
-                                                                 use_remove_padding=True)),
-                                       ("kl_cov", "deferred", dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=BUDGET)),
-                                       ("clip_cov", "prepass", dict(ppo_micro_batch_size_per_gpu=5))):
-        cases[f"groups/{loss_mode}/{strategy}"] = (grouped, UpdateConfig(
-            loss=loss_config(loss_mode, "group-mean-token-mean"), ppo_mini_batch_size=12, grad_clip=NO_CLIP,
-            cov_strategy=strategy, **split), "sgd")
-    cases["groups/two-minibatches"] = (grouped, UpdateConfig(
-        loss=loss_config("vanilla", "group-mean-token-mean"), ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=2,
-        grad_clip=NO_CLIP), "momentum")
+    for loss_mode, strategy, split in (
+        ("vanilla", "auto", dict(ppo_micro_batch_size_per_gpu=2)),
+        ("geo_mean", "auto", dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=BUDGET, use_remove_padding=True)),
+        ("kl_cov", "deferred", dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=BUDGET)),
+        ("clip_cov", "prepass", dict(ppo_micro_batch_size_per_gpu=5)),
+    ):
+        cases[f"groups/{loss_mode}/{strategy}"] = (
+            grouped,
+            UpdateConfig(
+                loss=loss_config(loss_mode, "group-mean-token-mean"),
+                ppo_mini_batch_size=12,
+                grad_clip=NO_CLIP,
+                cov_strategy=strategy,
+                **split,
+            ),
+            "sgd",
+        )
+    cases["groups/two-minibatches"] = (
+        grouped,
+        UpdateConfig(
+            loss=loss_config("vanilla", "group-mean-token-mean"),
+            ppo_mini_batch_size=6,
+            ppo_micro_batch_size_per_gpu=2,
+            grad_clip=NO_CLIP,
+        ),
+        "momentum",
+    )
     for loss_mode in ("vanilla", "kl_cov"):
-        cases[f"epochs/{loss_mode}"] = (batch, UpdateConfig(
-            loss=loss_config(loss_mode, "seq-mean-token-mean"), ppo_mini_batch_size=2, ppo_epochs=2, shuffle=True,
-            data_loader_seed=11, ppo_micro_batch_size_per_gpu=1, grad_clip=1.0), "momentum")
+        cases[f"epochs/{loss_mode}"] = (
+            batch,
+            UpdateConfig(
+                loss=loss_config(loss_mode, "seq-mean-token-mean"),
+                ppo_mini_batch_size=2,
+                ppo_epochs=2,
+                shuffle=True,
+                data_loader_seed=11,
+                ppo_micro_batch_size_per_gpu=1,
+                grad_clip=1.0,
+            ),
+            "momentum",
+        )
     return cases
 
 
 def _dp_worker(wrapper, model, cases):
-    out = {name: (state, [r.metrics for r in results], [r.cov_strategy for r in results])
-           for name, (state, results) in run_wrapped_cases(update_policy, wrapper, model, cases).items()}
+    out = {
+        name: (state, [r.metrics for r in results], [r.cov_strategy for r in results])
+        for name, (state, results) in run_wrapped_cases(update_policy, wrapper, model, cases).items()
+    }
     dist.barrier()
     return out
 
@@ -141,16 +214,35 @@ def build_three_rank_cases():
     for arch in ("llama", "qwen2", "qwen3"):
         model = make_model(arch, torch.float64, seed=3)
         batch = make_rollout(model, 9, seed=4)  # 9 sequences -> shards of 3
-        cfg = UpdateConfig(loss=loss_config("vanilla", "token-mean"), ppo_mini_batch_size=9,
-                           ppo_micro_batch_size_per_gpu=2, grad_clip=NO_CLIP)
+        cfg = UpdateConfig(
+            loss=loss_config("vanilla", "token-mean"),
+            ppo_mini_batch_size=9,
+            ppo_micro_batch_size_per_gpu=2,
+            grad_clip=NO_CLIP,
+        )
         cases[f"{arch}/vanilla"] = (model, batch, cfg)
     llama, batch, _ = cases["llama/vanilla"]
-    cases["llama/geo_mean/budget"] = (llama, batch, UpdateConfig(
-        loss=loss_config("geo_mean", "seq-mean-token-sum-norm"), ppo_mini_batch_size=9, use_dynamic_bsz=True,
-        ppo_max_token_len_per_gpu=BUDGET, grad_clip=NO_CLIP))
-    cases["llama/kl_cov/deferred"] = (llama, batch, UpdateConfig(
-        loss=loss_config("kl_cov", "seq-mean-token-mean"), ppo_mini_batch_size=9, grad_clip=NO_CLIP,
-        cov_strategy="deferred"))
+    cases["llama/geo_mean/budget"] = (
+        llama,
+        batch,
+        UpdateConfig(
+            loss=loss_config("geo_mean", "seq-mean-token-sum-norm"),
+            ppo_mini_batch_size=9,
+            use_dynamic_bsz=True,
+            ppo_max_token_len_per_gpu=BUDGET,
+            grad_clip=NO_CLIP,
+        ),
+    )
+    cases["llama/kl_cov/deferred"] = (
+        llama,
+        batch,
+        UpdateConfig(
+            loss=loss_config("kl_cov", "seq-mean-token-mean"),
+            ppo_mini_batch_size=9,
+            grad_clip=NO_CLIP,
+            cov_strategy="deferred",
+        ),
+    )
     return cases
 
 

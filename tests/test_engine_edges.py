@@ -20,15 +20,19 @@ def batch_with_empty_responses(model, empty_rows=(2, 3)):
     attention = batch.attention_mask.clone()
     response_mask = batch.response_mask.clone()
     for row in empty_rows:  # no response token at all: nothing for the model to predict
-        attention[row, batch.prompt_width:] = 0
+        attention[row, batch.prompt_width :] = 0
         response_mask[row] = 0
     return replace(batch, attention_mask=attention, response_mask=response_mask)
 
 
 def flat(model):
     inner = model.module if hasattr(model, "module") else model
-    return torch.cat([(v.full_tensor() if hasattr(v, "full_tensor") else v).detach().flatten()
-                      for _, v in sorted(inner.state_dict().items())])
+    return torch.cat(
+        [
+            (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().flatten()
+            for _, v in sorted(inner.state_dict().items())
+        ]
+    )
 
 
 def one_update(model, batch, micro, wrapper=None, loss_mode="vanilla"):
@@ -36,8 +40,12 @@ def one_update(model, batch, micro, wrapper=None, loss_mode="vanilla"):
     if wrapper:
         model = wrap_model(model, wrapper)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    config = UpdateConfig(loss=LossConfig(loss_mode=loss_mode, loss_agg_mode="seq-mean-token-mean", kl_cov_ratio=0.05),
-                          ppo_mini_batch_size=len(batch), ppo_micro_batch_size_per_gpu=micro, grad_clip=1e9)
+    config = UpdateConfig(
+        loss=LossConfig(loss_mode=loss_mode, loss_agg_mode="seq-mean-token-mean", kl_cov_ratio=0.05),
+        ppo_mini_batch_size=len(batch),
+        ppo_micro_batch_size_per_gpu=micro,
+        grad_clip=1e9,
+    )
     steps = update_policy(model, optimizer, batch, config)
     return flat(model), steps[0].metrics
 

@@ -8,10 +8,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitproof.loss_config import AGG_MODES, LOSS_MODES
 from splitproof.engine import UpdateConfig
+from splitproof.loss_config import AGG_MODES, LOSS_MODES
 
-from .engine_helpers import assert_metrics_close, flat, full_state, loss_config, make_model, make_rollout, rel_diff, run_update
+from .engine_helpers import (
+    assert_metrics_close,
+    flat,
+    full_state,
+    loss_config,
+    make_model,
+    make_rollout,
+    rel_diff,
+    run_update,
+)
 
 
 @pytest.fixture(scope="module")
@@ -21,13 +30,18 @@ def setup():
 
 
 @settings(max_examples=30)
-@given(loss_mode=st.sampled_from(LOSS_MODES), agg_mode=st.sampled_from(AGG_MODES),
-       order=st.permutations(range(8)), split=st.one_of(
-           st.tuples(st.just("micro"), st.integers(1, 8)), st.tuples(st.just("budget"), st.integers(20, 200))),
-       grad_clip=st.sampled_from([0.05, 1e9]), strategy=st.sampled_from(["prepass", "deferred"]),
-       remove_padding=st.booleans())
-def test_any_split_gives_the_one_microbatch_update(setup, loss_mode, agg_mode, order, split, grad_clip, strategy,
-                                                   remove_padding):
+@given(
+    loss_mode=st.sampled_from(LOSS_MODES),
+    agg_mode=st.sampled_from(AGG_MODES),
+    order=st.permutations(range(8)),
+    split=st.one_of(st.tuples(st.just("micro"), st.integers(1, 8)), st.tuples(st.just("budget"), st.integers(20, 200))),
+    grad_clip=st.sampled_from([0.05, 1e9]),
+    strategy=st.sampled_from(["prepass", "deferred"]),
+    remove_padding=st.booleans(),
+)
+def test_any_split_gives_the_one_microbatch_update(
+    setup, loss_mode, agg_mode, order, split, grad_clip, strategy, remove_padding
+):
     model, batch, theta0 = setup
     loss = loss_config(loss_mode, agg_mode)
     common = dict(loss=loss, ppo_mini_batch_size=len(batch), grad_clip=grad_clip, cov_strategy=strategy)

@@ -22,8 +22,10 @@ def _run(folder: Path, step_s: float, scores: dict[int, float], steps: int = 4) 
     """A run's metrics.jsonl: evaluations at ``scores``' steps (0 before training), ``step_s`` per step."""
     folder.mkdir(parents=True)
     records = [{"step": 0, METRIC: scores[0], "timing_s/testing": 9.0}]
-    records += [{"step": s, "timing_s/step": step_s, "timing_s/testing": 9.0, **({METRIC: scores[s]} if s in scores else {})}
-                for s in range(1, steps + 1)]
+    records += [
+        {"step": s, "timing_s/step": step_s, "timing_s/testing": 9.0, **({METRIC: scores[s]} if s in scores else {})}
+        for s in range(1, steps + 1)
+    ]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
@@ -36,7 +38,9 @@ def test_scores_at_equal_training_time(equal_time, tmp_path):
     assert runs["seed0"] == [(0, 0.0, 0.2), (2, 4.0, 0.4), (4, 8.0, 0.6)]  # testing time is left out
     assert equal_time.score_at(runs["seed0"], 6.0) == pytest.approx(0.5)
     assert equal_time.score_at(runs["seed0"], 8.5) is None
-    text = equal_time.main([f"k = 0={tmp_path / 'slow'}", f"k = 1={tmp_path / 'fast'}", "--plot", str(tmp_path / "c.png")])
+    text = equal_time.main(
+        [f"k = 0={tmp_path / 'slow'}", f"k = 1={tmp_path / 'fast'}", "--plot", str(tmp_path / "c.png")]
+    )
     assert "| 4.0 | 0.300 | 0.500 |" in text  # at equal time: slow's step 2 (mean of 0.4, 0.2), fast's step 8
     assert "| 2.0 | 0.250 | 0.300 |" in text  # halfway: slow interpolated (0.3, 0.2), fast's step 4
     assert "| 4 | 0.500 | 0.300 |" in text  # at equal steps

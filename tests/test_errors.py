@@ -1,4 +1,5 @@
-"""Bad input (docs/semantics.md, "The batch"): every case raises before any gradient, and the message names the field (and sequence)."""
+"""Bad input (docs/semantics.md, "The batch"): every case raises before any gradient, and the message names the
+field (and sequence)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,17 @@ from .factories import random_minibatch
 def inputs(**changes):
     mb = random_minibatch(3, 4, 6, nan_padding=False)
     mb.response_mask[:] = True
-    values = dict(log_prob=mb.log_prob, old_log_prob=mb.old_log_prob, advantages=mb.advantages,
-                  response_mask=mb.response_mask, config=LossConfig(), ref_log_prob=mb.ref_log_prob,
-                  rollout_is_weights=mb.rollout_is_weights, entropy=mb.entropy, seq_ids=torch.tensor([10, 11, 12, 13]))
+    values = dict(
+        log_prob=mb.log_prob,
+        old_log_prob=mb.old_log_prob,
+        advantages=mb.advantages,
+        response_mask=mb.response_mask,
+        config=LossConfig(),
+        ref_log_prob=mb.ref_log_prob,
+        rollout_is_weights=mb.rollout_is_weights,
+        entropy=mb.entropy,
+        seq_ids=torch.tensor([10, 11, 12, 13]),
+    )
     values.update(changes)
     return values
 
@@ -93,11 +102,23 @@ def test_kl_loss_without_reference():
     raises(BatchError, "ref_log_prob", config=LossConfig(use_kl_loss=True), ref_log_prob=None)
 
 
-@pytest.mark.parametrize("field,value", [
-    ("loss_mode", "ppo2"), ("loss_agg_mode", "token-median"), ("kl_loss_type", "k4"),
-    ("clip_ratio", -0.1), ("clip_ratio_low", float("nan")), ("clip_ratio_c", 1.0), ("loss_scale_factor", 0.0),
-    ("tau_pos", 0.0), ("kl_cov_ratio", 0.0), ("clip_cov_ratio", 1.5), ("clip_cov_lb", 6.0), ("entropy_coeff", float("inf")),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("loss_mode", "ppo2"),
+        ("loss_agg_mode", "token-median"),
+        ("kl_loss_type", "k4"),
+        ("clip_ratio", -0.1),
+        ("clip_ratio_low", float("nan")),
+        ("clip_ratio_c", 1.0),
+        ("loss_scale_factor", 0.0),
+        ("tau_pos", 0.0),
+        ("kl_cov_ratio", 0.0),
+        ("clip_cov_ratio", 1.5),
+        ("clip_cov_lb", 6.0),
+        ("entropy_coeff", float("inf")),
+    ],
+)
 def test_config_out_of_range(field, value):
     with pytest.raises(ConfigError) as info:
         LossConfig(**{field: value})

@@ -20,10 +20,19 @@ from splitproof.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "grpo.py"
 STEPS, SEED = 3, 7  # a sampling seed other than the default: --seed is actor_rollout_ref.rollout.seed
-SMALL = {"TRAIN_BATCH_SIZE": 16, "PPO_MINI_BATCH_SIZE": 4, "TEST_FREQ": STEPS, "VAL_BEFORE_TRAIN": False,
-         "SAVE_FREQ": 1}  # held-out evaluation (500 prompts) once, after the last step
-SMALL_OVERRIDES = ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                   f"trainer.test_freq={STEPS}", "trainer.val_before_train=false"]
+SMALL = {
+    "TRAIN_BATCH_SIZE": 16,
+    "PPO_MINI_BATCH_SIZE": 4,
+    "TEST_FREQ": STEPS,
+    "VAL_BEFORE_TRAIN": False,
+    "SAVE_FREQ": 1,
+}  # held-out evaluation (500 prompts) once, after the last step
+SMALL_OVERRIDES = [
+    "data.train_batch_size=16",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    f"trainer.test_freq={STEPS}",
+    "trainer.val_before_train=false",
+]
 TIED = {"lm_head.weight": "model.embed_tokens.weight"}  # charlm ties its output layer to its embeddings
 
 
@@ -47,9 +56,16 @@ def run_example(out: Path, constants: dict) -> list[dict]:
 
 
 def run_trainer(out: Path, overrides: list[str]) -> list[dict]:
-    args = [f"trainer.total_training_steps={STEPS}", "actor_rollout_ref.actor.fsdp_config.model_dtype=fp64",
-            f"actor_rollout_ref.rollout.seed={SEED}", "trainer.save_freq=1", "trainer.max_actor_ckpt_to_keep=null",
-            "trainer.logger=[file]", f"trainer.default_local_dir={out}", *overrides]
+    args = [
+        f"trainer.total_training_steps={STEPS}",
+        "actor_rollout_ref.actor.fsdp_config.model_dtype=fp64",
+        f"actor_rollout_ref.rollout.seed={SEED}",
+        "trainer.save_freq=1",
+        "trainer.max_actor_ckpt_to_keep=null",
+        "trainer.logger=[file]",
+        f"trainer.default_local_dir={out}",
+        *overrides,
+    ]
     assert main(["train", *args]) == 0
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 

@@ -39,14 +39,17 @@ BROKEN_REWARD = "def compute_score(data_source, solution_str, ground_truth, extr
 
 def test_every_no_effect_pattern_names_a_verl_key():
     assert len(NO_EFFECT_KEYS) == len(verl_keys.NO_EFFECT)
-    for key in ("actor_rollout_ref.rollout.gpu_memory_utilization", "actor_rollout_ref.rollout.max_num_batched_tokens",
-                "trainer.n_gpus_per_node", "actor_rollout_ref.actor.fsdp_config.param_offload"):
+    for key in (
+        "actor_rollout_ref.rollout.gpu_memory_utilization",
+        "actor_rollout_ref.rollout.max_num_batched_tokens",
+        "trainer.n_gpus_per_node",
+        "actor_rollout_ref.actor.fsdp_config.param_offload",
+    ):
         assert verl_keys.classify(key, 1) == "no_effect", key
 
 
 @pytest.mark.parametrize("key", NO_EFFECT_KEYS)
-def test_a_no_effect_key_beside_a_later_mistake_gives_that_mistakes_line(key, model_dir, tmp_path, monkeypatch,
-                                                                         capsys):
+def test_a_no_effect_key_beside_a_later_mistake_gives_that_mistakes_line(key, model_dir, tmp_path, monkeypatch, capsys):
     """verl's infrastructure keys are accepted with a notice; the mistake found after them (a reward file
     that does not import, found with the data) is its own one line."""
     _no_model(monkeypatch)
@@ -59,22 +62,28 @@ def test_a_no_effect_key_beside_a_later_mistake_gives_that_mistakes_line(key, mo
     assert f"splitproof: notice: {key}: no effect" in err
 
 
-VERL_SCRIPT_KEYS = ["actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
-                    "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=8",
-                    "actor_rollout_ref.actor.fsdp_config.param_offload=True",
-                    "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
-                    "actor_rollout_ref.rollout.enable_chunked_prefill=True",
-                    "actor_rollout_ref.rollout.max_num_batched_tokens=2048"]
+VERL_SCRIPT_KEYS = [
+    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+    "trainer.n_gpus_per_node=8",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1",
+    "actor_rollout_ref.rollout.enable_chunked_prefill=True",
+    "actor_rollout_ref.rollout.max_num_batched_tokens=2048",
+]
 
 
 @pytest.mark.parametrize("mistake", ["missing data file", "reward syntax error"])
-def test_a_verl_scripts_infrastructure_keys_leave_the_mistake_its_line(mistake, model_dir, tmp_path, monkeypatch,
-                                                                        capsys):
+def test_a_verl_scripts_infrastructure_keys_leave_the_mistake_its_line(
+    mistake, model_dir, tmp_path, monkeypatch, capsys
+):
     _no_model(monkeypatch)
     broken = tmp_path / "broken_reward.py"
     broken.write_text(BROKEN_REWARD)
-    extra, words = {"missing data file": ([f"data.train_files={tmp_path}/nowhere.parquet"], ["nowhere.parquet"]),
-                    "reward syntax error": ([f"custom_reward_function.path={broken}"], ["broken_reward.py"])}[mistake]
+    extra, words = {
+        "missing data file": ([f"data.train_files={tmp_path}/nowhere.parquet"], ["nowhere.parquet"]),
+        "reward syntax error": ([f"custom_reward_function.path={broken}"], ["broken_reward.py"]),
+    }[mistake]
     out = tmp_path / "out"
     code = main(["train", *train_overrides(model_dir, out, 2), *VERL_SCRIPT_KEYS, *extra])
     assert_usage_error(code, capsys.readouterr().err, words, out)
@@ -113,20 +122,32 @@ def test_filter_overlong_prompts_leaves_them_out_with_a_notice(model_dir, tmp_pa
 
     from splitproof.rl.tracking.loggers import read_metrics
 
-    rows = [{"prompt": f"{i}+1=" if i % 3 else f"{i}+1+1+1+1+1+1+1+1+1=", "data_source": "addition",
-             "reward_model": {"ground_truth": str(i + 1)}} for i in range(12)]
+    rows = [
+        {
+            "prompt": f"{i}+1=" if i % 3 else f"{i}+1+1+1+1+1+1+1+1+1=",
+            "data_source": "addition",
+            "reward_model": {"ground_truth": str(i + 1)},
+        }
+        for i in range(12)
+    ]
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
-    args = [*train_overrides(model_dir, out, 1), f"data.train_files={data}", "data.val_files=null",
-            "data.max_prompt_length=8"]
+    args = [
+        *train_overrides(model_dir, out, 1),
+        f"data.train_files={data}",
+        "data.val_files=null",
+        "data.max_prompt_length=8",
+    ]
     assert main(["train", *args]) == 2
     err = capsys.readouterr().err
     assert "data.filter_overlong_prompts=true" in err and "row 0" in err and "longer than max_prompt_length=8" in err
     assert main(["train", *args, "data.filter_overlong_prompts=true"]) == 0
     err = capsys.readouterr().err
-    assert ("notice: data.filter_overlong_prompts=true: left out 4 of 12 prompts of data.train_files longer than "
-            "data.max_prompt_length=8 tokens; 8 remain") in err
+    assert (
+        "notice: data.filter_overlong_prompts=true: left out 4 of 12 prompts of data.train_files longer than "
+        "data.max_prompt_length=8 tokens; 8 remain"
+    ) in err
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")][-1] == 1
 
 
@@ -136,7 +157,7 @@ def test_filtered_prompts_keep_their_file_rows(tmp_path):
     from splitproof.rl.data.prompts import load_prompts
 
     data = tmp_path / "rows.jsonl"
-    data.write_text("".join('{"prompt": "%s"}\n' % p for p in ("1+1=", "12345678+1=", "2+2=", "3+3=")))
+    data.write_text("".join(f'{{"prompt": "{p}"}}\n' for p in ("1+1=", "12345678+1=", "2+2=", "3+3=")))
     kept = load_prompts(data, char_tokenizer(), max_prompt_length=6, filter_overlong=True)
     assert [r.prompt for r in kept] == ["1+1=", "2+2=", "3+3="] and [r.uid for r in kept] == [0, 1, 2]
     assert kept.dropped == 1 and kept.origin(1) == f"{data} row 2"
@@ -167,12 +188,27 @@ def test_a_missing_file_or_folder_comes_first_with_every_other_problem(model_dir
     err = capsys.readouterr().err
     assert_usage_error(code, err, ["nowhere.parquet: prompt file not found"], out)
     assert err.startswith("splitproof: error: data.train_files: ")
-    code = main(["train", *base, f"actor_rollout_ref.model.path={tmp_path}/no_model", "actor_rollout_ref.rollout.n=1",
-                 f"data.val_files={tmp_path}/no_val.jsonl"])
+    code = main(
+        [
+            "train",
+            *base,
+            f"actor_rollout_ref.model.path={tmp_path}/no_model",
+            "actor_rollout_ref.rollout.n=1",
+            f"data.val_files={tmp_path}/no_val.jsonl",
+        ]
+    )
     err = capsys.readouterr().err
-    assert_usage_error(code, err, ["data.val_files: ", "no_val.jsonl: prompt file not found",
-                                   f"also actor_rollout_ref.model.path: '{tmp_path}/no_model' is not a local directory",
-                                   "also actor_rollout_ref.rollout.n: "], out)
+    assert_usage_error(
+        code,
+        err,
+        [
+            "data.val_files: ",
+            "no_val.jsonl: prompt file not found",
+            f"also actor_rollout_ref.model.path: '{tmp_path}/no_model' is not a local directory",
+            "also actor_rollout_ref.rollout.n: ",
+        ],
+        out,
+    )
     assert err.index("no_val.jsonl") < err.index("no_model") < err.index("rollout.n")
 
 
@@ -189,14 +225,24 @@ def test_readme_says_what_float32_does_and_how_to_get_the_cpu_torch():
 def test_console_and_curve_keep_a_data_source_with_a_slash_and_name_the_metric(tmp_path):
     import io
 
+    from splitproof.rl.tracking import curve
     from splitproof.rl.tracking import loggers as tracking
 
-    records = [{"step": 1, "critic/score/mean": 0.5, "timing_s/step": 2.0, "val-core/openai/gsm8k/acc/mean@4": 0.25,
-                "val-core/openai/math/acc/mean@4": 0.75}]
-    axes = tracking.curve_figure(records).axes[0]
+    records = [
+        {
+            "step": 1,
+            "critic/score/mean": 0.5,
+            "timing_s/step": 2.0,
+            "val-core/openai/gsm8k/acc/mean@4": 0.25,
+            "val-core/openai/math/acc/mean@4": 0.75,
+        }
+    ]
+    axes = curve.curve_figure(records).axes[0]
     assert [t.get_text() for t in axes.get_legend().get_texts()] == [
-        "training reward (critic/score/mean)", "held-out openai/gsm8k (acc/mean@4)",
-        "held-out openai/math (acc/mean@4)"]
+        "training reward (critic/score/mean)",
+        "held-out openai/gsm8k (acc/mean@4)",
+        "held-out openai/math (acc/mean@4)",
+    ]
     assert axes.get_lines()[0].get_marker() == "o"  # a one-point curve is drawn
     out = io.StringIO()
     tracker = tracking.Tracker(["console"], local_dir=tmp_path, total_steps=1, stream=out, header="first line")
@@ -204,8 +250,10 @@ def test_console_and_curve_keep_a_data_source_with_a_slash_and_name_the_metric(t
     tracker.log(records[0], 1)
     tracker.finish()
     assert out.getvalue().splitlines() == [
-        "first line", "step 1/1 | reward 0.500 | held-out openai/gsm8k acc/mean@4 0.250, openai/math acc/mean@4 0.750 "
-        "(step 1) | 2.00 s/step | ETA 0s"]
+        "first line",
+        "step 1/1 | reward 0.500 | held-out openai/gsm8k acc/mean@4 0.250, openai/math acc/mean@4 0.750 "
+        "(step 1) | 2.00 s/step | ETA 0s",
+    ]
 
 
 def test_the_console_starts_with_the_model_data_device_and_output(tmp_path):
@@ -215,12 +263,14 @@ def test_the_console_starts_with_the_model_data_device_and_output(tmp_path):
     from splitproof.rl.tracking.loggers import Tracker
 
     out = io.StringIO()
-    cfg = load_train_config(None, [f"trainer.default_local_dir={tmp_path}", "trainer.logger=[console]"],
-                            on_notice=lambda m: None)
+    cfg = load_train_config(
+        None, [f"trainer.default_local_dir={tmp_path}", "trainer.logger=[console]"], on_notice=lambda m: None
+    )
     Tracker.from_config(cfg, total_steps=7, stream=out).finish()
     assert out.getvalue().splitlines()[0] == (
         f"splitproof train: model builtin://charlm | data builtin://addition/train | grpo, 7 steps | device cpu | "
-        f"output {tmp_path}")
+        f"output {tmp_path}"
+    )
 
 
 def test_quiet_loading_reaches_the_processes_a_run_starts(monkeypatch):
@@ -232,9 +282,12 @@ def test_quiet_loading_reaches_the_processes_a_run_starts(monkeypatch):
 
     monkeypatch.delenv(PROGRESS_BARS_OFF, raising=False)
     with quiet_loading():
-        child = subprocess.run([sys.executable, "-c", "from transformers.utils import logging; "
-                                "print(logging.is_progress_bar_enabled())"], capture_output=True, text=True,
-                               timeout=120)
+        child = subprocess.run(
+            [sys.executable, "-c", "from transformers.utils import logging; print(logging.is_progress_bar_enabled())"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert child.stdout.strip() == "False", child.stderr
     assert PROGRESS_BARS_OFF not in os.environ
 
@@ -248,8 +301,17 @@ def test_checkpoint_disk_use_is_said_at_the_start_and_matches_the_disk(tmp_path,
     from splitproof.hf_models import tiny_causal_lm
 
     tokenizer = char_tokenizer()
-    model = tiny_causal_lm("llama", vocab_size=len(tokenizer), hidden_size=256, num_layers=2, num_heads=4,
-                           num_kv_heads=2, intermediate_size=512, seed=0, dtype=torch.float32)
+    model = tiny_causal_lm(
+        "llama",
+        vocab_size=len(tokenizer),
+        hidden_size=256,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=512,
+        seed=0,
+        dtype=torch.float32,
+    )
     model.config.eos_token_id, model.config.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
@@ -287,10 +349,15 @@ def test_built_in_rules_report_their_answer_so_held_out_maj_at_k_exists(model_di
     assert default_reward_for("product").fn("product", "x\n56088", "56088") == {"score": 1.0, "pred": 56088.0}
     assert default_reward_for("openai/gsm8k").fn("openai/gsm8k", "so #### 18", "18")["pred"] == 18.0
     out = tmp_path / "out"
-    args = [*train_overrides(model_dir, out, 1), "custom_reward_function.path=null", "custom_reward_function.name=null",
-            "trainer.val_before_train=true", "actor_rollout_ref.rollout.val_kwargs.n=4",
-            "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
-            "actor_rollout_ref.rollout.val_kwargs.temperature=1.0"]
+    args = [
+        *train_overrides(model_dir, out, 1),
+        "custom_reward_function.path=null",
+        "custom_reward_function.name=null",
+        "trainer.val_before_train=true",
+        "actor_rollout_ref.rollout.val_kwargs.n=4",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
+    ]
     assert main(["train", *args]) == 0
     first = read_metrics(out / "metrics.jsonl")[0]
     assert "val-core/addition/reward/maj@4/mean" in first and "val-aux/addition/reward/maj@2/mean" in first, first
@@ -338,8 +405,16 @@ def test_a_budget_that_ends_every_episode_on_its_tool_response_gets_a_hint():
     from splitproof.rl.tracking.hints import budget_hint
 
     def episode(mask, finished=False, calls=1):
-        return Episode(uid=0, index=0, prompt_ids=[1], response_ids=[2] * len(mask), log_probs=[0.0] * len(mask),
-                       finished=finished, token_mask=mask, tool_calls=calls)
+        return Episode(
+            uid=0,
+            sample_index=0,
+            prompt_ids=[1],
+            response_ids=[2] * len(mask),
+            log_probs=[0.0] * len(mask),
+            finished=finished,
+            token_mask=mask,
+            tool_calls=calls,
+        )
 
     cut = [episode([1, 1, 0, 0]), episode([1, 0, 0])]
     hint = budget_hint(cut, 4, 256)
@@ -354,8 +429,11 @@ def test_every_problem_the_config_check_sees_is_in_one_line():
     from splitproof.rl.config.load import load_train_config
 
     with pytest.raises(ConfigError) as info:
-        load_train_config(None, ["actor_rollout_ref.rollout.n=1", "data.truncation=up",
-                                 "actor_rollout_ref.actor.optim.lr=-1"], on_notice=lambda m: None)
+        load_train_config(
+            None,
+            ["actor_rollout_ref.rollout.n=1", "data.truncation=up", "actor_rollout_ref.actor.optim.lr=-1"],
+            on_notice=lambda m: None,
+        )
     message = str(info.value)
     assert message.startswith("data.truncation: ") and "\n" not in message
     for key in ("also actor_rollout_ref.actor.optim.lr: ", "also actor_rollout_ref.rollout.n: "):

@@ -18,16 +18,21 @@ from splitproof.hf_models import tiny_causal_lm
 
 def _unpadded(batch: RolloutBatch, field: str, row: int) -> list:
     """Row ``row`` of a per-token field, response tokens only."""
-    n = int(batch.attention_mask[row, batch.prompt_width:].sum())
+    n = int(batch.attention_mask[row, batch.prompt_width :].sum())
     return getattr(batch, field)[row, :n].tolist()
 
 
 def test_layout_prompts_left_responses_right():
     batch = RolloutBatch.from_sequences(
-        prompt_ids=[[5, 6, 7], [8]], response_ids=[[1, 2, 3, 4], [9]],
-        old_log_probs=[[-1.0, -2.0, -3.0, -0.5], [-0.25]], advantages=[0.5, -0.5],
-        response_mask=[[1, 1, 0, 1], [1]], ref_log_probs=[[-1.0, -1.5, -2.0, -0.5], [-0.5]], pad_token_id=3,
-        dtype=torch.float64)
+        prompt_ids=[[5, 6, 7], [8]],
+        response_ids=[[1, 2, 3, 4], [9]],
+        old_log_probs=[[-1.0, -2.0, -3.0, -0.5], [-0.25]],
+        advantages=[0.5, -0.5],
+        response_mask=[[1, 1, 0, 1], [1]],
+        ref_log_probs=[[-1.0, -1.5, -2.0, -0.5], [-0.5]],
+        pad_token_id=3,
+        dtype=torch.float64,
+    )
     assert batch.prompts.tolist() == [[5, 6, 7], [3, 3, 8]]
     assert batch.responses.tolist() == [[1, 2, 3, 4], [9, 3, 3, 3]]
     assert batch.attention_mask.tolist() == [[1, 1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 0, 0, 0]]
@@ -40,22 +45,31 @@ def test_layout_prompts_left_responses_right():
 
 def test_per_token_advantages_and_row_types():
     batch = RolloutBatch.from_sequences(
-        prompt_ids=(np.array([4, 5]), torch.tensor([6])), response_ids=[[1, 2], []],
-        old_log_probs=[np.array([-1.0, -2.0]), []], advantages=[[1.0, 2.0], 0.5], seq_ids=[10, 7])
+        prompt_ids=(np.array([4, 5]), torch.tensor([6])),
+        response_ids=[[1, 2], []],
+        old_log_probs=[np.array([-1.0, -2.0]), []],
+        advantages=[[1.0, 2.0], 0.5],
+        seq_ids=[10, 7],
+    )
     assert batch.advantages.tolist() == [[1.0, 2.0], [0.0, 0.0]]  # per token; the empty response holds padding
     assert batch.seq_ids.tolist() == [10, 7] and batch.advantages.dtype == torch.float32
 
 
 def test_critic_fields():
-    batch = RolloutBatch.from_sequences(prompt_ids=[[4], [5, 6]], response_ids=[[1, 2], [3]],
-                                        old_log_probs=[[-1.0, -1.0], [-1.0]], advantages=[1.0, -1.0],
-                                        values=[[0.25, 0.5], [1.5]], returns=[[1.0, 2.0], [-1.0]])
+    batch = RolloutBatch.from_sequences(
+        prompt_ids=[[4], [5, 6]],
+        response_ids=[[1, 2], [3]],
+        old_log_probs=[[-1.0, -1.0], [-1.0]],
+        advantages=[1.0, -1.0],
+        values=[[0.25, 0.5], [1.5]],
+        returns=[[1.0, 2.0], [-1.0]],
+    )
     assert batch.values.tolist() == [[0.25, 0.5], [1.5, 0.0]]
     assert batch.returns.tolist() == [[1.0, 2.0], [-1.0, 0.0]]
     assert batch.select([1]).values.tolist() == [[1.5, 0.0]]
 
 
-@given(st.lists(st.tuples(st.integers(1, 6), st.integers(0, 6)), min_size=1, max_size=6), st.integers(0, 2 ** 16))
+@given(st.lists(st.tuples(st.integers(1, 6), st.integers(0, 6)), min_size=1, max_size=6), st.integers(0, 2**16))
 def test_every_row_comes_back_unpadded(lengths, seed):
     if not any(n for _, n in lengths):
         lengths[0] = (lengths[0][0], 1)
@@ -67,7 +81,7 @@ def test_every_row_comes_back_unpadded(lengths, seed):
     batch = RolloutBatch.from_sequences(prompts, responses, old, adv, dtype=torch.float64)
     assert batch.prompt_width == max(p for p, _ in lengths) and batch.response_width == max(n for _, n in lengths)
     for i, (p, n) in enumerate(lengths):
-        assert batch.prompts[i, batch.prompt_width - p:].tolist() == prompts[i]
+        assert batch.prompts[i, batch.prompt_width - p :].tolist() == prompts[i]
         assert int(batch.attention_mask[i].sum()) == p + n
         assert _unpadded(batch, "responses", i) == responses[i]
         assert _unpadded(batch, "old_log_probs", i) == old[i] and _unpadded(batch, "advantages", i) == adv[i]
@@ -81,17 +95,21 @@ def test_same_update_as_the_batch_it_was_read_from():
     rows = range(len(source))
     prompt_lens = source.prompt_lengths().tolist()
     rebuilt = RolloutBatch.from_sequences(
-        prompt_ids=[source.prompts[i, source.prompt_width - prompt_lens[i]:].tolist() for i in rows],
+        prompt_ids=[source.prompts[i, source.prompt_width - prompt_lens[i] :].tolist() for i in rows],
         response_ids=[_unpadded(source, "responses", i) for i in rows],
         old_log_probs=[_unpadded(source, "old_log_probs", i) for i in rows],
         advantages=[_unpadded(source, "advantages", i) for i in rows],
         ref_log_probs=[_unpadded(source, "ref_log_probs", i) for i in rows],
         rollout_is_weights=[_unpadded(source, "rollout_is_weights", i) for i in rows],
-        dtype=torch.float64)
-    assert torch.equal(compute_log_probs(model, rebuilt, micro_batch_size=2)[0],
-                       compute_log_probs(model, source, micro_batch_size=2)[0])
-    config = UpdateConfig(loss=LossConfig(loss_mode="vanilla", use_kl_loss=True), ppo_mini_batch_size=6,
-                          ppo_micro_batch_size_per_gpu=4)
+        dtype=torch.float64,
+    )
+    assert torch.equal(
+        compute_log_probs(model, rebuilt, micro_batch_size=2)[0],
+        compute_log_probs(model, source, micro_batch_size=2)[0],
+    )
+    config = UpdateConfig(
+        loss=LossConfig(loss_mode="vanilla", use_kl_loss=True), ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=4
+    )
     results = []
     for batch in (source, rebuilt):
         copy_ = copy.deepcopy(model)
@@ -101,32 +119,39 @@ def test_same_update_as_the_batch_it_was_read_from():
     assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1]))
 
 
-GOOD = dict(prompt_ids=[[5, 6], [7]], response_ids=[[1, 2, 3], [4, 2]], old_log_probs=[[-1.0, -1.0, -1.0], [-1.0, -1.0]],
-            advantages=[1.0, -1.0])
+GOOD = dict(
+    prompt_ids=[[5, 6], [7]],
+    response_ids=[[1, 2, 3], [4, 2]],
+    old_log_probs=[[-1.0, -1.0, -1.0], [-1.0, -1.0]],
+    advantages=[1.0, -1.0],
+)
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(prompt_ids=[[5, 6], []]), "prompt_ids[1]: empty"),
-    (dict(prompt_ids=[]), "prompt_ids: no sequences"),
-    (dict(response_ids=[[1, 2, 3]]), "response_ids: has 1 sequences, prompt_ids has 2"),
-    (dict(response_ids=[[1, 2, 3], [4.5, 2.0]]), "response_ids[1]: token ids must be integers"),
-    (dict(prompt_ids=[[5, -6], [7]]), "prompt_ids[0]: negative token id -6"),
-    (dict(old_log_probs=[[-1.0, -1.0, -1.0], [-1.0]]), "old_log_probs[1]: 1 values for 2 response tokens"),
-    (dict(old_log_probs=[[-1.0, -1.0, -1.0], [[-1.0], [-1.0]]]), "old_log_probs[1]: must be a flat list"),
-    (dict(advantages=[1.0, [1.0, 2.0, 3.0]]), "advantages[1]: 3 values for 2 response tokens"),
-    (dict(advantages=[1.0, "high"]), "advantages[1]: must be a number"),
-    (dict(advantages=[1.0, float("nan")]), "advantages (sequence 1): non-finite"),
-    (dict(response_mask=[[1, 1, 1], [1, 2]]), "response_mask[1]: must contain only 0 and 1"),
-    (dict(ref_log_probs=[[-1.0, -1.0], [-1.0, -1.0]]), "ref_log_probs[0]: 2 values for 3 response tokens"),
-    (dict(rollout_is_weights=[[1.0, 1.0, 1.0], [1.0, -1.0]]), "rollout_is_weights (sequence 1): must be >= 0"),
-    (dict(values=[[0.5, 0.5], [0.5, 0.5]]), "values[0]: 2 values for 3 response tokens"),
-    (dict(returns=[[0.5, 0.5, 0.5], [0.5, float("inf")]]), "returns (sequence 1): non-finite"),
-    (dict(seq_ids=[3, 3]), "seq_ids: canonical sequence ids must be unique"),
-    (dict(seq_ids=[3]), "seq_ids: must hold one id per sequence (2)"),
-    (dict(response_ids=[[], []], old_log_probs=[[], []]), "empty minibatch"),
-    (dict(pad_token_id=-1), "pad_token_id: must be an integer >= 0"),
-    (dict(dtype=torch.int64), "dtype: must be a floating-point torch dtype"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(prompt_ids=[[5, 6], []]), "prompt_ids[1]: empty"),
+        (dict(prompt_ids=[]), "prompt_ids: no sequences"),
+        (dict(response_ids=[[1, 2, 3]]), "response_ids: has 1 sequences, prompt_ids has 2"),
+        (dict(response_ids=[[1, 2, 3], [4.5, 2.0]]), "response_ids[1]: token ids must be integers"),
+        (dict(prompt_ids=[[5, -6], [7]]), "prompt_ids[0]: negative token id -6"),
+        (dict(old_log_probs=[[-1.0, -1.0, -1.0], [-1.0]]), "old_log_probs[1]: 1 values for 2 response tokens"),
+        (dict(old_log_probs=[[-1.0, -1.0, -1.0], [[-1.0], [-1.0]]]), "old_log_probs[1]: must be a flat list"),
+        (dict(advantages=[1.0, [1.0, 2.0, 3.0]]), "advantages[1]: 3 values for 2 response tokens"),
+        (dict(advantages=[1.0, "high"]), "advantages[1]: must be a number"),
+        (dict(advantages=[1.0, float("nan")]), "advantages (sequence 1): non-finite"),
+        (dict(response_mask=[[1, 1, 1], [1, 2]]), "response_mask[1]: must contain only 0 and 1"),
+        (dict(ref_log_probs=[[-1.0, -1.0], [-1.0, -1.0]]), "ref_log_probs[0]: 2 values for 3 response tokens"),
+        (dict(rollout_is_weights=[[1.0, 1.0, 1.0], [1.0, -1.0]]), "rollout_is_weights (sequence 1): must be >= 0"),
+        (dict(values=[[0.5, 0.5], [0.5, 0.5]]), "values[0]: 2 values for 3 response tokens"),
+        (dict(returns=[[0.5, 0.5, 0.5], [0.5, float("inf")]]), "returns (sequence 1): non-finite"),
+        (dict(seq_ids=[3, 3]), "seq_ids: canonical sequence ids must be unique"),
+        (dict(seq_ids=[3]), "seq_ids: must hold one id per sequence (2)"),
+        (dict(response_ids=[[], []], old_log_probs=[[], []]), "empty minibatch"),
+        (dict(pad_token_id=-1), "pad_token_id: must be an integer >= 0"),
+        (dict(dtype=torch.int64), "dtype: must be a floating-point torch dtype"),
+    ],
+)
 def test_bad_input_names_the_field_and_the_row(changes, message):
     with pytest.raises(BatchError) as err:
         RolloutBatch.from_sequences(**{**GOOD, **changes})

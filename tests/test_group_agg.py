@@ -17,15 +17,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splitproof import BatchError, MinibatchStats, RolloutBatch, objective
-from splitproof.loss_config import AGG_MODES, LossConfig
+from splitproof.diagnose.per_microbatch import per_microbatch
 from splitproof.engine import UpdateConfig, response_log_probs, update_policy
 from splitproof.engine.microbatch import minibatch_schedule
-from splitproof.diagnose.per_microbatch import per_microbatch
 from splitproof.engine.plan import plan_update
+from splitproof.loss_config import AGG_MODES, LossConfig
 from splitproof.oracle import oracle_objective
 
-from .engine_helpers import (BUDGET, NO_CLIP, REL, assert_metrics_close, flat, grouped_rollout, loss_config,
-                             make_model, make_optimizer, rel_diff, run_update)
+from .engine_helpers import (
+    BUDGET,
+    NO_CLIP,
+    REL,
+    assert_metrics_close,
+    flat,
+    grouped_rollout,
+    loss_config,
+    make_model,
+    make_optimizer,
+    rel_diff,
+    run_update,
+)
 from .factories import config_for, random_minibatch
 
 GROUP = "group-mean-token-mean"
@@ -37,6 +48,7 @@ def leaf(values) -> torch.Tensor:
 
 
 # ---- the objective ------------------------------------------------------------------------------------
+
 
 def test_hand_computed_value_and_gradient():
     """gpg with A = −1 makes ℓ = log π: J is the mean over groups of each group's token mean."""
@@ -55,16 +67,30 @@ def test_hand_computed_value_and_gradient():
         assert loss.item() == pytest.approx(expected, rel=1e-15), fn.__name__
         assert metrics["pg_loss"] == pytest.approx(expected, rel=1e-15)
         assert torch.allclose(lp.grad, grad_expected, rtol=1e-15, atol=0), fn.__name__
-    seq_mean, _ = objective(leaf(values), torch.zeros(4, 3, dtype=D), adv, mask,
-                            config.replace(loss_agg_mode="seq-mean-token-mean"), index=index)
+    seq_mean, _ = objective(
+        leaf(values),
+        torch.zeros(4, 3, dtype=D),
+        adv,
+        mask,
+        config.replace(loss_agg_mode="seq-mean-token-mean"),
+        index=index,
+    )
     assert seq_mean.item() == pytest.approx((1.5 + 3 + 5) / 3)  # per sequence: a different objective
 
 
 def _objective_value(mb, agg_mode, index):
     config = config_for("vanilla", agg_mode, use_kl_loss=True, entropy_coeff=0.03)
-    loss, _ = objective(mb.log_prob, mb.old_log_prob, mb.advantages, mb.response_mask, config,
-                        ref_log_prob=mb.ref_log_prob, rollout_is_weights=mb.rollout_is_weights, entropy=mb.entropy,
-                        index=index)
+    loss, _ = objective(
+        mb.log_prob,
+        mb.old_log_prob,
+        mb.advantages,
+        mb.response_mask,
+        config,
+        ref_log_prob=mb.ref_log_prob,
+        rollout_is_weights=mb.rollout_is_weights,
+        entropy=mb.entropy,
+        index=index,
+    )
     return float(loss)
 
 
@@ -78,8 +104,11 @@ def _equal_length_groups(seed: int, lengths: list[int], per_group: int):
 
 
 @settings(max_examples=20)
-@given(seed=st.integers(0, 2**31 - 1), lengths=st.lists(st.integers(1, 6), min_size=1, max_size=4),
-       per_group=st.integers(1, 3))
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    lengths=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+    per_group=st.integers(1, 3),
+)
 def test_coincides_with_seq_mean_when_groups_are_alike(seed, lengths, per_group):
     """Weights 1/(n_g G_groups) and 1/(n_i G) agree exactly when every group has the same number of non-empty
     sequences and the sequences within a group have equal lengths (lengths may differ between groups)."""
@@ -107,8 +136,9 @@ def test_differs_when_groups_differ():
 def test_singleton_groups_are_seq_mean_token_mean():
     mb = random_minibatch(5, 6, 7)
     unique = torch.arange(6) + 100
-    assert _objective_value(mb, GROUP, unique) == pytest.approx(_objective_value(mb, "seq-mean-token-mean", None),
-                                                                rel=1e-13)
+    assert _objective_value(mb, GROUP, unique) == pytest.approx(
+        _objective_value(mb, "seq-mean-token-mean", None), rel=1e-13
+    )
 
 
 def test_index_is_ignored_by_the_other_modes():
@@ -129,14 +159,19 @@ def test_missing_or_bad_index_is_a_named_error():
         oracle_objective(*args)
     bad_float = mb.index.double()
     bad_float[2] = float("nan")
-    for bad, sequence in ((mb.index[:3], None), (mb.index.bool(), None), (mb.index.double(), None),
-                          (bad_float, int(mb.seq_ids[2]))):
+    for bad, sequence in (
+        (mb.index[:3], None),
+        (mb.index.bool(), None),
+        (mb.index.double(), None),
+        (bad_float, int(mb.seq_ids[2])),
+    ):
         with pytest.raises(BatchError) as info:
             objective(*args, index=bad, seq_ids=mb.seq_ids)
         assert info.value.field == "index" and info.value.sequence == sequence, str(info.value)
 
 
 # ---- statistics: merged by addition, group by group -----------------------------------------------------
+
 
 @st.composite
 def grouped_parts(draw):
@@ -155,8 +190,10 @@ def grouped_parts(draw):
 def test_group_counts_merge_by_addition(case):
     mask, index, parts = case
     whole = MinibatchStats.of(mask, index=index)
-    merged = sum((MinibatchStats.of(mask[rows], mask.shape[1], index[rows]) for rows in parts[1:]),
-                 MinibatchStats.of(mask[parts[0]], mask.shape[1], index[parts[0]]))
+    merged = sum(
+        (MinibatchStats.of(mask[rows], mask.shape[1], index[rows]) for rows in parts[1:]),
+        MinibatchStats.of(mask[parts[0]], mask.shape[1], index[parts[0]]),
+    )
     assert merged == whole
     keys = sorted(set(index.tolist()))  # as ranks reduce them: one dense vector over the minibatch's groups
     summed = sum(MinibatchStats.of(mask[rows], mask.shape[1], index[rows]).as_tensor(keys) for rows in parts)
@@ -169,9 +206,14 @@ def test_group_counts_merge_by_addition(case):
 
 # ---- the batch contract ---------------------------------------------------------------------------------
 
+
 def _lists(n=3):
-    return dict(prompt_ids=[[1, 2]] * n, response_ids=[[3, 4, 5]] * n, old_log_probs=[[-1.0, -1.0, -1.0]] * n,
-                advantages=[1.0] * n)
+    return dict(
+        prompt_ids=[[1, 2]] * n,
+        response_ids=[[3, 4, 5]] * n,
+        old_log_probs=[[-1.0, -1.0, -1.0]] * n,
+        advantages=[1.0] * n,
+    )
 
 
 def test_group_ids_travel_with_the_rows():
@@ -183,14 +225,17 @@ def test_group_ids_travel_with_the_rows():
     assert RolloutBatch.from_sequences(**_lists(), index=torch.tensor([1, 1, 2])).index.tolist() == [1, 1, 2]
 
 
-@pytest.mark.parametrize("index,where,message", [
-    ([1, 2], "index", "has 2 sequences"),
-    ([1, 2.5, 3], "index[1]", "must be an integer"),
-    ([1, float("nan"), 3], "index[1]", "non-finite"),
-    ([1, True, 3], "index[1]", "must be an integer"),
-    ([1, 2**64, 3], "index[1]", "64 bits"),
-    ("abc", "index", "must be a list"),
-])
+@pytest.mark.parametrize(
+    "index,where,message",
+    [
+        ([1, 2], "index", "has 2 sequences"),
+        ([1, 2.5, 3], "index[1]", "must be an integer"),
+        ([1, float("nan"), 3], "index[1]", "non-finite"),
+        ([1, True, 3], "index[1]", "must be an integer"),
+        ([1, 2**64, 3], "index[1]", "64 bits"),
+        ("abc", "index", "must be a list"),
+    ],
+)
 def test_from_sequences_names_the_bad_group_id(index, where, message):
     with pytest.raises(BatchError) as info:
         RolloutBatch.from_sequences(**_lists(), index=index)
@@ -198,6 +243,7 @@ def test_from_sequences_names_the_bad_group_id(index, where, message):
 
 
 # ---- the engine against the reference -------------------------------------------------------------------
+
 
 def reference_update(model, batch: RolloutBatch, loss: LossConfig, minibatch: int, lr: float = 0.02):
     """SGD steps from the plain float64 reference: each minibatch's J from one forward of its rows."""
@@ -210,10 +256,18 @@ def reference_update(model, batch: RolloutBatch, loss: LossConfig, minibatch: in
         log_prob, entropy = response_log_probs(model, part, with_entropy=loss.entropy_coeff != 0)
         optimizer.zero_grad()
         total, metrics = oracle_objective(
-            log_prob, part.old_log_probs, part.advantages, part.response_mask, loss,
+            log_prob,
+            part.old_log_probs,
+            part.advantages,
+            part.response_mask,
+            loss,
             ref_log_prob=part.ref_log_probs if loss.use_kl_loss else None,
-            rollout_is_weights=part.rollout_is_weights, entropy=entropy, seq_ids=part.seq_ids, index=part.index,
-            step=step)
+            rollout_is_weights=part.rollout_is_weights,
+            entropy=entropy,
+            seq_ids=part.seq_ids,
+            index=part.index,
+            step=step,
+        )
         total.backward()
         optimizer.step()
         all_metrics.append(metrics)
@@ -246,8 +300,10 @@ SPLITS = {
 }
 
 
-@pytest.mark.parametrize("loss_mode,strategy", [("vanilla", "auto"), ("geo_mean", "auto"), ("gspo", "auto"),
-                                                ("kl_cov", "deferred"), ("clip_cov", "prepass")])
+@pytest.mark.parametrize(
+    "loss_mode,strategy",
+    [("vanilla", "auto"), ("geo_mean", "auto"), ("gspo", "auto"), ("kl_cov", "deferred"), ("clip_cov", "prepass")],
+)
 def test_engine_update_equals_the_reference(setup, loss_mode, strategy):
     """Every split and a shuffled order give the reference's SGD step, parameters and metrics; with two
     minibatches of six, a group straddles them and each minibatch counts its own part of it."""
@@ -258,8 +314,9 @@ def test_engine_update_equals_the_reference(setup, loss_mode, strategy):
         expected, expected_metrics = reference_update(model, batch, loss, minibatch)
         for name, split in SPLITS.items():
             for label, b in (("", batch), ("shuffled ", shuffled if minibatch == 12 else batch)):
-                cfg = UpdateConfig(loss=loss, ppo_mini_batch_size=minibatch, grad_clip=NO_CLIP,
-                                   cov_strategy=strategy, **split)
+                cfg = UpdateConfig(
+                    loss=loss, ppo_mini_batch_size=minibatch, grad_clip=NO_CLIP, cov_strategy=strategy, **split
+                )
                 params, results = run_update(model, b, cfg)
                 diff = rel_diff(expected, params, theta0)
                 assert diff <= REL, f"{loss_mode} {label}{name} minibatch {minibatch}: {diff:.3e}"
@@ -273,18 +330,27 @@ def test_per_microbatch_group_statistics_move_the_update(setup):
     model, batch, theta0 = setup
     loss = loss_config("vanilla", GROUP)
     expected, _ = reference_update(model, batch, loss, 12)
-    local, _ = run_update(model, batch, UpdateConfig(loss=loss, ppo_mini_batch_size=12, grad_clip=NO_CLIP,
-                                                     ppo_micro_batch_size_per_gpu=5),
-                          make_objective=per_microbatch(statistics_scope="microbatch"))
+    local, _ = run_update(
+        model,
+        batch,
+        UpdateConfig(loss=loss, ppo_mini_batch_size=12, grad_clip=NO_CLIP, ppo_micro_batch_size_per_gpu=5),
+        make_objective=per_microbatch(statistics_scope="microbatch"),
+    )
     assert rel_diff(expected, local, theta0) > 0.05
     token_mean, _ = reference_update(model, batch, loss.replace(loss_agg_mode="seq-mean-token-mean"), 12)
     assert rel_diff(expected, token_mean, theta0) > 0.05  # the groups matter on this batch
 
 
 @settings(max_examples=12)
-@given(labels=st.lists(st.integers(0, 4), min_size=12, max_size=12), order=st.permutations(range(12)),
-       split=st.one_of(st.tuples(st.just("micro"), st.integers(1, 12)), st.tuples(st.just("budget"), st.integers(30, 160))),
-       packed=st.booleans(), loss_mode=st.sampled_from(["vanilla", "cispo", "geo_mean", "kl_cov"]))
+@given(
+    labels=st.lists(st.integers(0, 4), min_size=12, max_size=12),
+    order=st.permutations(range(12)),
+    split=st.one_of(
+        st.tuples(st.just("micro"), st.integers(1, 12)), st.tuples(st.just("budget"), st.integers(30, 160))
+    ),
+    packed=st.booleans(),
+    loss_mode=st.sampled_from(["vanilla", "cispo", "geo_mean", "kl_cov"]),
+)
 def test_random_groups_any_layout_give_the_reference_update(setup, labels, order, split, packed, loss_mode):
     model, batch, theta0 = setup
     batch = copy.copy(batch)
@@ -318,8 +384,9 @@ def test_missing_group_ids_fail_before_anything_moves(setup):
     no_groups = copy.copy(batch)
     no_groups.index = None
     with pytest.raises(BatchError) as info:
-        update_policy(model, optimizer, no_groups, UpdateConfig(loss=loss_config("vanilla", GROUP),
-                                                                ppo_mini_batch_size=6))
+        update_policy(
+            model, optimizer, no_groups, UpdateConfig(loss=loss_config("vanilla", GROUP), ppo_mini_batch_size=6)
+        )
     assert info.value.field == "index" and str(info.value).startswith("index: loss_agg_mode 'group-mean-token-mean'")
     assert torch.equal(flat(model.state_dict()), weights)
     assert all(torch.equal(p.grad, g) for p, g in zip(model.parameters(), grads))

@@ -31,8 +31,13 @@ def batch(seed: int, b: int = 5, t: int = 6, mask_dtype=D):
     scores = [[0.0] * (t - 1) + [rng.choice([0.0, 1.0])] for _ in range(b)]
     old = [[rng.uniform(-3, 0) for _ in range(t)] for _ in range(b)]
     refp = [[rng.uniform(-3, 0) for _ in range(t)] for _ in range(b)]
-    return scores, old, refp, mask, [torch.tensor(x, dtype=D) for x in (scores, old, refp)] + [
-        torch.tensor(mask, dtype=mask_dtype)]
+    return (
+        scores,
+        old,
+        refp,
+        mask,
+        [torch.tensor(x, dtype=D) for x in (scores, old, refp)] + [torch.tensor(mask, dtype=mask_dtype)],
+    )
 
 
 @pytest.mark.parametrize("kind", KL_TYPES + ("k3+", "kl+"))
@@ -86,10 +91,16 @@ def test_state_dict_round_trip_and_type_check():
         FixedKLController(0.3).load_state_dict(ctrl.state_dict())
 
 
-@pytest.mark.parametrize("spec", [
-    None, {}, KLControlConfig(), OmegaConf.create({"type": "fixed", "kl_coef": 0.001}),
-    SimpleNamespace(type="fixed", kl_coef=0.001, horizon=10000, target_kl=0.1),
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        None,
+        {},
+        KLControlConfig(),
+        OmegaConf.create({"type": "fixed", "kl_coef": 0.001}),
+        SimpleNamespace(type="fixed", kl_coef=0.001, horizon=10000, target_kl=0.1),
+    ],
+)
 def test_factory_defaults_are_verls(spec):
     ctrl = make_kl_controller(spec)
     assert isinstance(ctrl, FixedKLController) and ctrl.value == 0.001
@@ -101,13 +112,16 @@ def test_factory_builds_adaptive_from_omegaconf():
     assert (ctrl.value, ctrl.target, ctrl.horizon) == (0.01, 0.2, 5)
 
 
-@pytest.mark.parametrize("spec, field", [
-    ({"type": "pid"}, "algorithm.kl_ctrl.type: unknown 'pid'; expected one of fixed, adaptive"),
-    ({"type": "adaptive", "horizon": 0}, "algorithm.kl_ctrl.horizon: must be an int > 0"),
-    ({"type": "adaptive", "target_kl": 0.0}, "algorithm.kl_ctrl.target_kl: must be > 0"),
-    ({"kl_coef": -1.0}, "algorithm.kl_ctrl.kl_coef"),
-    ({"kl_coeff": 0.1}, "algorithm.kl_ctrl.kl_coeff: unknown key"),
-])
+@pytest.mark.parametrize(
+    "spec, field",
+    [
+        ({"type": "pid"}, "algorithm.kl_ctrl.type: unknown 'pid'; expected one of fixed, adaptive"),
+        ({"type": "adaptive", "horizon": 0}, "algorithm.kl_ctrl.horizon: must be an int > 0"),
+        ({"type": "adaptive", "target_kl": 0.0}, "algorithm.kl_ctrl.target_kl: must be > 0"),
+        ({"kl_coef": -1.0}, "algorithm.kl_ctrl.kl_coef"),
+        ({"kl_coeff": 0.1}, "algorithm.kl_ctrl.kl_coeff: unknown key"),
+    ],
+)
 def test_bad_kl_ctrl_is_named(spec, field):
     with pytest.raises(ConfigError, match=field):
         make_kl_controller(spec)

@@ -25,8 +25,10 @@ def _rank_dies(how: str):
     return "unreachable"
 
 
-@pytest.mark.parametrize("how,expected", [("kill", "rank 1 was killed by signal SIGKILL (likely out of memory)"),
-                                          ("exit", "rank 1 exited with status 3")])
+@pytest.mark.parametrize(
+    "how,expected",
+    [("kill", "rank 1 was killed by signal SIGKILL (likely out of memory)"), ("exit", "rank 1 exited with status 3")],
+)
 def test_a_dead_worker_is_reported_as_itself(how, expected):
     with pytest.raises(WorkerDied) as info:
         run_data_parallel(_rank_dies, 2, how, timeout=60)

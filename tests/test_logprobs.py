@@ -40,7 +40,7 @@ def naive(model, batch, temperature=1.0):
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits / temperature
     P, T = batch.prompt_width, batch.response_width
-    logp_all = torch.log_softmax(logits[:, P - 1:P + T - 1], dim=-1)
+    logp_all = torch.log_softmax(logits[:, P - 1 : P + T - 1], dim=-1)
     tokens = ids[:, P:]
     logp = logp_all.gather(-1, tokens[..., None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
@@ -150,8 +150,10 @@ def test_low_precision_model_gives_float32():
 
 # ---- models (the inputs of everything above) ----
 
+
 def test_tiny_models_deterministic_and_rng_untouched():
     from splitproof.hf_models import vocab_size_of
+
     state = torch.get_rng_state()
     a, b = tiny_causal_lm("qwen3", seed=1), tiny_causal_lm("qwen3", seed=1)
     assert torch.equal(state, torch.get_rng_state())
@@ -165,6 +167,7 @@ def test_tiny_models_deterministic_and_rng_untouched():
 
 def test_load_causal_lm_roundtrip(tmp_path):
     from splitproof.hf_models import load_causal_lm
+
     model = tiny_causal_lm("llama", dtype=torch.float64)
     model.save_pretrained(tmp_path / "ckpt")
     loaded = load_causal_lm(tmp_path / "ckpt", dtype=torch.float64)

@@ -11,11 +11,19 @@ import sys
 import pytest
 import torch
 
-from splitproof.loss_config import ConfigError
 from splitproof.engine import compute_log_probs
-from splitproof.lora import (LoraSettings, adapter_disabled, adapter_state, apply_lora, base_digest, export_merged,
-                             lora_layers, save_adapter)
 from splitproof.hf_models import load_causal_lm
+from splitproof.lora import (
+    LoraSettings,
+    adapter_disabled,
+    adapter_state,
+    apply_lora,
+    base_digest,
+    export_merged,
+    lora_layers,
+    save_adapter,
+)
+from splitproof.loss_config import ConfigError
 
 from .engine_helpers import flat, make_model
 from .lora_helpers import SETTINGS, lora_model, rollout
@@ -38,15 +46,18 @@ def log_probs(model, batch):
     return compute_log_probs(model, batch, micro_batch_size=len(batch))[0]
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(lora_rank=-1), r"^lora_rank: must be >= 0"),
-    (dict(lora_rank=0, lora_alpha=32), r"^lora_rank: is 0 \(LoRA off\) but lora_alpha=32 is set"),
-    (dict(lora_rank=0, lora_adapter_path="x"), r"^lora_rank: is 0 .* lora_adapter_path='x'"),
-    (dict(lora_rank=2.5), r"^lora_rank: must be an integer"),
-    (dict(lora_rank=4, lora_alpha=0), r"^lora_alpha: must be a finite number > 0"),
-    (dict(lora_rank=4, target_modules="all"), r"^target_modules: must be 'all-linear' or a list"),
-    (dict(lora_rank=4, target_modules=[]), r"^target_modules: must be 'all-linear' or a non-empty list"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(lora_rank=-1), r"^lora_rank: must be >= 0"),
+        (dict(lora_rank=0, lora_alpha=32), r"^lora_rank: is 0 \(LoRA off\) but lora_alpha=32 is set"),
+        (dict(lora_rank=0, lora_adapter_path="x"), r"^lora_rank: is 0 .* lora_adapter_path='x'"),
+        (dict(lora_rank=2.5), r"^lora_rank: must be an integer"),
+        (dict(lora_rank=4, lora_alpha=0), r"^lora_alpha: must be a finite number > 0"),
+        (dict(lora_rank=4, target_modules="all"), r"^target_modules: must be 'all-linear' or a list"),
+        (dict(lora_rank=4, target_modules=[]), r"^target_modules: must be 'all-linear' or a non-empty list"),
+    ],
+)
 def test_bad_settings_are_one_line_errors(kwargs, match):
     with pytest.raises(ConfigError, match=match) as info:
         LoraSettings(**kwargs, prefix="")
@@ -61,15 +72,20 @@ def test_the_keys_are_named_with_their_prefix():
 @pytest.mark.parametrize("key", ["target_modules", "exclude_modules"])
 def test_a_module_the_model_lacks_names_the_modules_found(key):
     settings = LoraSettings(lora_rank=4, **{key: ["q_proj", "c_attn"]})
-    with pytest.raises(ConfigError, match=rf"^{key}: 'c_attn' matches no module of the model \(LlamaForCausalLM\); "
-                                          r"modules found: down_proj, embed_tokens, gate_proj, k_proj, lm_head, "
-                                          r"o_proj, q_proj, up_proj, v_proj$"):
+    with pytest.raises(
+        ConfigError,
+        match=rf"^{key}: 'c_attn' matches no module of the model \(LlamaForCausalLM\); "
+        r"modules found: down_proj, embed_tokens, gate_proj, k_proj, lm_head, "
+        r"o_proj, q_proj, up_proj, v_proj$",
+    ):
         apply_lora(make_model(), settings)
 
 
 def test_missing_peft_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "peft", None)
-    with pytest.raises(ImportError, match=r"^LoRA needs PEFT, the optional extra 'lora': pip install 'splitproof\[lora\]'$"):
+    with pytest.raises(
+        ImportError, match=r"^LoRA needs PEFT, the optional extra 'lora': pip install 'splitproof\[lora\]'$"
+    ):
         apply_lora(make_model(), SETTINGS)
 
 
@@ -123,8 +139,10 @@ def test_a_saved_adapter_loads_with_peft_and_as_lora_adapter_path(tmp_path):
     model = trained()
     batch = rollout(model)
     save_adapter(model, tmp_path / "adapter")
-    assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == ["adapter_config.json",
-                                                                       "adapter_model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    ]
     expected = log_probs(model, batch)
     by_peft = PeftModel.from_pretrained(make_model(), tmp_path / "adapter")
     assert torch.equal(log_probs(by_peft, batch), expected)
@@ -154,8 +172,11 @@ def test_an_adapter_that_does_not_fit_is_refused(tmp_path):
     save_file(load_file(weights), weights)  # without the digest
     model = make_model()
     model.config._name_or_path = "org/base-model"
-    with pytest.raises(ConfigError, match=r"^lora_adapter_path: .*the adapter's base model is 'org/other-model', "
-                                          r"the model is 'org/base-model'$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^lora_adapter_path: .*the adapter's base model is 'org/other-model', "
+        r"the model is 'org/base-model'$",
+    ):
         apply_lora(model, LoraSettings(lora_rank=4, lora_alpha=8, lora_adapter_path=path))
 
 
@@ -174,8 +195,29 @@ def test_diagnose_runs_the_split_sweep_on_a_lora_model(tmp_path):
     from splitproof.cli import main
 
     path = tmp_path / "lora.json"
-    assert main(["diagnose", "--lora-rank", "4", "--dtype", "float64", "--optimizer", "adamw", "--split", "even:4",
-                 "--split", "packed:40", "--split", "dp:2", "--json", str(path), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "diagnose",
+                "--lora-rank",
+                "4",
+                "--dtype",
+                "float64",
+                "--optimizer",
+                "adamw",
+                "--split",
+                "even:4",
+                "--split",
+                "packed:40",
+                "--split",
+                "dp:2",
+                "--json",
+                str(path),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     report = json.loads(path.read_text())
     assert "LoRA rank 4" in report["settings"]["model"]
     splits = report["scenarios"][0]["splits"]
@@ -198,10 +240,16 @@ def test_splitproof_export_merges_a_saved_adapter(tmp_path, capsys):
     assert float((log_probs(merged, batch) - log_probs(model, batch)).abs().max()) <= MERGED_ABS
     capsys.readouterr()
     for argv, message in (
-            ([str(tmp_path / "nope"), "--out", str(tmp_path / "m2")], r"lora_adapter_path: .*nope: no adapter_config\.json"),
-            ([str(tmp_path / "adapter"), "--out", str(tmp_path / "merged")], r"out: .*merged exists and is not empty"),
-            ([str(tmp_path / "adapter"), "--model", str(tmp_path / "x"), "--out", str(tmp_path / "m3")],
-             r"model: .*x: not a local model directory")):
+        (
+            [str(tmp_path / "nope"), "--out", str(tmp_path / "m2")],
+            r"lora_adapter_path: .*nope: no adapter_config\.json",
+        ),
+        ([str(tmp_path / "adapter"), "--out", str(tmp_path / "merged")], r"out: .*merged exists and is not empty"),
+        (
+            [str(tmp_path / "adapter"), "--model", str(tmp_path / "x"), "--out", str(tmp_path / "m3")],
+            r"model: .*x: not a local model directory",
+        ),
+    ):
         assert main(["export", *argv]) == 2
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and re.search(message, err), err

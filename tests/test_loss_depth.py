@@ -47,8 +47,12 @@ def _calls(stack: list, caller) -> int:
 def test_policy_loss_is_at_most_four_calls_below_the_step():
     model = make_model("llama", torch.float64)
     batch = make_rollout(model)
-    config = UpdateConfig(loss=loss_config("vanilla", "token-mean"), ppo_mini_batch_size=len(batch),
-                          ppo_micro_batch_size_per_gpu=3, grad_clip=NO_CLIP)
+    config = UpdateConfig(
+        loss=loss_config("vanilla", "token-mean"),
+        ppo_mini_batch_size=len(batch),
+        ppo_micro_batch_size_per_gpu=3,
+        grad_clip=NO_CLIP,
+    )
     stacks = _stacks_entering(vanilla, lambda: update_policy(model, make_optimizer(model), batch, config))
     assert len(stacks) == 3  # one per microbatch
     for stack in stacks:

@@ -5,11 +5,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from splitproof.batch import BatchError
-from splitproof.engine.microbatch import (budget_microbatches, fixed_microbatches, minibatch_schedule,
-                                          pad_microbatches, shard_rows)
-
+from splitproof.engine.microbatch import (
+    budget_microbatches,
+    fixed_microbatches,
+    minibatch_schedule,
+    pad_microbatches,
+    shard_rows,
+)
 
 # ---- minibatch_schedule ----
+
 
 def test_schedule_identity_without_shuffle():
     assert minibatch_schedule(6, 2) == [[0, 1], [2, 3], [4, 5]]
@@ -20,7 +25,7 @@ def test_schedule_shuffle_is_seeded_per_epoch():
     a = minibatch_schedule(16, 4, epochs=3, shuffle=True, seed=7)
     assert a == minibatch_schedule(16, 4, epochs=3, shuffle=True, seed=7)
     assert a != minibatch_schedule(16, 4, epochs=3, shuffle=True, seed=8)
-    epochs = [sum(a[i:i + 4], []) for i in range(0, 12, 4)]
+    epochs = [sum(a[i : i + 4], []) for i in range(0, 12, 4)]
     assert all(sorted(e) == list(range(16)) for e in epochs)
     assert epochs[0] != epochs[1]  # a fresh permutation each epoch
     # epoch e of a longer run is the same as epoch e of a shorter one
@@ -29,6 +34,7 @@ def test_schedule_shuffle_is_seeded_per_epoch():
 
 def test_schedule_leaves_global_rng_alone():
     import torch
+
     state = torch.get_rng_state()
     minibatch_schedule(32, 8, epochs=2, shuffle=True)
     assert torch.equal(state, torch.get_rng_state())
@@ -48,6 +54,7 @@ def test_schedule_epochs_error():
 
 # ---- shard_rows ----
 
+
 def test_shard_rows_snake_balanced():
     rows = [10, 11, 12, 13, 14, 15]
     lengths = [1, 2, 3, 4, 5, 6]
@@ -64,6 +71,7 @@ def test_shard_rows_checks_lengths():
 
 
 # ---- fixed / budget microbatches ----
+
 
 def test_fixed_microbatches():
     assert fixed_microbatches([4, 5, 6, 7, 8], 2) == [[4, 5], [6, 7], [8]]
@@ -99,6 +107,7 @@ def test_pad_microbatches():
 
 
 # ---- properties ----
+
 
 @st.composite
 def minibatches(draw):
@@ -143,9 +152,9 @@ def test_budget_plan_depends_on_the_set_not_the_order(mb, budget):
         a = budget_microbatches(rows, lengths, budget)
     except BatchError:
         with pytest.raises(BatchError):
-            budget_microbatches([r for r, _ in reordered], [l for _, l in reordered], budget)
+            budget_microbatches([r for r, _ in reordered], [length for _, length in reordered], budget)
         return
-    b = budget_microbatches([r for r, _ in reordered], [l for _, l in reordered], budget)
+    b = budget_microbatches([r for r, _ in reordered], [length for _, length in reordered], budget)
     assert a == b
     assert a == budget_microbatches(rows, lengths, budget)
 

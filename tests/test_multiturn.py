@@ -20,8 +20,14 @@ from splitproof.rl.rollout.sampling import shift_keys, stream_keys, stream_unifo
 from splitproof.rl.rollout.tools import ToolCall, ToolRunner, call_tool, load_function_tools, result_text, truncate
 
 from .multiturn_format import DigitFormat, digit_calls
-from .rl_helpers import (HERE, assert_same_trajectory, assert_usage_error, run_trajectory, trajectory_config,
-                         train_overrides)
+from .rl_helpers import (
+    HERE,
+    assert_same_trajectory,
+    assert_usage_error,
+    run_trajectory,
+    train_overrides,
+    trajectory_config,
+)
 
 STEPS = 3
 TOOLS = HERE / "multiturn_tools.py"
@@ -38,9 +44,12 @@ MULTI_TURN = [
     "actor_rollout_ref.actor.optim.lr=0.002",  # the built-in model keeps calling tools for the 3 steps
 ]
 LAYOUTS = {  # generation batch size and tool pool size: speed only
-    "ones": ["actor_rollout_ref.rollout.max_num_seqs=1", "actor_rollout_ref.rollout.agent.num_workers=1",
-             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3"],
+    "ones": [
+        "actor_rollout_ref.rollout.max_num_seqs=1",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3",
+    ],
     "uneven": ["actor_rollout_ref.rollout.max_num_seqs=5", "actor_rollout_ref.rollout.agent.num_workers=8"],
 }
 
@@ -62,8 +71,9 @@ def assert_same_episodes(got, want):
     log-probs within 1e-12 (after step 1 the weights may differ by the update's rounding, 1e-16 relative)."""
     assert_same_trajectory(got, want)
     for a, b in zip(got["samples"], want["samples"]):
-        assert [(s.token_mask, s.num_turns, s.tool_calls, s.tool_errors) for s in a] == \
-            [(s.token_mask, s.num_turns, s.tool_calls, s.tool_errors) for s in b]
+        assert [(s.token_mask, s.num_turns, s.tool_calls, s.tool_errors) for s in a] == [
+            (s.token_mask, s.num_turns, s.tool_calls, s.tool_errors) for s in b
+        ]
         gap = max(abs(x - y) for s, t in zip(a, b) for x, y in zip(s.log_probs, t.log_probs))
         assert gap <= 1e-12, gap
 
@@ -98,14 +108,18 @@ def test_trained_tokens_are_the_generated_and_appended_ids(baseline):
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_generation_batch_and_tool_pool_do_not_change_the_trajectory(baseline, layout):
     """max_num_seqs 1 / 5 / all, pool 1 / 8, with 0–50 ms random latency per call (completion order varies)."""
-    assert_same_episodes(run_trajectory(trajectory_config("builtin://charlm", STEPS, MULTI_TURN + LAYOUTS[layout])),
-                         baseline)
+    assert_same_episodes(
+        run_trajectory(trajectory_config("builtin://charlm", STEPS, MULTI_TURN + LAYOUTS[layout])), baseline
+    )
 
 
 def _dp_worker(world_extra):
     digit_calls(pytest.MonkeyPatch())
-    overrides = MULTI_TURN + ["actor_rollout_ref.rollout.max_num_seqs=3",
-                              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", *world_extra]
+    overrides = MULTI_TURN + [
+        "actor_rollout_ref.rollout.max_num_seqs=3",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        *world_extra,
+    ]
     return run_trajectory(trajectory_config("builtin://charlm", STEPS, overrides))
 
 
@@ -117,6 +131,7 @@ def test_data_parallel_does_not_change_the_trajectory(baseline, world):
 
 
 # ----------------------------------------------------------------------------------------- pieces
+
 
 def test_a_turn_continues_its_stream():
     """Token t of a turn that starts at episode position p draws the uniform of position p + t."""
@@ -132,11 +147,15 @@ def test_tool_results_errors_and_truncation():
     assert tools["lookup"].schema["function"]["parameters"]["required"] == ["key"]
     assert call_tool(tools, ToolCall("lookup", '{"key": "2"}')).text == "aaa"
     assert call_tool(tools, ToolCall("lookup", '{"key": "3"}')).text == '{"key": 3, "value": [1, 2]}'
-    for call, words in ((ToolCall("lookup", '{"key": "7"}'), "key 7 is broken"),
-                        (ToolCall("nope", "{}"), "unknown tool"), (ToolCall("lookup", "[1]"), "JSON object")):
+    for call, words in (
+        (ToolCall("lookup", '{"key": "7"}'), "key 7 is broken"),
+        (ToolCall("nope", "{}"), "unknown tool"),
+        (ToolCall("lookup", "[1]"), "JSON object"),
+    ):
         result = call_tool(tools, call)
-        assert result.status == "error" and result.text.startswith("Error when executing tool: ") \
-            and words in result.text
+        assert (
+            result.status == "error" and result.text.startswith("Error when executing tool: ") and words in result.text
+        )
     assert result_text(3.5) == "3.5" and result_text(object).startswith("<class")
     assert truncate("abcdefgh", 4, "left") == "abcd...(truncated)"
     assert truncate("abcdefgh", 4, "right") == "(truncated)...efgh"
@@ -145,14 +164,18 @@ def test_tool_results_errors_and_truncation():
 
 def test_a_slow_tool_times_out_with_a_defined_text(tmp_path):
     slow = tmp_path / "slow.py"
-    slow.write_text('import asyncio\n\nasync def wait(seconds: float) -> str:\n    """Wait.\n\n    Args:\n'
-                    '        seconds: how long\n    """\n    await asyncio.sleep(seconds)\n    return "done"\n')
+    slow.write_text(
+        'import asyncio\n\nasync def wait(seconds: float) -> str:\n    """Wait.\n\n    Args:\n'
+        '        seconds: how long\n    """\n    await asyncio.sleep(seconds)\n    return "done"\n'
+    )
     tools = {t.name: t for t in load_function_tools(str(slow))}
     runner = ToolRunner(tools, workers=2, timeout=0.2)
     fast, late = runner.submit(ToolCall("wait", '{"seconds": 0.01}')), runner.submit(ToolCall("wait", '{"seconds": 2}'))
     assert runner.result(fast).text == "done"
-    assert (runner.result(late).status, runner.result(late).text) == \
-        ("timeout", "Error when executing tool: timed out after 0.2 s")
+    assert (runner.result(late).status, runner.result(late).text) == (
+        "timeout",
+        "Error when executing tool: timed out after 0.2 s",
+    )
     runner.close()
 
 
@@ -193,23 +216,40 @@ def test_simple_and_hermes_formats():
 # ------------------------------------------------------------------------------------- bad setups
 
 BAD_TOOLS = {
-    "fails to import": ("import not_a_module_anywhere\n", ["function_tool_path", "failed to import",
-                                                           "not_a_module_anywhere"]),
-    "no type hint": ('def add(a, b: int) -> int:\n    """Add.\n\n    Args:\n        a: x\n        b: y\n    """\n'
-                     "    return a + b\n", ["'add'", "type hint", "Argument a"]),
+    "fails to import": (
+        "import not_a_module_anywhere\n",
+        ["function_tool_path", "failed to import", "not_a_module_anywhere"],
+    ),
+    "no type hint": (
+        'def add(a, b: int) -> int:\n    """Add.\n\n    Args:\n        a: x\n        b: y\n    """\n    return a + b\n',
+        ["'add'", "type hint", "Argument a"],
+    ),
     "no docstring": ("def add(a: int) -> int:\n    return a\n", ["'add'", "docstring"]),
 }
 BAD_SETUPS = {
-    "enable without a tool": (["actor_rollout_ref.rollout.multi_turn.enable=true"],
-                              ["multi_turn.enable", "function_tool_path"]),
-    "unknown class in the YAML": (["actor_rollout_ref.rollout.multi_turn.enable=true",
-                                   "actor_rollout_ref.rollout.multi_turn.tool_config_path={yaml}"],
-                                  ["tool_config_path", "tools[0]", "unknown class", "nowhere_pkg.Calc"]),
-    "a multi-turn key without enable": (["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3"],
-                                        ["multi_turn.max_assistant_turns", "only read with", "enable=true"]),
-    "unknown format": (["actor_rollout_ref.rollout.multi_turn.enable=true",
-                        f"actor_rollout_ref.rollout.multi_turn.function_tool_path={TOOLS}",
-                        "actor_rollout_ref.rollout.multi_turn.format=xml"], ["multi_turn.format", "'xml'"]),
+    "enable without a tool": (
+        ["actor_rollout_ref.rollout.multi_turn.enable=true"],
+        ["multi_turn.enable", "function_tool_path"],
+    ),
+    "unknown class in the YAML": (
+        [
+            "actor_rollout_ref.rollout.multi_turn.enable=true",
+            "actor_rollout_ref.rollout.multi_turn.tool_config_path={yaml}",
+        ],
+        ["tool_config_path", "tools[0]", "unknown class", "nowhere_pkg.Calc"],
+    ),
+    "a multi-turn key without enable": (
+        ["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3"],
+        ["multi_turn.max_assistant_turns", "only read with", "enable=true"],
+    ),
+    "unknown format": (
+        [
+            "actor_rollout_ref.rollout.multi_turn.enable=true",
+            f"actor_rollout_ref.rollout.multi_turn.function_tool_path={TOOLS}",
+            "actor_rollout_ref.rollout.multi_turn.format=xml",
+        ],
+        ["multi_turn.format", "'xml'"],
+    ),
 }
 
 
@@ -227,8 +267,10 @@ def _exit_2_before_any_model(overrides, words, tmp_path, monkeypatch, capsys):
 def test_a_bad_tool_file_is_one_line_and_exit_2(mistake, tmp_path, monkeypatch, capsys):
     source, words = BAD_TOOLS[mistake]
     (tmp_path / "tools.py").write_text(source)
-    overrides = ["actor_rollout_ref.rollout.multi_turn.enable=true",
-                 f"actor_rollout_ref.rollout.multi_turn.function_tool_path={tmp_path / 'tools.py'}"]
+    overrides = [
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        f"actor_rollout_ref.rollout.multi_turn.function_tool_path={tmp_path / 'tools.py'}",
+    ]
     _exit_2_before_any_model(overrides, words, tmp_path, monkeypatch, capsys)
 
 
@@ -273,8 +315,9 @@ def test_killed_mid_episode_and_resumed_equals_an_uninterrupted_run(tmp_path):
     from .test_train_resume import _kill_at, _same_metrics
 
     def args(out):
-        return train_overrides("builtin://charlm", out, 3, extra=[*MULTI_TURN, "trainer.save_freq=1",
-                                                                "data.val_files=null"])
+        return train_overrides(
+            "builtin://charlm", out, 3, extra=[*MULTI_TURN, "trainer.save_freq=1", "data.val_files=null"]
+        )
 
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     assert main(["train", *args(whole)]) == 0

@@ -22,4 +22,4 @@ def test_a_float64_rms_norm_sees_its_input_at_float32_resolution():
         moved = norm(crossed)
     assert torch.equal(base, nudged)
     change = (moved[0] - base[0]).abs().max() / base[0].abs().max()
-    assert 0 < change <= 2.0 ** -22 and torch.equal(moved[1:], base[1:])
+    assert 0 < change <= 2.0**-22 and torch.equal(moved[1:], base[1:])

@@ -27,13 +27,15 @@ def leaf(values, dtype=D) -> torch.Tensor:
 def one_token(ratio: float, adv: float, **kw):
     """A single valid token with ρ = ratio; returns (loss, metrics, d loss / d log_prob)."""
     lp = leaf([[math.log(ratio)]])
-    loss, metrics = oracle_objective(lp, torch.zeros(1, 1, dtype=D), torch.tensor([adv], dtype=D),
-                                        torch.ones(1, 1, dtype=torch.bool), cfg(**kw))
+    loss, metrics = oracle_objective(
+        lp, torch.zeros(1, 1, dtype=D), torch.tensor([adv], dtype=D), torch.ones(1, 1, dtype=torch.bool), cfg(**kw)
+    )
     loss.backward()
     return loss.item(), metrics, float(lp.grad[0, 0])
 
 
 # ---------------------------------------------------------------------------------------------- vanilla
+
 
 def test_vanilla_unclipped_token():
     loss, m, grad = one_token(1.1, 1.0)
@@ -68,13 +70,15 @@ def test_vanilla_dual_clip():
 
 def test_vanilla_log_ratio_clamped_at_20():
     lp = leaf([[100.0]])
-    loss, m = oracle_objective(lp, torch.zeros(1, 1, dtype=D), torch.tensor([-1.0], dtype=D),
-                                  torch.ones(1, 1), cfg(clip_ratio_c=1e12))
+    loss, m = oracle_objective(
+        lp, torch.zeros(1, 1, dtype=D), torch.tensor([-1.0], dtype=D), torch.ones(1, 1), cfg(clip_ratio_c=1e12)
+    )
     assert loss.item() == pytest.approx(math.exp(20.0))
     assert m["ppo_kl"] == pytest.approx(-20.0)
 
 
 # ---------------------------------------------------------------------------------------------- aggregation
+
 
 def _gpg_identity_batch():
     """gpg with A = −1 makes ℓ = log_prob: seq 0 = [2], seq 1 = [1, 2, 6], seq 2 empty (T = 4)."""
@@ -83,13 +87,16 @@ def _gpg_identity_batch():
     return lp, mask
 
 
-@pytest.mark.parametrize("mode,expected", [
-    ("token-mean", 11 / 4),
-    ("token-sum", 11.0),
-    ("seq-mean-token-sum", 11 / 2),  # G = 2: the empty row does not count
-    ("seq-mean-token-mean", (2 / 1 + 9 / 3) / 2),
-    ("seq-mean-token-sum-norm", 11 / (2 * 4)),  # S defaults to T = 4
-])
+@pytest.mark.parametrize(
+    "mode,expected",
+    [
+        ("token-mean", 11 / 4),
+        ("token-sum", 11.0),
+        ("seq-mean-token-sum", 11 / 2),  # G = 2: the empty row does not count
+        ("seq-mean-token-mean", (2 / 1 + 9 / 3) / 2),
+        ("seq-mean-token-sum-norm", 11 / (2 * 4)),  # S defaults to T = 4
+    ],
+)
 def test_aggregation_normalisers(mode, expected):
     lp, mask = _gpg_identity_batch()
     loss, m = oracle_objective(lp, lp.clone(), -torch.ones(3, dtype=D), mask, cfg(loss_mode="gpg", loss_agg_mode=mode))
@@ -99,8 +106,13 @@ def test_aggregation_normalisers(mode, expected):
 
 def test_loss_scale_factor_overrides_width():
     lp, mask = _gpg_identity_batch()
-    loss, _ = oracle_objective(lp, lp.clone(), -torch.ones(3, dtype=D), mask,
-                                  cfg(loss_mode="gpg", loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=10.0))
+    loss, _ = oracle_objective(
+        lp,
+        lp.clone(),
+        -torch.ones(3, dtype=D),
+        mask,
+        cfg(loss_mode="gpg", loss_agg_mode="seq-mean-token-sum-norm", loss_scale_factor=10.0),
+    )
     assert loss.item() == pytest.approx(11 / 20)
 
 
@@ -108,8 +120,14 @@ def test_rollout_weights_multiply_token_loss():
     lp, mask = _gpg_identity_batch()
     w = torch.full((3, 4), 2.0, dtype=D)
     w[1, 2] = 0.5
-    loss, _ = oracle_objective(lp, lp.clone(), -torch.ones(3, dtype=D), mask, cfg(loss_mode="gpg", loss_agg_mode="token-sum"),
-                                  rollout_is_weights=w)
+    loss, _ = oracle_objective(
+        lp,
+        lp.clone(),
+        -torch.ones(3, dtype=D),
+        mask,
+        cfg(loss_mode="gpg", loss_agg_mode="token-sum"),
+        rollout_is_weights=w,
+    )
     assert loss.item() == pytest.approx(2 * 2 + 2 * 1 + 2 * 2 + 0.5 * 6)
 
 
@@ -123,6 +141,7 @@ def test_scalar_advantages_broadcast():
 
 
 # ---------------------------------------------------------------------------------------------- padding
+
 
 @pytest.mark.parametrize("mode", LOSS_MODES)
 def test_non_finite_padding_never_propagates(mode):
@@ -142,8 +161,16 @@ def test_non_finite_padding_never_propagates(mode):
     ref = torch.where(mask, -torch.rand(B, T, dtype=D), torch.full((B, T), float("nan"), dtype=D))
     w = torch.where(mask, torch.rand(B, T, dtype=D) + 0.5, torch.full((B, T), float("nan"), dtype=D))
     adv = torch.where(mask, torch.randn(B, T, dtype=D), torch.full((B, T), float("nan"), dtype=D))
-    c = cfg(loss_mode=mode, dro_beta=0.1, use_kl_loss=True, entropy_coeff=0.01, kl_cov_ratio=0.2, clip_cov_ratio=0.2,
-            clip_cov_lb=-100.0, clip_cov_ub=100.0)
+    c = cfg(
+        loss_mode=mode,
+        dro_beta=0.1,
+        use_kl_loss=True,
+        entropy_coeff=0.01,
+        kl_cov_ratio=0.2,
+        clip_cov_ratio=0.2,
+        clip_cov_lb=-100.0,
+        clip_cov_ub=100.0,
+    )
     loss, metrics = oracle_objective(lp, old, adv, mask, c, ref_log_prob=ref, rollout_is_weights=w, entropy=ent)
     loss.backward()
     assert math.isfinite(loss.item())
@@ -158,6 +185,7 @@ def test_empty_minibatch_raises():
 
 
 # ---------------------------------------------------------------------------------------------- GMPO
+
 
 def _gmpo_batch():
     # seq 0: A = +1, δ = [0.1, 0.5]; seq 1: A = −1, δ = [−0.5, 0.1, 0.0]; seq 2 empty.
@@ -185,8 +213,7 @@ def test_gmpo_ignores_token_agg_mode_and_uses_geometric_weight():
     lp, old, adv, mask = _gmpo_batch()
     base, _ = oracle_objective(lp, old, adv, mask, cfg(loss_mode="geo_mean"))
     for mode in AGG_MODES:
-        other, _ = oracle_objective(lp, old, adv, mask, cfg(loss_mode="geo_mean", loss_agg_mode=mode),
-                                       index=[0, 0, 1])
+        other, _ = oracle_objective(lp, old, adv, mask, cfg(loss_mode="geo_mean", loss_agg_mode=mode), index=[0, 0, 1])
         assert other.item() == pytest.approx(base.item())
     w = torch.tensor([[2.0, 8.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], dtype=D)
     weighted, _ = oracle_objective(lp, old, adv, mask, cfg(loss_mode="geo_mean"), rollout_is_weights=w)
@@ -197,11 +224,14 @@ def test_gmpo_ignores_token_agg_mode_and_uses_geometric_weight():
 
 # ---------------------------------------------------------------------------------------------- other losses
 
+
 def test_gspo_sequence_ratio_value_and_gradient():
     lp = leaf([[0.3, -0.1, 0.0], [0.05, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
     adv = torch.tensor([1.0, -2.0], dtype=D)
-    loss, m = oracle_objective(lp, torch.zeros(2, 3, dtype=D), adv, mask, cfg(loss_mode="gspo", loss_agg_mode="token-sum"))
+    loss, m = oracle_objective(
+        lp, torch.zeros(2, 3, dtype=D), adv, mask, cfg(loss_mode="gspo", loss_agg_mode="token-sum")
+    )
     s0, s1 = math.exp(0.1), math.exp(0.05)  # both inside [0.8, 1.2]
     assert loss.item() == pytest.approx((-1.0 * s0 + 2.0 * s1) / 2)  # forced seq-mean-token-mean
     loss.backward()
@@ -232,7 +262,9 @@ def test_dppo_tv_trust_region():
     # p_old = 0.5. A>0: p = 0.6 is inside (0.1 ≤ 0.2), p = 0.8 is outside (0.3 > 0.2).
     old = torch.full((1, 2), math.log(0.5), dtype=D)
     lp = leaf([[math.log(0.6), math.log(0.8)]])
-    loss, m = oracle_objective(lp, old, torch.tensor([1.0], dtype=D), torch.ones(1, 2), cfg(loss_mode="dppo_tv", loss_agg_mode="token-sum"))
+    loss, m = oracle_objective(
+        lp, old, torch.tensor([1.0], dtype=D), torch.ones(1, 2), cfg(loss_mode="dppo_tv", loss_agg_mode="token-sum")
+    )
     assert loss.item() == pytest.approx(-1.2 * math.log(0.6))  # r̄ = 1.2 on the valid token, 0 elsewhere
     loss.backward()
     assert lp.grad[0, 0] == pytest.approx(-1.2) and lp.grad[0, 1] == 0.0
@@ -265,20 +297,36 @@ def test_total_combines_entropy_and_kl_and_metric_keys():
     lp, mask = _gpg_identity_batch()
     ent = torch.tensor([[1.0, 9, 9, 9], [2.0, 3.0, 4.0, 9], [9, 9, 9, 9]], dtype=D)
     ref = lp - 1.0  # k1 = 1 on every token
-    c = cfg(loss_mode="gpg", loss_agg_mode="seq-mean-token-mean", entropy_coeff=0.1, use_kl_loss=True,
-            kl_loss_type="k1", kl_loss_coef=0.5)
+    c = cfg(
+        loss_mode="gpg",
+        loss_agg_mode="seq-mean-token-mean",
+        entropy_coeff=0.1,
+        use_kl_loss=True,
+        kl_loss_type="k1",
+        kl_loss_coef=0.5,
+    )
     loss, m = oracle_objective(lp, lp.clone(), -torch.ones(3, dtype=D), mask, c, ref_log_prob=ref, entropy=ent)
     pg = (2.0 + 3.0) / 2
     ent_loss = (1.0 + 3.0) / 2
     assert loss.item() == pytest.approx(pg - 0.1 * ent_loss + 0.5 * 1.0)
     assert m["entropy"] == pytest.approx(10.0 / 4)  # token mean, not the agg mode
     assert m["entropy_loss"] == pytest.approx(ent_loss) and m["kl_loss"] == pytest.approx(1.0)
-    assert set(m) == {"loss", "pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "entropy_loss", "kl_loss"}
+    assert set(m) == {
+        "loss",
+        "pg_loss",
+        "pg_clipfrac",
+        "pg_clipfrac_lower",
+        "ppo_kl",
+        "entropy",
+        "entropy_loss",
+        "kl_loss",
+    }
     _, m = oracle_objective(lp, lp.clone(), -torch.ones(3, dtype=D), mask, cfg(loss_mode="kl_cov"))
     assert set(m) == {"loss", "pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "cov_selected"}
 
 
 # ---------------------------------------------------------------------------------------------- hash
+
 
 def test_priority_hash_pinned_and_deterministic():
     assert priority_hash(0, 0, 0, 0) == 0  # mix(0) = 0
@@ -300,6 +348,7 @@ def test_priority_hash_spread():
 
 
 # ---------------------------------------------------------------------------------------------- Cov selection
+
 
 def _tied_cov_batch():
     # Two tokens (A=1, logπ=−1), two (A=−1, logπ=−3): Ā = 0, L̄ = −2, c = 1 on every token.

@@ -67,8 +67,15 @@ def setup():
     return model, batch, flat(full_state(model))
 
 
-@pytest.mark.parametrize("loss_mode,agg_mode", [("vanilla", "token-mean"), ("geo_mean", "seq-mean-token-sum"),
-                                                ("kl_cov", "seq-mean-token-mean"), ("clip_cov", "token-sum")])
+@pytest.mark.parametrize(
+    "loss_mode,agg_mode",
+    [
+        ("vanilla", "token-mean"),
+        ("geo_mean", "seq-mean-token-sum"),
+        ("kl_cov", "seq-mean-token-mean"),
+        ("clip_cov", "token-sum"),
+    ],
+)
 def test_packed_update_equals_padded_update(setup, loss_mode, agg_mode):
     model, batch, theta0 = setup
     base = dict(loss=loss_config(loss_mode, agg_mode), ppo_mini_batch_size=8, grad_clip=1e9)
@@ -82,8 +89,14 @@ def _dp_worker(model, batch, wrapper):
     from splitproof.engine import wrap_model
 
     model = wrap_model(model, wrapper)
-    config = UpdateConfig(loss=loss_config("kl_cov", "token-mean"), ppo_mini_batch_size=8, grad_clip=1e9,
-                          use_remove_padding=True, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=40)
+    config = UpdateConfig(
+        loss=loss_config("kl_cov", "token-mean"),
+        ppo_mini_batch_size=8,
+        grad_clip=1e9,
+        use_remove_padding=True,
+        use_dynamic_bsz=True,
+        ppo_max_token_len_per_gpu=40,
+    )
     params, _ = run_update(model, batch, config, copy_model=False)
     return params
 
@@ -92,8 +105,9 @@ def _dp_worker(model, batch, wrapper):
 @pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
 def test_packed_update_under_data_parallel(setup, wrapper):
     model, batch, theta0 = setup
-    reference, _ = run_update(model, batch, UpdateConfig(loss=loss_config("kl_cov", "token-mean"),
-                                                         ppo_mini_batch_size=8, grad_clip=1e9))
+    reference, _ = run_update(
+        model, batch, UpdateConfig(loss=loss_config("kl_cov", "token-mean"), ppo_mini_batch_size=8, grad_clip=1e9)
+    )
     ranks = run_data_parallel(_dp_worker, 2, model, batch, wrapper, timeout=120)
     assert rel_diff(ranks[0], reference, theta0) <= 1e-10
 
@@ -138,10 +152,10 @@ def hf_padded(model, batch):
     P, T = batch.prompt_width, batch.response_width
     out = torch.zeros(len(batch), T, dtype=torch.float64)
     for i in range(len(batch)):
-        mask = batch.attention_mask[i:i + 1].long()
+        mask = batch.attention_mask[i : i + 1].long()
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = model(input_ids=ids[i:i + 1], attention_mask=mask, position_ids=pos).logits
-        logp = torch.log_softmax(logits[0, P - 1:P + T - 1], dim=-1).gather(-1, ids[i, P:, None]).squeeze(-1)
+        logits = model(input_ids=ids[i : i + 1], attention_mask=mask, position_ids=pos).logits
+        logp = torch.log_softmax(logits[0, P - 1 : P + T - 1], dim=-1).gather(-1, ids[i, P:, None]).squeeze(-1)
         out[i] = torch.where(batch.attention_mask[i, P:].bool(), logp, 0.0)
     return out
 
@@ -166,8 +180,9 @@ def test_packed_update_equals_padded_update_on_every_layout():
     theta0 = flat(full_state(model))
     base = dict(loss=loss_config("geo_mean", "seq-mean-token-sum"), ppo_mini_batch_size=14, grad_clip=1e9)
     reference, _ = run_update(model, batch, UpdateConfig(**base))
-    params, _ = run_update(model, batch, UpdateConfig(**base, use_remove_padding=True, use_dynamic_bsz=True,
-                                                      ppo_max_token_len_per_gpu=40))
+    params, _ = run_update(
+        model, batch, UpdateConfig(**base, use_remove_padding=True, use_dynamic_bsz=True, ppo_max_token_len_per_gpu=40)
+    )
     assert rel_diff(params, reference, theta0) <= 1e-10
 
 

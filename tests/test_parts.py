@@ -56,10 +56,18 @@ def run_parts(mb, config, parts, step=0):
     total, metrics = 0.0, {}
     for rows, selection in zip(parts, selections):
         share, shares = minibatch_share(
-            log_prob[rows], mb.old_log_prob[rows], mb.advantages_bt[rows], mb.response_mask[rows], config, stats,
+            log_prob[rows],
+            mb.old_log_prob[rows],
+            mb.advantages_bt[rows],
+            mb.response_mask[rows],
+            config,
+            stats,
             ref_log_prob=None if mb.ref_log_prob is None else mb.ref_log_prob[rows],
             rollout_is_weights=None if mb.rollout_is_weights is None else mb.rollout_is_weights[rows],
-            entropy=None if entropy is None else entropy[rows], selection=selection, index=mb.index[rows])
+            entropy=None if entropy is None else entropy[rows],
+            selection=selection,
+            index=mb.index[rows],
+        )
         total = total + share
         merge_metric_shares(metrics, shares)
     inputs = [log_prob] + ([entropy] if entropy is not None else [])
@@ -70,9 +78,19 @@ def run_parts(mb, config, parts, step=0):
 def run_whole(mb, config, step=0):
     log_prob = mb.log_prob.clone().requires_grad_(True)
     entropy = None if mb.entropy is None else mb.entropy.clone().requires_grad_(True)
-    loss, metrics = objective(log_prob, mb.old_log_prob, mb.advantages, mb.response_mask, config,
-                              ref_log_prob=mb.ref_log_prob, rollout_is_weights=mb.rollout_is_weights,
-                              entropy=entropy, seq_ids=mb.seq_ids, index=mb.index, step=step)
+    loss, metrics = objective(
+        log_prob,
+        mb.old_log_prob,
+        mb.advantages,
+        mb.response_mask,
+        config,
+        ref_log_prob=mb.ref_log_prob,
+        rollout_is_weights=mb.rollout_is_weights,
+        entropy=entropy,
+        seq_ids=mb.seq_ids,
+        index=mb.index,
+        step=step,
+    )
     inputs = [log_prob] + ([entropy] if entropy is not None else [])
     return float(loss.detach()), metrics, torch.autograd.grad(loss, inputs, allow_unused=True)
 
@@ -100,14 +118,26 @@ def prepared(seed, batch, width, **kw):
 
 @pytest.mark.parametrize("loss_mode,agg_mode", ALL_MODES)
 @settings(max_examples=12)
-@given(data=st.data(), seed=st.integers(0, 2**31 - 1), batch=st.integers(1, 7), width=st.integers(1, 9),
-       use_kl=st.booleans(), weights=st.booleans(), entropy=st.booleans())
+@given(
+    data=st.data(),
+    seed=st.integers(0, 2**31 - 1),
+    batch=st.integers(1, 7),
+    width=st.integers(1, 9),
+    use_kl=st.booleans(),
+    weights=st.booleans(),
+    entropy=st.booleans(),
+)
 def test_parts_sum_to_objective(loss_mode, agg_mode, data, seed, batch, width, use_kl, weights, entropy):
     mb = prepared(seed, batch, width, with_weights=weights, with_entropy=entropy, quantized=seed % 3 == 0)
-    config = config_for(loss_mode, agg_mode, use_kl_loss=use_kl, entropy_coeff=0.01 if entropy else 0.0,
-                        kl_cov_ratio=data.draw(st.sampled_from([2e-4, 0.1, 0.4])),
-                        clip_cov_ratio=data.draw(st.sampled_from([2e-4, 0.1, 0.4])),
-                        loss_scale_factor=data.draw(st.sampled_from([None, 7.0])))
+    config = config_for(
+        loss_mode,
+        agg_mode,
+        use_kl_loss=use_kl,
+        entropy_coeff=0.01 if entropy else 0.0,
+        kl_cov_ratio=data.draw(st.sampled_from([2e-4, 0.1, 0.4])),
+        clip_cov_ratio=data.draw(st.sampled_from([2e-4, 0.1, 0.4])),
+        loss_scale_factor=data.draw(st.sampled_from([None, 7.0])),
+    )
     parts = data.draw(partitions(batch))
     assert_same_update(run_whole(mb, config, step=3), run_parts(mb, config, parts, step=3))
 
@@ -116,7 +146,7 @@ def test_padding_nan_never_reaches_loss_or_gradient():
     mb = prepared(7, 6, 8)
     config = config_for("vanilla", "token-mean", use_kl_loss=True, entropy_coeff=0.1)
     loss, metrics, grads = run_whole(mb, config)
-    assert all(map(lambda v: v == v, metrics.values()))
+    assert all(v == v for v in metrics.values())
     for g in grads:
         assert torch.isfinite(g).all()
         assert (g[~mb.response_mask] == 0).all()
@@ -134,12 +164,18 @@ def test_gmpo_seed_uneven_parts_are_weighted_means():
     total = 0.0
     for rows in ([0, 1, 2], [3, 4, 5], [6], [7]):
         part_mask = mb.response_mask[rows]
-        share, _ = minibatch_share(mb.log_prob[rows], mb.old_log_prob[rows], mb.advantages_bt[rows], part_mask,
-                                   config, stats)
+        share, _ = minibatch_share(
+            mb.log_prob[rows], mb.old_log_prob[rows], mb.advantages_bt[rows], part_mask, config, stats
+        )
         local_count = int(part_mask.any(-1).sum())
         local_stats = MinibatchStats.of(part_mask)
-        local_mean, _ = (minibatch_share(mb.log_prob[rows], mb.old_log_prob[rows], mb.advantages_bt[rows],
-                                         part_mask, config, local_stats) if local_count else (torch.zeros(()), None))
+        local_mean, _ = (
+            minibatch_share(
+                mb.log_prob[rows], mb.old_log_prob[rows], mb.advantages_bt[rows], part_mask, config, local_stats
+            )
+            if local_count
+            else (torch.zeros(()), None)
+        )
         assert close(float(share), float(local_mean) * local_count / stats.num_sequences)
         total += float(share)
     assert close(total, float(whole))
@@ -158,7 +194,7 @@ def test_klcov_seed_one_token_however_cut(cuts):
     # cut the flattened token stream into parts of whole sequences (sequences are never split)
     parts, start = [], 0
     for size in cuts:
-        rows = sorted(set(flat_rows[start:start + size].tolist()) - {r for p in parts for r in p})
+        rows = sorted(set(flat_rows[start : start + size].tolist()) - {r for p in parts for r in p})
         if rows:
             parts.append(rows)
         start += size

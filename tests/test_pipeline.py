@@ -24,7 +24,7 @@ from splitproof.rl.rollout.worker import DELAY_ENV
 from splitproof.rl.run import build_parts
 from splitproof.rl.tracking.metrics import is_machine_dependent
 
-from .rl_helpers import final_weights, run_trajectory, save_tiny_char_model, trajectory_config
+from .rl_helpers import run_trajectory, save_tiny_char_model, trajectory_config
 
 STEPS = 3
 K1 = ["async_training.staleness_steps=1"]
@@ -45,8 +45,9 @@ def _tokens(out) -> list:
 
 
 def _metrics(out, drop=()) -> list[dict]:
-    return [{k: v for k, v in r.items() if not is_machine_dependent(k) and not k.startswith(drop)}
-            for r in out["records"]]
+    return [
+        {k: v for k, v in r.items() if not is_machine_dependent(k) and not k.startswith(drop)} for r in out["records"]
+    ]
 
 
 def _assert_identical(got, want, drop=()) -> None:
@@ -90,12 +91,14 @@ def _assert_generated_again(run, batch, weights: dict, *, step: int) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the rollout process's
     try:
-        again = run.generation.engine.generate([(s.uid, s.sample_index, s.prompt_ids) for s in batch],
-                                               run.generation.sampling, step=step)
+        again = run.generation.engine.generate(
+            [(s.uid, s.sample_index, s.prompt_ids) for s in batch], run.generation.sampling, step=step
+        )
     finally:
         torch.set_num_threads(threads)
-    assert [(s.uid, s.sample_index, s.response_ids, s.log_probs) for s in again] == \
-           [(s.uid, s.sample_index, s.response_ids, s.log_probs) for s in batch]
+    assert [(s.uid, s.sample_index, s.response_ids, s.log_probs) for s in again] == [
+        (s.uid, s.sample_index, s.response_ids, s.log_probs) for s in batch
+    ]
 
 
 def test_tied_weights_travel_once_and_stay_tied(model_dir):
@@ -114,8 +117,14 @@ def test_tied_weights_travel_once_and_stay_tied(model_dir):
     assert tied == {"lm_head.weight": "model.embed_tokens.weight"}
     buffer = shared_buffer(weights, tied)
     assert buffer.keys() == weights.keys() - {"lm_head.weight"}
-    untied = tiny_causal_lm(vocab_size=trainer.config.vocab_size, hidden_size=32, num_heads=4, num_kv_heads=2,
-                            intermediate_size=64, dtype=torch.float64)
+    untied = tiny_causal_lm(
+        vocab_size=trainer.config.vocab_size,
+        hidden_size=32,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=64,
+        dtype=torch.float64,
+    )
     for rollout in (load_policy(ModelConfig(path=model_dir), dtype=torch.float64), untied):
         tie(rollout, tied)
         copy_weights(rollout.state_dict(), buffer)
@@ -192,13 +201,17 @@ def test_a_dead_rollout_process_stops_the_run_named(model_dir):
             killed.append(process.pid)
             os.kill(process.pid, signal.SIGKILL)
 
-    with pytest.raises(StepFailed, match=r"step [23]: the rollout process splitproof-rollout-rank0 \(pid \d+\) died "
-                                         r"with exit code -9"):
+    with pytest.raises(
+        StepFailed,
+        match=r"step [23]: the rollout process splitproof-rollout-rank0 \(pid \d+\) died "
+        r"with exit code -9",
+    ):
         fit(run, on_step=kill_rollout_process)
     assert killed and not rollout_processes()  # the loop let go of it
 
 
 # ------------------------------------------------------------------------------- kill -9 and resume_mode=auto
+
 
 def _train_paused_at(args: list[str], point: str, marker: str) -> None:
     from splitproof.cli import main
@@ -215,7 +228,7 @@ def test_killed_and_resumed_continues_the_pipelined_trajectory(model_dir, tmp_pa
     from safetensors.torch import load_file
 
     from splitproof.cli import main
-    from splitproof.rl.checkpoint.store import latest_checkpoint
+    from splitproof.rl.checkpoint.resume import latest_checkpoint
     from splitproof.rl.tracking.loggers import read_metrics
 
     from .rl_helpers import train_overrides
@@ -225,8 +238,9 @@ def test_killed_and_resumed_continues_the_pipelined_trajectory(model_dir, tmp_pa
 
     whole, killed, marker = tmp_path / "whole", tmp_path / "killed", tmp_path / "paused"
     assert main(["train", *args(whole)]) == 0
-    proc = multiprocessing.get_context("fork").Process(target=_train_paused_at,
-                                                       args=(args(killed), "step3:trained", str(marker)))
+    proc = multiprocessing.get_context("fork").Process(
+        target=_train_paused_at, args=(args(killed), "step3:trained", str(marker))
+    )
     proc.start()
     deadline = time.monotonic() + 600
     while not marker.exists():
@@ -241,12 +255,14 @@ def test_killed_and_resumed_continues_the_pipelined_trajectory(model_dir, tmp_pa
     b = load_file(whole / "global_step_4" / "actor" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in b)
     got, want = read_metrics(killed / "metrics.jsonl"), read_metrics(whole / "metrics.jsonl")
-    assert [{k: v for k, v in r.items() if not is_machine_dependent(k)} for r in got] == \
-           [{k: v for k, v in r.items() if not is_machine_dependent(k)} for r in want]
+    assert [{k: v for k, v in r.items() if not is_machine_dependent(k)} for r in got] == [
+        {k: v for k, v in r.items() if not is_machine_dependent(k)} for r in want
+    ]
     assert [r["rollout/param_version"] for r in want if r["step"] > 0] == [0, 0, 1, 2]
 
 
 # ------------------------------------------------------------------------------- torchrun: one rollout process per rank
+
 
 @pytest.mark.dist
 def test_two_ranks_continue_the_one_process_pipelined_trajectory(model_dir, tmp_path):
@@ -270,17 +286,37 @@ def test_two_ranks_continue_the_one_process_pipelined_trajectory(model_dir, tmp_
     one, two = tmp_path / "one", tmp_path / "two"
     train(load_train_config(None, args(one), on_notice=lambda m: None))
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "splitproof", "train", *args(two, ["actor_rollout_ref.actor.strategy=ddp"])],
-                          env=dict(os.environ, PYTHONPATH=str(root)), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "splitproof",
+            "train",
+            *args(two, ["actor_rollout_ref.actor.strategy=ddp"]),
+        ],
+        env=dict(os.environ, PYTHONPATH=str(root)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
     def weights(out):
-        return {k: v.double() for k, v in load_file(out / f"global_step_{STEPS}" / "actor" / "model.safetensors").items()}
+        return {
+            k: v.double() for k, v in load_file(out / f"global_step_{STEPS}" / "actor" / "model.safetensors").items()
+        }
 
     from transformers import AutoModelForCausalLM
 
-    initial = {k: v.double() for k, v in AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).state_dict().items()}
+    initial = {
+        k: v.double()
+        for k, v in AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).state_dict().items()
+    }
     difference = relative_update_difference(weights(two), weights(one), initial)
     print(f"pipelined, 2 ranks vs one process: {difference:.2e} of the update")
     assert difference <= 1e-10
@@ -300,19 +336,34 @@ def test_a_dead_rollout_process_under_torchrun_stops_every_rank(model_dir, tmp_p
     import sys
     from pathlib import Path
 
-    from splitproof.rl.checkpoint.store import latest_checkpoint
+    from splitproof.rl.checkpoint.resume import latest_checkpoint
     from splitproof.rl.rollout.worker import DIE_AT_ENV, DIE_RANK_ENV
 
     from .rl_helpers import train_overrides
 
     out = tmp_path / "out"
     root = Path(__file__).resolve().parents[1]
-    args = train_overrides(model_dir, out, 4, dtype="fp64", extra=[*K1, "trainer.save_freq=1",
-                                                                   "actor_rollout_ref.actor.strategy=ddp"])
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           "-m", "splitproof", "train", *args],
-                          env=dict(os.environ, PYTHONPATH=str(root), **{DIE_AT_ENV: "4", DIE_RANK_ENV: "1"}),
-                          capture_output=True, text=True, timeout=600)
+    args = train_overrides(
+        model_dir, out, 4, dtype="fp64", extra=[*K1, "trainer.save_freq=1", "actor_rollout_ref.actor.strategy=ddp"]
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "splitproof",
+            "train",
+            *args,
+        ],
+        env=dict(os.environ, PYTHONPATH=str(root), **{DIE_AT_ENV: "4", DIE_RANK_ENV: "1"}),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     report = done.stdout + done.stderr
     assert done.returncode != 0
     assert "the rollout process splitproof-rollout-rank1" in report and "died with exit code -9" in report, report
@@ -337,10 +388,16 @@ def test_a_dead_rollout_process_s_error_is_the_last_thing_on_stderr(model_dir, t
     from .rl_helpers import train_overrides
 
     root = Path(__file__).resolve().parents[1]
-    args = train_overrides(model_dir, tmp_path / "out", 3, extra=[*K1, "data.val_files=null",
-                                                                  "trainer.val_before_train=false"])
-    done = subprocess.run([sys.executable, "-m", "splitproof", "train", *args], capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(root), **{DIE_AT_ENV: "2"}), timeout=600)
+    args = train_overrides(
+        model_dir, tmp_path / "out", 3, extra=[*K1, "data.val_files=null", "trainer.val_before_train=false"]
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "splitproof", "train", *args],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(root), **{DIE_AT_ENV: "2"}),
+        timeout=600,
+    )
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 1, done.stderr
     # step 1 or 2: batch 1's answer may die with the process, unsent
@@ -348,8 +405,11 @@ def test_a_dead_rollout_process_s_error_is_the_last_thing_on_stderr(model_dir, t
     assert "Loading weights" not in done.stderr and "leaked" not in done.stderr, done.stderr
 
 
-LORA = ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
-        "actor_rollout_ref.model.target_modules=all-linear"]
+LORA = [
+    "actor_rollout_ref.model.lora_rank=4",
+    "actor_rollout_ref.model.lora_alpha=8",
+    "actor_rollout_ref.model.target_modules=all-linear",
+]
 
 
 def test_lora_the_rollout_process_holds_the_adapter(model_dir):

@@ -29,8 +29,14 @@ def model_dir(tmp_path_factory):
 
 
 def _config(model_dir):
-    return trajectory_config(model_dir, 1, [f"custom_reward_function.path={HERE / 'partial_key_reward.py'}",
-                                            "actor_rollout_ref.actor.ppo_mini_batch_size=4"])
+    return trajectory_config(
+        model_dir,
+        1,
+        [
+            f"custom_reward_function.path={HERE / 'partial_key_reward.py'}",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        ],
+    )
 
 
 def _records(model_dir):
@@ -44,7 +50,7 @@ def test_a_key_some_samples_lack_gives_the_same_metric_on_one_and_two_ranks(mode
     inputs = prepare_inputs(_config(model_dir))
     uids = inputs.sampler.next_batch()
     truths = [str(inputs.train_data[u].columns["reward_model"]["ground_truth"]) for u in uids]
-    first, second = truths[: len(truths) // 2], truths[len(truths) // 2:]  # rank 0's prompts, rank 1's
+    first, second = truths[: len(truths) // 2], truths[len(truths) // 2 :]  # rank 0's prompts, rank 1's
     assert not set(first) & set(second)
     monkeypatch.setenv("PARTIAL_KEY_TRUTHS", ",".join(first))
 

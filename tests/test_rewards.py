@@ -17,8 +17,8 @@ from splitproof.rl.rewards.functions import (
     detect_convention,
     load_reward_function,
     score,
-    token_level_scores,
 )
+from splitproof.rl.rewards.token_scores import token_level_scores
 
 TOK = char_tokenizer()
 EOS = TOK.eos_token_id
@@ -43,7 +43,9 @@ def record(uid, prompt, data_source="", **columns):
     columns = {"prompt": prompt, **columns}
     if data_source:
         columns["data_source"] = data_source
-    return PromptRecord(uid, prompt, tuple(TOK.encode(prompt if isinstance(prompt, str) else "x")), data_source, columns)
+    return PromptRecord(
+        uid, prompt, tuple(TOK.encode(prompt if isinstance(prompt, str) else "x")), data_source, columns
+    )
 
 
 def reward_file(tmp_path, body, name="reward.py"):
@@ -221,6 +223,7 @@ def test_convention_detection_and_forcing(tmp_path):
     def trl(prompts, completions, **kwargs): ...
     def short_trl(completions, **kwargs): ...
     def neither(a, b): ...
+
     assert detect_convention(verl) == "verl"
     assert detect_convention(trl) == detect_convention(short_trl) == "trl"
     with pytest.raises(RewardError, match="cannot tell its calling convention"):
@@ -252,7 +255,9 @@ def test_loading_errors(tmp_path):
     with pytest.raises(RewardError, match=r"raising\.py: importing it failed: ModuleNotFoundError"):
         load_reward_function(raising)
     path = reward_file(tmp_path, VERL_BODY)
-    with pytest.raises(RewardError, match=r"no function 'score_it' \(custom_reward_function.name\); it defines: compute_score"):
+    with pytest.raises(
+        RewardError, match=r"no function 'score_it' \(custom_reward_function.name\); it defines: compute_score"
+    ):
         load_reward_function(path, "score_it")
     with pytest.raises(RewardError, match="'CALLS' is a list, not a function"):
         load_reward_function(path, "CALLS")
@@ -277,7 +282,10 @@ def test_loading_errors(tmp_path):
     ],
 )
 def test_verl_misbehaviour_names_the_function_and_sample(tmp_path, body, message):
-    source = f"def judge(data_source, solution_str, ground_truth):\n    if solution_str == '4':\n        {body}\n    return 0.0\n"
+    source = (
+        "def judge(data_source, solution_str, ground_truth):\n"
+        f"    if solution_str == '4':\n        {body}\n    return 0.0\n"
+    )
     fn = load_reward_function(reward_file(tmp_path, source), "judge")
     samples = [sample(0, 0, "2"), sample(1, 2, "4")]  # only the second misbehaves
     with pytest.raises(RewardError, match=r"reward function judge \(.*reward\.py\) " + message):
@@ -333,9 +341,15 @@ def test_builtin_rules_by_data_source():
 
 def test_unknown_or_missing_data_source_is_an_error_before_any_model(tmp_path):
     path = tmp_path / "d.jsonl"
-    path.write_text(json.dumps({"prompt": "a", "data_source": "addition", "reward_model": {"ground_truth": "1"}}) + "\n"
-                    + json.dumps({"prompt": "b", "data_source": "my/set", "reward_model": {"ground_truth": "1"}}) + "\n")
-    with pytest.raises(RewardError, match=r"d\.jsonl row 1: data_source 'my/set' has no built-in reward rule; name a reward function"):
+    path.write_text(
+        json.dumps({"prompt": "a", "data_source": "addition", "reward_model": {"ground_truth": "1"}})
+        + "\n"
+        + json.dumps({"prompt": "b", "data_source": "my/set", "reward_model": {"ground_truth": "1"}})
+        + "\n"
+    )
+    with pytest.raises(
+        RewardError, match=r"d\.jsonl row 1: data_source 'my/set' has no built-in reward rule; name a reward function"
+    ):
         check_reward_sources(load_prompts(str(path), TOK), None)
     path.write_text(json.dumps({"prompt": "a", "answer": "1"}) + "\n")
     with pytest.raises(RewardError, match=r"d\.jsonl row 0: rows without a data_source have no built-in reward rule"):
@@ -358,8 +372,12 @@ def test_builtin_tasks_pass_the_check():
 
 def test_math_sources_use_math_verify_when_installed(monkeypatch, tmp_path):
     path = tmp_path / "m.jsonl"
-    path.write_text(json.dumps({"prompt": "q", "data_source": "HuggingFaceH4/MATH-500",
-                                "reward_model": {"ground_truth": "\\frac{1}{2}"}}) + "\n")
+    path.write_text(
+        json.dumps(
+            {"prompt": "q", "data_source": "HuggingFaceH4/MATH-500", "reward_model": {"ground_truth": "\\frac{1}{2}"}}
+        )
+        + "\n"
+    )
     data = load_prompts(str(path), TOK)
     monkeypatch.setitem(sys.modules, "math_verify", None)  # not installed
     with pytest.raises(RewardError, match=r"m\.jsonl row 0: .*math-verify, which is not installed: pip install"):

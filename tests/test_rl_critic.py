@@ -41,22 +41,32 @@ def test_builtin_model_trains_with_a_critic_and_the_actor_waits_for_the_warmup()
 
     from .rl_helpers import final_weights
 
-    cfg = load_train_config(None, ["algorithm.adv_estimator=gae", "data.train_batch_size=8",
-                                   "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.rollout.n=2",
-                                   "trainer.total_training_steps=2", "trainer.critic_warmup=2",
-                                   "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.logger=[]"])
+    cfg = load_train_config(
+        None,
+        [
+            "algorithm.adv_estimator=gae",
+            "data.train_batch_size=8",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+            "actor_rollout_ref.rollout.n=2",
+            "trainer.total_training_steps=2",
+            "trainer.critic_warmup=2",
+            "trainer.val_before_train=false",
+            "trainer.test_freq=-1",
+            "trainer.logger=[]",
+        ],
+    )
     run = build_parts(cfg)
     head = type(run.critic.model).__name__
     assert head == "LlamaForTokenClassification" and run.critic.model.config.num_labels == 1
     initial = final_weights(run.actor.model)
     after_first = {}
-    records = fit(run, on_step=lambda step, out: (after_first.update(final_weights(run.actor.model))
-                                                  if step == 1 else None))
+    records = fit(
+        run, on_step=lambda step, out: after_first.update(final_weights(run.actor.model)) if step == 1 else None
+    )
     assert all(torch.equal(after_first[k], initial[k]) for k in initial)
     assert "actor/pg_loss" not in records[0] and "actor/pg_loss" in records[1]
     assert records[0]["critic/vf_loss"] > 0 and math.isfinite(records[1]["critic/vf_explained_var"])
     assert not all(torch.equal(final_weights(run.actor.model)[k], initial[k]) for k in initial)
-
 
 
 def test_a_critic_beside_grpo_is_trained_and_changes_nothing_else():
@@ -68,9 +78,15 @@ def test_a_critic_beside_grpo_is_trained_and_changes_nothing_else():
 
     from .rl_helpers import final_weights
 
-    base = ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=2",
-            "trainer.total_training_steps=2", "trainer.val_before_train=false", "trainer.test_freq=-1",
-            "trainer.logger=[]"]
+    base = [
+        "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.rollout.n=2",
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.logger=[]",
+    ]
     runs = [build_parts(load_train_config(None, base + extra)) for extra in ([], ["critic.enable=true"])]
     records = [fit(run) for run in runs]
     assert runs[0].critic is None and runs[1].critic is not None

@@ -17,27 +17,40 @@ import math
 import pytest
 import torch
 
-import splitproof.rl.step as step_module
 import splitproof.rl.models.learner as learner_module
+import splitproof.rl.step as step_module
 from splitproof.engine.launch import run_data_parallel
 from splitproof.rl.rollout.hf import HFRollout
 
-from .rl_helpers import (LAYOUTS, assert_same_trajectory, relative_update_difference, run_trajectory,
-                         save_tiny_char_model, trajectory_config)
+from .rl_helpers import (
+    LAYOUTS,
+    assert_same_trajectory,
+    relative_update_difference,
+    run_trajectory,
+    save_tiny_char_model,
+    trajectory_config,
+)
 
 STEPS = 2
-IS = {"token": ["algorithm.rollout_correction.rollout_is=token",
-                "algorithm.rollout_correction.rollout_is_threshold=1.3"],
-      "sequence": ["algorithm.rollout_correction.rollout_is=sequence",
-                   "algorithm.rollout_correction.rollout_is_threshold=1.25"]}
+IS = {
+    "token": ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_is_threshold=1.3"],
+    "sequence": [
+        "algorithm.rollout_correction.rollout_is=sequence",
+        "algorithm.rollout_correction.rollout_is_threshold=1.25",
+    ],
+}
 THRESHOLD = {"token": 1.3, "sequence": 1.25}
 BYPASS = ["algorithm.rollout_correction.bypass_mode=true"]
 
 
 def _shift(sample):
-    return dataclasses.replace(sample, log_probs=[
-        lp - 0.4 * math.sin(1.7 * sample.uid + 2.3 * sample.sample_index + 0.9 * t + 0.5)
-        for t, lp in enumerate(sample.log_probs)])
+    return dataclasses.replace(
+        sample,
+        log_probs=[
+            lp - 0.4 * math.sin(1.7 * sample.uid + 2.3 * sample.sample_index + 0.9 * t + 0.5)
+            for t, lp in enumerate(sample.log_probs)
+        ],
+    )
 
 
 @contextlib.contextmanager
@@ -105,7 +118,10 @@ def test_weights_reach_the_update(corrected, uncorrected):
     assert weights.dtype == torch.float64 and weights.min() < 0.9 and weights.max() == THRESHOLD[level]
     assert first["rollout_corr/rollout_is_ratio_fraction_high"] > 0 and first["rollout_corr/kl"] != 0
     assert all(w is None for w in is_weights(uncorrected))
-    assert "rollout_corr/kl" in uncorrected["records"][0] and "rollout_corr/rollout_is_mean" not in uncorrected["records"][0]
+    assert (
+        "rollout_corr/kl" in uncorrected["records"][0]
+        and "rollout_corr/rollout_is_mean" not in uncorrected["records"][0]
+    )
     assert relative_update_difference(result["weights"], uncorrected["weights"], uncorrected["initial"]) > 1e-3
 
 
@@ -133,8 +149,11 @@ def _assert_same_correction(records, weights, want):
 @pytest.mark.dist
 def test_data_parallel_gives_identical_weights_and_metrics(model_dir, corrected):
     level, want = corrected
-    overrides = IS[level] + ["actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.rollout.max_num_seqs=3",
-                             "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2"]
+    overrides = IS[level] + [
+        "actor_rollout_ref.actor.strategy=ddp",
+        "actor_rollout_ref.rollout.max_num_seqs=3",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    ]
     for got in run_data_parallel(_dp_worker, 2, model_dir, overrides):
         _assert_same_correction(got["records"], got["weights_seen"], want)
         for a, b in zip(corr_metrics(got), corr_metrics(want)):
@@ -176,7 +195,7 @@ def test_bypass_mode_trains_on_the_rollout_log_probs(model_dir, uncorrected):
     for batch, samples in zip(got["batches"], got["samples"]):
         assert batch.rollout_is_weights is None
         for row, sample in enumerate(samples):
-            assert batch.old_log_probs[row, :len(sample.log_probs)].tolist() == sample.log_probs
+            assert batch.old_log_probs[row, : len(sample.log_probs)].tolist() == sample.log_probs
     # the simulated mismatch moves the old log-probs, so the update differs from the recomputing run
     assert relative_update_difference(got["weights"], uncorrected["weights"], uncorrected["initial"]) > 1e-3
 
@@ -188,8 +207,10 @@ def test_bypass_mode_matches_recompute_when_rollout_and_trainer_agree(model_dir)
     round differently (float64 layout changes move the update by ~1e-15)."""
     normal = run(model_dir, [], shift=False)
     bypass = run(model_dir, BYPASS, shift=False)
-    gap = max(float((n.old_log_probs - b.old_log_probs)[n.response_mask].abs().max())
-              for n, b in zip(normal["batches"], bypass["batches"]))
+    gap = max(
+        float((n.old_log_probs - b.old_log_probs)[n.response_mask].abs().max())
+        for n, b in zip(normal["batches"], bypass["batches"])
+    )
     difference = relative_update_difference(bypass["weights"], normal["weights"], normal["initial"])
     print(f"bypass vs recompute: max |old - rollout| {gap:.2e}, update difference {difference:.2e}")
     assert gap <= 1e-12 and difference <= 1e-12

@@ -10,8 +10,14 @@ import torch
 
 from splitproof.engine.launch import run_data_parallel
 
-from .rl_helpers import (LAYOUTS, PPO, assert_same_trajectory, relative_update_difference,
-                         run_trajectory, trajectory_config)
+from .rl_helpers import (
+    LAYOUTS,
+    PPO,
+    assert_same_trajectory,
+    relative_update_difference,
+    run_trajectory,
+    trajectory_config,
+)
 
 STEPS = 3
 
@@ -69,12 +75,25 @@ def test_ppo_baseline_trains_the_critic_then_the_actor(ppo_baseline):
     assert "actor/pg_loss" not in first and "timing_s/update_actor" not in first
     assert {"actor/pg_loss", "actor/lr", "timing_s/update_actor"} <= second.keys()
     for record in (first, second):
-        assert {"critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr",
-                "critic/values/mean", "critic/vf_explained_var", "timing_s/values", "timing_s/update_critic"} <= record.keys()
+        assert {
+            "critic/vf_loss",
+            "critic/vf_clipfrac",
+            "critic/vpred_mean",
+            "critic/grad_norm",
+            "critic/lr",
+            "critic/values/mean",
+            "critic/vf_explained_var",
+            "timing_s/values",
+            "timing_s/update_critic",
+        } <= record.keys()
     assert second["critic/vf_clipfrac"] > 0 and first["critic/lr"] == 0.02
     assert first["critic/returns/max"] > first["critic/returns/min"]
-    assert relative_update_difference(ppo_baseline["critic_initial"], ppo_baseline["critic_weights"],
-                                      ppo_baseline["critic_initial"]) == 1.0
+    assert (
+        relative_update_difference(
+            ppo_baseline["critic_initial"], ppo_baseline["critic_weights"], ppo_baseline["critic_initial"]
+        )
+        == 1.0
+    )
     assert relative_update_difference(ppo_baseline["initial"], ppo_baseline["weights"], ppo_baseline["initial"]) == 1.0
 
 
@@ -85,8 +104,12 @@ def test_ppo_layouts_give_the_same_trajectory(model_dir, ppo_baseline, layout):
 
 
 def _dp_worker(model_dir, strategy, extra=()):
-    overrides = [f"actor_rollout_ref.actor.strategy={strategy}", "actor_rollout_ref.rollout.max_num_seqs=3",
-                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2", *extra]
+    overrides = [
+        f"actor_rollout_ref.actor.strategy={strategy}",
+        "actor_rollout_ref.rollout.max_num_seqs=3",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+        *extra,
+    ]
     return run_trajectory(trajectory_config(model_dir, STEPS, overrides))
 
 
@@ -101,8 +124,12 @@ def test_data_parallel_gives_the_same_trajectory(model_dir, baseline, strategy):
 @pytest.mark.dist
 def test_ppo_on_three_ranks_gives_the_same_trajectory(model_dir, ppo_baseline):
     """An FSDP2 critic beside a DDP actor, over three ranks (shares of 5 or 6 rows, a minibatch of 8 rows)."""
-    extra = [*PPO, "critic.strategy=fsdp2", "critic.forward_micro_batch_size_per_gpu=2",
-             "critic.ppo_micro_batch_size_per_gpu=1"]
+    extra = [
+        *PPO,
+        "critic.strategy=fsdp2",
+        "critic.forward_micro_batch_size_per_gpu=2",
+        "critic.ppo_micro_batch_size_per_gpu=1",
+    ]
     for got in run_data_parallel(_dp_worker, 3, model_dir, "ddp", extra):
         assert_same_trajectory(got, ppo_baseline)
 
@@ -113,8 +140,9 @@ def test_float32_drift_is_within_the_precision_floor(model_dir):
     base32 = run_trajectory(trajectory_config(model_dir, STEPS, f32))
     ones32 = run_trajectory(trajectory_config(model_dir, STEPS, f32 + LAYOUTS["ones"]))
     base64 = run_trajectory(trajectory_config(model_dir, STEPS, []))
-    same = [[s.response_ids for s in a] == [s.response_ids for s in b]
-            for a, b in zip(base32["samples"], ones32["samples"])]
+    same = [
+        [s.response_ids for s in a] == [s.response_ids for s in b] for a, b in zip(base32["samples"], ones32["samples"])
+    ]
     assert same[0], "identical weights must sample identical first-step tokens"
     same_tokens = all(same)
     drift = relative_update_difference(ones32["weights"], base32["weights"], base32["initial"])

@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from splitproof.loss_config import ConfigError
 from splitproof.engine import compute_log_probs
 from splitproof.hf_models import load_causal_lm, tiny_causal_lm
+from splitproof.loss_config import ConfigError
 from splitproof.rl.rollout.hf import HFRollout, RolloutError, SamplingParams, requests_for, samples_to_batch
 
 PROMPT_LENGTHS = (1, 5, 9, 15, 16, 23)  # 15/16/17 straddle the padding multiple
@@ -47,8 +47,10 @@ def layouts(m, requests, params):
     yield "max_num_seqs=1", generate(m, requests, params, max_num_seqs=1)
     yield "max_num_seqs=3, permuted", generate(m, shuffled, params, max_num_seqs=3)
     yield "all at once, permuted", generate(m, shuffled, params)
-    yield "two ranks", (generate(m, shuffled[:half], params, max_num_seqs=4)
-                        + generate(m, shuffled[half:], params, max_num_seqs=5))
+    yield (
+        "two ranks",
+        (generate(m, shuffled[:half], params, max_num_seqs=4) + generate(m, shuffled[half:], params, max_num_seqs=5)),
+    )
 
 
 PARAMS = SamplingParams(n=2, temperature=1.0, max_response_length=12, seed=5)
@@ -123,7 +125,7 @@ def test_eos_stops_exactly_where_the_unstopped_generation_first_hits_it():
         else:
             hits += 1
             assert s.finished and s.response_ids == f.response_ids[:cut] and s.response_ids[-1] in eos
-        assert s.log_probs == f.log_probs[:len(s.response_ids)]
+        assert s.log_probs == f.log_probs[: len(s.response_ids)]
     assert hits >= 2
     last = stopped[3]
     assert last.finished and len(last.response_ids) <= 12  # EOS on the final allowed token still counts
@@ -136,21 +138,24 @@ def test_greedy_is_argmax_of_the_full_forward():
     requests = requests_for(prompts(), 1)
     greedy = generate(m, requests, SamplingParams(do_sample=False, max_response_length=8), eos=())
     assert generate(m, requests, SamplingParams(temperature=0.0, max_response_length=8), eos=()) == greedy
-    assert [s.response_ids for s in generate(m, requests, SamplingParams(top_k=1, max_response_length=8),
-                                             eos=())] == [s.response_ids for s in greedy]
+    assert [s.response_ids for s in generate(m, requests, SamplingParams(top_k=1, max_response_length=8), eos=())] == [
+        s.response_ids for s in greedy
+    ]
     for s in greedy:
         ids = torch.tensor([s.prompt_ids + s.response_ids])
-        logits = m(input_ids=ids).logits[0, len(s.prompt_ids) - 1:-1]
+        logits = m(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1]
         assert logits.argmax(-1).tolist() == s.response_ids
 
 
 def test_top_k_and_top_p_tokens_lie_in_their_sets_under_the_full_forward():
     m = model("qwen3")
-    for params in (SamplingParams(top_k=3, max_response_length=10, seed=1),
-                   SamplingParams(top_p=0.05, temperature=0.5, max_response_length=10, seed=2)):
+    for params in (
+        SamplingParams(top_k=3, max_response_length=10, seed=1),
+        SamplingParams(top_p=0.05, temperature=0.5, max_response_length=10, seed=2),
+    ):
         for s in generate(m, requests_for(prompts(3), 1), params, eos=()):
             ids = torch.tensor([s.prompt_ids + s.response_ids])
-            z = m(input_ids=ids).logits[0, len(s.prompt_ids) - 1:-1] / params.temperature
+            z = m(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1] / params.temperature
             probs = torch.softmax(z, -1)
             for t, tok in enumerate(s.response_ids):
                 rank = int((z[t] > z[t, tok]).sum())  # tokens strictly more likely
@@ -219,9 +224,15 @@ def test_bad_requests_are_named():
     for requests, pattern in cases:
         with pytest.raises(RolloutError, match=pattern):
             generate(m, requests, params)
-    for field, kwargs in (("temperature", dict(temperature=-0.1)), ("top_p", dict(top_p=0.0)),
-                          ("top_k", dict(top_k=-2)), ("max_response_length", dict(max_response_length=0)),
-                          ("n", dict(n=0)), ("seed", dict(seed=-1)), ("do_sample", dict(do_sample=1))):
+    for field, kwargs in (
+        ("temperature", dict(temperature=-0.1)),
+        ("top_p", dict(top_p=0.0)),
+        ("top_k", dict(top_k=-2)),
+        ("max_response_length", dict(max_response_length=0)),
+        ("n", dict(n=0)),
+        ("seed", dict(seed=-1)),
+        ("do_sample", dict(do_sample=1)),
+    ):
         with pytest.raises(ConfigError, match=f"^{field}:"):
             generate(m, good[:1], SamplingParams(**kwargs))
     with pytest.raises(ConfigError, match="^step:"):
@@ -241,9 +252,16 @@ def test_samples_to_tokens_lays_out_every_row():
     samples = []
     for uid in range(40):
         response = [g.randrange(99) for _ in range(g.randint(0, 4))]
-        samples.append(Sample(uid=uid, sample_index=0, prompt_ids=[g.randrange(99) for _ in range(g.randint(1, 9))],
-                              response_ids=response, log_probs=[g.uniform(-5, 0) for _ in response],
-                              finished=bool(response)))
+        samples.append(
+            Sample(
+                uid=uid,
+                sample_index=0,
+                prompt_ids=[g.randrange(99) for _ in range(g.randint(1, 9))],
+                response_ids=response,
+                log_probs=[g.uniform(-5, 0) for _ in response],
+                finished=bool(response),
+            )
+        )
     for dtype in (torch.float32, torch.float64):
         seqs, rollout_log_probs = samples_to_tokens(samples, response_width=4, pad_token_id=7, dtype=dtype)
         P = max(len(s.prompt_ids) for s in samples)
@@ -256,8 +274,9 @@ def test_samples_to_tokens_lays_out_every_row():
             assert seqs.response_mask[row].tolist() == [True] * t + [False] * (4 - t)
             assert rollout_log_probs[row].tolist() == torch.tensor(s.log_probs + [0.0] * (4 - t), dtype=dtype).tolist()
     with pytest.raises(ValueError, match=r"uid 3, sample_index 0\) has 5 response tokens > max_response_length 4"):
-        samples_to_tokens(samples[:3] + [Sample(3, 0, [1], [1] * 5, [0.0] * 5, False)], response_width=4,
-                          pad_token_id=0)
+        samples_to_tokens(
+            samples[:3] + [Sample(3, 0, [1], [1] * 5, [0.0] * 5, False)], response_width=4, pad_token_id=0
+        )
     with pytest.raises(ValueError, match=r"uid 3, sample_index 0\) has 1 log-probs for 2 response tokens"):
         samples_to_tokens([Sample(3, 0, [1], [1, 2], [0.0], True)], response_width=4, pad_token_id=0)
 
@@ -268,13 +287,23 @@ def test_samples_to_batch_takes_a_multi_turn_token_mask():
     from splitproof.rl.rollout.assemble import samples_to_tokens
     from splitproof.rl.rollout.episode import Episode
 
-    episodes = [Episode(uid=0, sample_index=0, prompt_ids=[3, 4], response_ids=[5, 6, 7, 8], log_probs=[-1.0] * 4,
-                        finished=True, token_mask=[1, 0, 0, 1]),
-                Episode(uid=0, sample_index=1, prompt_ids=[3], response_ids=[9], log_probs=[-0.5], finished=True,
-                        token_mask=[1])]
+    episodes = [
+        Episode(
+            uid=0,
+            sample_index=0,
+            prompt_ids=[3, 4],
+            response_ids=[5, 6, 7, 8],
+            log_probs=[-1.0] * 4,
+            finished=True,
+            token_mask=[1, 0, 0, 1],
+        ),
+        Episode(
+            uid=0, sample_index=1, prompt_ids=[3], response_ids=[9], log_probs=[-0.5], finished=True, token_mask=[1]
+        ),
+    ]
     batch = samples_to_batch(episodes)
     assert batch.response_mask.tolist() == [[True, False, False, True], [True, False, False, False]]
-    assert batch.attention_mask[:, batch.prompt_width:].tolist() == [[True] * 4, [True, False, False, False]]
+    assert batch.attention_mask[:, batch.prompt_width :].tolist() == [[True] * 4, [True, False, False, False]]
     tokens, _ = samples_to_tokens(episodes, response_width=6, pad_token_id=0)
     assert tokens.response_mask[:, :4].tolist() == batch.response_mask.tolist()
     assert not tokens.response_mask[:, 4:].any()

@@ -10,9 +10,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitproof.rl.rollout.correction import (SAFETY_BOUND, is_metrics, offpolicy_metrics, rollout_correction,
-                                              rollout_is_weights)
 from splitproof.rl.config.schema import RolloutCorrectionConfig
+from splitproof.rl.rollout.correction import (
+    SAFETY_BOUND,
+    is_metrics,
+    offpolicy_metrics,
+    rollout_correction,
+    rollout_is_weights,
+)
 
 
 def _random_batch(seed: int, rows: int, width: int, scale: float):
@@ -77,8 +82,9 @@ def test_metrics_match_a_plain_loop():
         mean = sum(ws) / len(ws)
         assert got["rollout_is_mean"] == pytest.approx(mean, rel=1e-14)
         assert got["rollout_is_std"] == pytest.approx(math.sqrt(sum((x - mean) ** 2 for x in ws) / len(ws)), rel=1e-12)
-        assert got["rollout_is_eff_sample_size"] == pytest.approx(1 / (sum((x / mean) ** 2 for x in ws) / len(ws)),
-                                                                 rel=1e-14)
+        assert got["rollout_is_eff_sample_size"] == pytest.approx(
+            1 / (sum((x / mean) ** 2 for x in ws) / len(ws)), rel=1e-14
+        )
         seq = [sum(float(w[i, t]) for t in range(8) if mask[i, t]) / int(mask[i].sum()) for i in range(6)]
         assert got["rollout_is_seq_mean"] == pytest.approx(sum(seq) / 6, rel=1e-14)
         assert got["rollout_is_seq_max_deviation"] == pytest.approx(max(abs(s - 1) for s in seq), rel=1e-12)
@@ -125,8 +131,14 @@ def test_chi2_estimates_are_never_negative():
 
 
 @settings(max_examples=25)
-@given(seed=st.integers(0, 10_000), rows=st.integers(1, 9), width=st.integers(1, 7), extra=st.integers(0, 4),
-       level=st.sampled_from(["token", "sequence"]), threshold=st.sampled_from([0.8, 1.3, 2.0, 10.0]))
+@given(
+    seed=st.integers(0, 10_000),
+    rows=st.integers(1, 9),
+    width=st.integers(1, 7),
+    extra=st.integers(0, 4),
+    level=st.sampled_from(["token", "sequence"]),
+    threshold=st.sampled_from([0.8, 1.3, 2.0, 10.0]),
+)
 def test_metrics_depend_on_the_rows_alone(seed, rows, width, extra, level, threshold):
     """Permuting the rows or widening the padding changes no bit of any metric, and moves the weights with
     their rows: every mean is a correctly rounded sum."""

@@ -25,8 +25,14 @@ from .test_logprobs import make_batch
 
 pytestmark = pytest.mark.invariance
 ROW_COUNTS = (1, 2, 3, 5, 16, 17, 30, 48)
-LAYOUTS = [dict(micro_batch_size=1), dict(micro_batch_size=3), dict(micro_batch_size=5),
-           dict(max_token_len=60), dict(max_token_len=60, packed=True), dict(max_token_len=400, packed=True)]
+LAYOUTS = [
+    dict(micro_batch_size=1),
+    dict(micro_batch_size=3),
+    dict(micro_batch_size=5),
+    dict(max_token_len=60),
+    dict(max_token_len=60, packed=True),
+    dict(max_token_len=400, packed=True),
+]
 
 
 def _operands(dtype, bias=True, n_out=80, rows=60):
@@ -45,7 +51,7 @@ def test_a_row_is_the_same_in_every_product(dtype, bias, n_out, product):
     whole = product(x, w, b)
     for m in ROW_COUNTS:
         for start in (0, 1, 3, 12):
-            assert torch.equal(product(x[start:start + m], w, b), whole[start:start + m]), (m, start)
+            assert torch.equal(product(x[start : start + m], w, b), whole[start : start + m]), (m, start)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -55,7 +61,7 @@ def test_a_row_is_the_same_past_the_largest_product(dtype):
     whole = fixed_tile_linear(x, w, b)
     for m in (MAX_ROWS - 1, MAX_ROWS, MAX_ROWS + 1, MAX_ROWS + 13, MAX_ROWS + 66):
         for start in (0, 3, 13):
-            assert torch.equal(fixed_tile_linear(x[start:start + m], w, b), whole[start:start + m]), (m, start)
+            assert torch.equal(fixed_tile_linear(x[start : start + m], w, b), whole[start : start + m]), (m, start)
 
 
 def test_a_plain_product_is_not():
@@ -71,7 +77,7 @@ def test_a_plain_product_is_not():
 @pytest.mark.parametrize("n_out", [80, 1])
 def test_the_products_compute_the_linear_map(product, n_out):
     x, w, b = _operands(torch.float64, n_out=n_out, rows=MAX_ROWS + 52)
-    for x3 in (x[:60].reshape(4, 15, 96), x[:MAX_ROWS + 52].reshape(4, -1, 96)):  # one product and several
+    for x3 in (x[:60].reshape(4, 15, 96), x[: MAX_ROWS + 52].reshape(4, -1, 96)):  # one product and several
         for bias in (b, None):
             want = F.linear(x3, w, bias)
             got = product(x3, w, bias)
@@ -114,8 +120,9 @@ def test_values_are_identical_in_every_layout():
 
 
 def _rollout(model, requests, params, max_num_seqs):
-    samples = HFRollout(model, eos_token_ids=[2], pad_token_id=0,
-                        max_num_seqs=max_num_seqs).generate(requests, params, step=0)
+    samples = HFRollout(model, eos_token_ids=[2], pad_token_id=0, max_num_seqs=max_num_seqs).generate(
+        requests, params, step=0
+    )
     return [(s.response_ids, s.log_probs) for s in samples]
 
 
@@ -124,9 +131,10 @@ def test_rollout_is_identical_above_the_row_floor():
     the filler). Without the block products this differed on AVX2 (8.9e-16 on a log-prob)."""
     model = tiny_causal_lm("llama", dtype=torch.float64, seed=2)
     g = torch.Generator().manual_seed(3)
-    prompts = [(u, torch.randint(3, 256, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist())
-               for u in range(23)]
+    prompts = [
+        (u, torch.randint(3, 256, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g).tolist())
+        for u in range(23)
+    ]
     params = SamplingParams(n=1, temperature=1.0, max_response_length=4, seed=1)
     requests = requests_for(prompts, params.n)
     assert _rollout(model, requests, params, 23) == _rollout(model, requests, params, 1)
-

@@ -7,8 +7,16 @@ import math
 import pytest
 import torch
 
-from splitproof.rl.rollout.sampling import (inverse_cdf, mix64, sample_tokens, stream_keys, stream_uniforms, token_uniforms,
-                                    top_k_mask, top_p_mask)
+from splitproof.rl.rollout.sampling import (
+    inverse_cdf,
+    mix64,
+    sample_tokens,
+    stream_keys,
+    stream_uniforms,
+    token_uniforms,
+    top_k_mask,
+    top_p_mask,
+)
 
 M64 = (1 << 64) - 1
 GAMMA = 0x9E3779B97F4A7C15
@@ -31,15 +39,21 @@ def key_int(seed, stream, step, uid, j) -> int:
 
 def uniform_int(key: int, t: int) -> float:
     x = mix64_int(key + (t + 1) * GAMMA)
-    return ((x >> 12) + 0.5) * 2.0 ** -52
+    return ((x >> 12) + 0.5) * 2.0**-52
 
 
 def signed(x: int) -> int:
     return x - (1 << 64) if x >= 1 << 63 else x
 
 
-FIELDS = [(0, 0, 0, 0, 0), (42, 0, 3, 7, 1), (42, 1, 3, 7, 1), (2**63 - 1, 1, 2**40, 2**62, 5),
-          (123456789, 0, 0, 99999, 15), (7, 0, 1, 0, 0)]
+FIELDS = [
+    (0, 0, 0, 0, 0),
+    (42, 0, 3, 7, 1),
+    (42, 1, 3, 7, 1),
+    (2**63 - 1, 1, 2**40, 2**62, 5),
+    (123456789, 0, 0, 99999, 15),
+    (7, 0, 1, 0, 0),
+]
 
 
 def test_tensor_hash_matches_the_integer_oracle():
@@ -57,24 +71,36 @@ def test_keys_are_per_row_functions_of_the_fields():
     uids = torch.tensor([5, 3, 9, 3, 0])
     js = torch.tensor([0, 1, 2, 0, 7])
     together = stream_keys(42, 0, 3, uids, js)
-    alone = torch.cat([stream_keys(42, 0, 3, uids[i:i + 1], js[i:i + 1]) for i in range(5)])
+    alone = torch.cat([stream_keys(42, 0, 3, uids[i : i + 1], js[i : i + 1]) for i in range(5)])
     assert torch.equal(together, alone)
     # reversing the rows reverses the keys
     assert torch.equal(stream_keys(42, 0, 3, uids.flip(0), js.flip(0)), together.flip(0))
 
 
 def test_different_fields_give_different_streams():
-    grid = [(seed, stream, step, uid, j) for seed in (0, 1, 42) for stream in (0, 1) for step in (0, 1, 2)
-            for uid in range(6) for j in range(4)]
+    grid = [
+        (seed, stream, step, uid, j)
+        for seed in (0, 1, 42)
+        for stream in (0, 1)
+        for step in (0, 1, 2)
+        for uid in range(6)
+        for j in range(4)
+    ]
     keys = torch.cat([stream_keys(s, st, sp, torch.tensor([u]), torch.tensor([j])) for s, st, sp, u, j in grid])
     assert keys.unique().numel() == len(grid)
     # the first 8 uniforms of every stream: no two streams share a value (the streams are not shifted copies)
     first = torch.stack([token_uniforms(keys, t) for t in range(8)], dim=1)
     assert first.unique().numel() == first.numel()
     # neighbouring uids and steps are uncorrelated
-    u_a = torch.stack([token_uniforms(stream_keys(42, 0, 0, torch.arange(2000), torch.zeros(2000, dtype=torch.long)), 0)])
-    u_b = torch.stack([token_uniforms(stream_keys(42, 0, 0, torch.arange(1, 2001), torch.zeros(2000, dtype=torch.long)), 0)])
-    u_c = torch.stack([token_uniforms(stream_keys(42, 0, 1, torch.arange(2000), torch.zeros(2000, dtype=torch.long)), 0)])
+    u_a = torch.stack(
+        [token_uniforms(stream_keys(42, 0, 0, torch.arange(2000), torch.zeros(2000, dtype=torch.long)), 0)]
+    )
+    u_b = torch.stack(
+        [token_uniforms(stream_keys(42, 0, 0, torch.arange(1, 2001), torch.zeros(2000, dtype=torch.long)), 0)]
+    )
+    u_c = torch.stack(
+        [token_uniforms(stream_keys(42, 0, 1, torch.arange(2000), torch.zeros(2000, dtype=torch.long)), 0)]
+    )
     for other in (u_b, u_c):
         corr = torch.corrcoef(torch.cat([u_a, other]))[0, 1].item()
         assert abs(corr) < 0.1  # ~N(0, 1/sqrt(2000)) = 0.022 for independent uniforms
@@ -111,10 +137,11 @@ def test_uniform_bounds_are_open():
 
     top = uniform_from_bits(torch.tensor([-1], dtype=torch.int64)).item()  # all 64 bits set
     low = uniform_from_bits(torch.tensor([0], dtype=torch.int64)).item()
-    assert top < 1.0 and top == 1 - 2.0 ** -53 and low == 2.0 ** -53
+    assert top < 1.0 and top == 1 - 2.0**-53 and low == 2.0**-53
 
 
 # ---------------------------------------------------------------------------------------- the rule
+
 
 def _uniforms(n: int, seed: int = 7) -> torch.Tensor:
     return token_uniforms(stream_keys(seed, 0, 0, torch.arange(n), torch.zeros(n, dtype=torch.long)), 0)
@@ -216,7 +243,7 @@ def test_top_p_mask_ties_and_the_top_token():
 
 def test_inverse_cdf_edges():
     w = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]] * 4, dtype=torch.float32)
-    u = torch.tensor([2.0 ** -53, 0.5 - 1e-12, 0.5, 1 - 2.0 ** -53], dtype=torch.float64)
+    u = torch.tensor([2.0**-53, 0.5 - 1e-12, 0.5, 1 - 2.0**-53], dtype=torch.float64)
     assert inverse_cdf(w, u).tolist() == [1, 1, 3, 3]  # zero-weight ids are never picked
     # u · total rounding up to total: the last token of positive weight
     assert inverse_cdf(w[:1], torch.tensor([1.0], dtype=torch.float64)).tolist() == [3]
@@ -227,7 +254,7 @@ def test_two_level_inverse_cdf_is_the_one_level_search():
     for vocab in (128, 300, 1000):  # a multiple of the block, and two that need padding
         w = torch.rand(16, vocab, generator=g, dtype=torch.float64) ** 4
         w[:, ::7] = 0  # zero-weight ids
-        w[3, :vocab // 2 + 10] = 0  # whole empty blocks
+        w[3, : vocab // 2 + 10] = 0  # whole empty blocks
         for seed in range(40):
             u = _uniforms(16, seed=100 + seed)
             cdf = torch.cumsum(w, -1)
@@ -260,7 +287,7 @@ def test_a_row_depends_only_on_its_own_logits_and_uniform(dtype):
     u = _uniforms(33)
     for kwargs in ({}, {"top_k": 20}, {"top_p": 0.7}, {"top_k": 50, "top_p": 0.9, "temperature": 0.8}):
         together = sample_tokens(logits, u, **kwargs)
-        alone = [sample_tokens(logits[i:i + 1], u[i:i + 1], **kwargs) for i in range(33)]
+        alone = [sample_tokens(logits[i : i + 1], u[i : i + 1], **kwargs) for i in range(33)]
         assert torch.equal(together[0], torch.cat([a[0] for a in alone]))
         assert torch.equal(together[1], torch.cat([a[1] for a in alone]))
         perm = torch.randperm(33, generator=g)

@@ -25,9 +25,10 @@ def test_the_dapo_manager_puts_its_values_where_each_sample_would_list_them():
     given = Rewards(torch.tensor([1.0, 0.5], dtype=torch.float64), {"pred": [NAN, 3.0]})
     out = apply_manager(RewardManager("dapo", buffer), given, [4, 1])
     assert list(out.extra) == ["acc", "overlong_reward", "overlong", "pred"]
-    assert out.scores.tolist() == [0.0, 0.5] and out.extra["acc"][0] == 1.0 and math.isnan(out.extra["acc"][1])
+    # a sample whose function returned its answer (``pred``) and no other value scores ``acc`` too
+    assert out.scores.tolist() == [0.0, 0.5] and out.extra["acc"] == [1.0, 0.5]
     later = apply_manager(RewardManager("dapo", buffer), Rewards(given.scores, {"pred": [3.0, NAN]}), [4, 1])
-    assert list(later.extra) == ["pred", "overlong_reward", "overlong", "acc"]
+    assert list(later.extra) == ["acc", "pred", "overlong_reward", "overlong"]
 
 
 def test_concatenated_parts_keep_every_name_with_nan_where_a_part_lacks_it():

@@ -30,8 +30,10 @@ def test_synthetic_rollout_is_valid_and_deterministic():
     assert torch.all(batch.rollout_is_weights[valid] > 0)
 
     again = synthetic_rollout(model, 8, 12, 16, seed=3, with_is_weights=True)
-    assert all(torch.equal(getattr(batch, f), getattr(again, f))
-               for f in ("prompts", "responses", "attention_mask", "old_log_probs", "advantages", "ref_log_probs"))
+    assert all(
+        torch.equal(getattr(batch, f), getattr(again, f))
+        for f in ("prompts", "responses", "attention_mask", "old_log_probs", "advantages", "ref_log_probs")
+    )
     other = synthetic_rollout(model, 8, 12, 16, seed=4)
     assert not torch.equal(batch.responses, other.responses)
     assert other.rollout_is_weights is None

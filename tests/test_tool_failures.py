@@ -70,8 +70,9 @@ def test_hung_calls_end_on_time_whatever_the_pool_and_the_order_awaited(tools, w
     hung = [runner.submit(_wait(60)), runner.submit(_wait(60))]
     quick = runner.submit(_wait(0.01))
     assert runner.result(quick).text == "done"
-    assert [(r.status, r.text) for r in map(runner.result, hung)] == \
-        [("timeout", "Error when executing tool: timed out after 0.3 s")] * 2
+    assert [(r.status, r.text) for r in map(runner.result, hung)] == [
+        ("timeout", "Error when executing tool: timed out after 0.3 s")
+    ] * 2
     elapsed = time.monotonic() - begin
     runner.close()
     assert elapsed < (0.6 if workers == 1 else 0.3) + 2.0, elapsed  # pool of 1: the two hung calls in turn
@@ -99,7 +100,7 @@ def test_a_tool_that_exits_or_interrupts_is_a_tool_failure(tools, how, text):
             call_tool(tools, call)
 
 
-RUN = textwrap.dedent('''
+RUN = textwrap.dedent("""
     import sys
     sys.path.insert(0, {tests!r})
     from multiturn_format import DigitFormat
@@ -109,37 +110,63 @@ RUN = textwrap.dedent('''
     code = main(sys.argv[1:])
     print("main returned", code, flush=True)
     sys.exit(code)
-''')
+""")
 
 
 def _train(tmp_path, tool_source: str, extra: list[str], timeout: float):
     (tmp_path / "tools.py").write_text(tool_source)
     (tmp_path / "run.py").write_text(RUN.format(tests=str(HERE)))
     out = tmp_path / "out"
-    args = ["train", "actor_rollout_ref.model.path=builtin://charlm", "data.train_batch_size=2",
-            "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-            "data.max_response_length=24", "data.val_files=null", "trainer.val_before_train=false",
-            "trainer.total_training_steps=2", "trainer.logger=[file]", f"trainer.default_local_dir={out}",
-            "actor_rollout_ref.rollout.multi_turn.enable=true", "actor_rollout_ref.rollout.multi_turn.format=simple",
-            f"actor_rollout_ref.rollout.multi_turn.function_tool_path={tmp_path / 'tools.py'}",
-            "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
-            "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=2", *extra]
+    args = [
+        "train",
+        "actor_rollout_ref.model.path=builtin://charlm",
+        "data.train_batch_size=2",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "data.max_response_length=24",
+        "data.val_files=null",
+        "trainer.val_before_train=false",
+        "trainer.total_training_steps=2",
+        "trainer.logger=[file]",
+        f"trainer.default_local_dir={out}",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        "actor_rollout_ref.rollout.multi_turn.format=simple",
+        f"actor_rollout_ref.rollout.multi_turn.function_tool_path={tmp_path / 'tools.py'}",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
+        "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=2",
+        *extra,
+    ]
     begin = time.monotonic()
-    done = subprocess.run([sys.executable, str(tmp_path / "run.py"), *args], capture_output=True, text=True,
-                          check=False, timeout=timeout, env=dict(os.environ, PYTHONPATH=str(HERE.parent)))
+    done = subprocess.run(
+        [sys.executable, str(tmp_path / "run.py"), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+        env=dict(os.environ, PYTHONPATH=str(HERE.parent)),
+    )
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     return done, records, time.monotonic() - begin
 
 
-HUNG = 'import time\n\n\ndef lookup(key: str) -> str:\n    """Hang.\n\n    Args:\n        key: a digit\n    """\n' \
-       '    time.sleep(3600)\n    return key\n'
+HUNG = (
+    'import time\n\n\ndef lookup(key: str) -> str:\n    """Hang.\n\n    Args:\n        key: a digit\n    """\n'
+    "    time.sleep(3600)\n    return key\n"
+)
 EXITS = HUNG.replace("time.sleep(3600)", "sys.exit(0)").replace("import time", "import sys")
 
 
 @pytest.mark.parametrize("workers", [1, 8])
 def test_a_run_with_hung_tools_ends_and_the_process_exits(tmp_path, workers):
-    done, records, elapsed = _train(tmp_path, HUNG, ["actor_rollout_ref.rollout.multi_turn.tool_timeout=0.2",
-                                                     f"actor_rollout_ref.rollout.agent.num_workers={workers}"], 240)
+    done, records, elapsed = _train(
+        tmp_path,
+        HUNG,
+        [
+            "actor_rollout_ref.rollout.multi_turn.tool_timeout=0.2",
+            f"actor_rollout_ref.rollout.agent.num_workers={workers}",
+        ],
+        240,
+    )
     assert done.returncode == 0 and "main returned 0" in done.stdout, done.stderr[-2000:]
     timeouts = [r["multi_turn/tool_timeouts/mean"] for r in records if "multi_turn/tool_timeouts/mean" in r]
     assert len(timeouts) == 2 and min(timeouts) > 0, records
@@ -149,14 +176,19 @@ def test_a_run_with_hung_tools_ends_and_the_process_exits(tmp_path, workers):
 def test_a_tool_that_calls_sys_exit_is_a_counted_failure_not_the_end_of_the_run(tmp_path):
     done, records, _ = _train(tmp_path, EXITS, [], 240)
     assert done.returncode == 0 and "main returned 0" in done.stdout, done.stderr[-2000:]
-    failures = [(r["multi_turn/tool_failure_ratio"], r["multi_turn/tool_calls/mean"])
-                for r in records if "multi_turn/tool_failure_ratio" in r]
+    failures = [
+        (r["multi_turn/tool_failure_ratio"], r["multi_turn/tool_calls/mean"])
+        for r in records
+        if "multi_turn/tool_failure_ratio" in r
+    ]
     assert len(failures) == 2 and all(ratio == 1.0 and calls > 0 for ratio, calls in failures), records
 
 
-REFUSES_TOOL = ("{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('unknown role: ' + m.role) }}"
-                "{% endif %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: "
-                "{% endif %}")
+REFUSES_TOOL = (
+    "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('unknown role: ' + m.role) }}"
+    "{% endif %}{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant: "
+    "{% endif %}"
+)
 
 
 def test_a_chat_template_that_refuses_the_tool_role_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
@@ -177,8 +209,19 @@ def test_a_chat_template_that_refuses_the_tool_role_is_one_line_and_exit_2(tmp_p
     config = tmp_path / "run.yaml"
     OmegaConf.save({"actor_rollout_ref": {"model": {"custom_chat_template": REFUSES_TOOL}}}, config)
     out = tmp_path / "out"
-    code = main(["train", "--config", str(config), *train_overrides("builtin://charlm", out, 2),
-                 "actor_rollout_ref.rollout.multi_turn.enable=true",
-                 f"actor_rollout_ref.rollout.multi_turn.function_tool_path={tmp_path / 'tools.py'}"])
-    assert_usage_error(code, capsys.readouterr().err, ["multi_turn.format", "custom_chat_template", "'tool'",
-                                                       "unknown role: tool"], out)
+    code = main(
+        [
+            "train",
+            "--config",
+            str(config),
+            *train_overrides("builtin://charlm", out, 2),
+            "actor_rollout_ref.rollout.multi_turn.enable=true",
+            f"actor_rollout_ref.rollout.multi_turn.function_tool_path={tmp_path / 'tools.py'}",
+        ]
+    )
+    assert_usage_error(
+        code,
+        capsys.readouterr().err,
+        ["multi_turn.format", "custom_chat_template", "'tool'", "unknown role: tool"],
+        out,
+    )

@@ -16,8 +16,17 @@ SCRIPT = ROOT / "examples" / "update_step.py"
 
 def run(out: Path, *launcher: str, extra=()) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    cmd = [*launcher, str(SCRIPT), "--loss-mode", "geo_mean", "--agg-mode", "seq-mean-token-mean", "--out", str(out),
-           *extra]
+    cmd = [
+        *launcher,
+        str(SCRIPT),
+        "--loss-mode",
+        "geo_mean",
+        "--agg-mode",
+        "seq-mean-token-mean",
+        "--out",
+        str(out),
+        *extra,
+    ]
     subprocess.run(cmd, check=True, cwd=ROOT, env=env, timeout=240, capture_output=True)
     return torch.load(out, weights_only=False)
 

@@ -10,16 +10,21 @@ import pytest
 import torch
 
 from splitproof import ConfigError
-from splitproof.rl.tracking import loggers as tracking
 from splitproof.rl.config.load import load_train_config
+from splitproof.rl.tracking import curve
 from splitproof.rl.tracking.loggers import Tracker, read_metrics
 
 VAL = "val-core/addition/reward/mean@1"
 
 
 def step_metrics(step: int) -> dict:
-    return {"critic/score/mean": 0.125 * step, "response_length/mean": 4.0 + step / 3,
-            "actor/pg_loss": -0.1 * step, "timing_s/step": 1.5, "actor/grad_norm": torch.tensor(0.5 + step)}
+    return {
+        "critic/score/mean": 0.125 * step,
+        "response_length/mean": 4.0 + step / 3,
+        "actor/pg_loss": -0.1 * step,
+        "timing_s/step": 1.5,
+        "actor/grad_norm": torch.tensor(0.5 + step),
+    }
 
 
 def run(tmp_path, steps, *, loggers=("file",), resume_step=None, val_every=2, offset=0.0, **kwargs):
@@ -50,8 +55,12 @@ def test_resumed_console_keeps_the_last_held_out_score(tmp_path, loggers):
     run(tmp_path, range(3), loggers=("file",)).finish()
     out = io.StringIO()
     run(tmp_path, [3], loggers=loggers, resume_step=2, stream=out).finish()
-    assert out.getvalue().splitlines()[0].startswith(
-        "step 3/6 | reward 0.375 | held-out addition reward/mean@1 0.400 (step 2) |")
+    assert (
+        out.getvalue()
+        .splitlines()[0]
+        .startswith("step 3/6 | reward 0.375 | held-out addition reward/mean@1 0.400 (step 2) |")
+    )
+
 
 def test_console_live_line_on_a_terminal(tmp_path):
     out = io.StringIO()
@@ -124,16 +133,17 @@ def _wandb_history(run_dir) -> list[dict]:
         if block - pos % block < 7:
             pos += block - pos % block
             continue
-        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
-        pending += data[pos + 7:pos + 7 + length]
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # a full record, or the last piece of one
             record = wandb_internal_pb2.Record()
             record.ParseFromString(pending)
             pending = b""
             if record.WhichOneof("record_type") == "history":
-                history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                                for item in record.history.item})
+                history.append(
+                    {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                )
     return history
 
 
@@ -162,13 +172,15 @@ def test_a_short_runs_curve_has_integer_steps_and_a_sensible_score_axis():
     records = [{"step": 0, **validation_metrics(["", ""], [0, 1], [0.3361, 0.3361], {})}]
     records += [{"step": s, "critic/score/mean": 0.3361 + 0.0004 * s} for s in range(1, 5)]
     assert set(records[0]) == {"step", "val-core/unknown/reward/mean@1"}  # verl's name for a missing data source
-    axes = tracking.curve_figure(records).axes[0]
+    axes = curve.curve_figure(records).axes[0]
     low, high = axes.get_ylim()
     assert high - low >= 0.1 - 1e-12
     ticks = [t for t in axes.get_xticks() if 0 <= t <= 4]
     assert ticks and all(float(t).is_integer() for t in ticks)
     assert [text.get_text() for text in axes.get_legend().get_texts()] == [
-        "training reward (critic/score/mean)", "held-out unknown (reward/mean@1)"]
+        "training reward (critic/score/mean)",
+        "held-out unknown (reward/mean@1)",
+    ]
 
 
 def test_curve_png_from_the_whole_run(tmp_path):
@@ -178,12 +190,13 @@ def test_curve_png_from_the_whole_run(tmp_path):
     assert path == tmp_path / "curve.png"
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [r["step"] for r in tracker.history] == list(range(11))  # the curve covers the resumed run too
-    assert tracking.write_curve([{"step": 1, "actor/pg_loss": 0.1}], tmp_path / "none.png") is None
+    assert curve.write_curve([{"step": 1, "actor/pg_loss": 0.1}], tmp_path / "none.png") is None
 
 
 def test_tracker_from_config(tmp_path):
-    cfg = load_train_config(None, [f"trainer.default_local_dir={tmp_path}", "trainer.logger=[file]",
-                                   "trainer.experiment_name=exp"])
+    cfg = load_train_config(
+        None, [f"trainer.default_local_dir={tmp_path}", "trainer.logger=[file]", "trainer.experiment_name=exp"]
+    )
     tracker = Tracker.from_config(cfg, total_steps=3)
     tracker.log({"critic/score/mean": math.pi}, 1)
     tracker.finish()

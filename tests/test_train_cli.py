@@ -16,7 +16,7 @@ from splitproof.cli import main
 from splitproof.cli.train import resume_command
 from splitproof.engine.launch import run_data_parallel
 from splitproof.rl import run as run_module
-from splitproof.rl.checkpoint.store import is_complete, latest_checkpoint
+from splitproof.rl.checkpoint.resume import is_complete, latest_checkpoint
 from splitproof.rl.tracking.loggers import read_metrics
 
 from .rl_helpers import assert_usage_error, save_tiny_char_model, train_overrides
@@ -52,7 +52,9 @@ def test_a_run_writes_metrics_checkpoints_and_curve(finished):
 def test_rerunning_a_finished_run_does_nothing(finished, model_dir, monkeypatch, capsys):
     """It says so and how to go on, loads no model and touches no file."""
     _, out = finished
-    before = {name: ((out / name).read_bytes(), (out / name).stat().st_mtime_ns) for name in ("metrics.jsonl", "curve.png")}
+    before = {
+        name: ((out / name).read_bytes(), (out / name).stat().st_mtime_ns) for name in ("metrics.jsonl", "curve.png")
+    }
     _no_model(monkeypatch)
     assert main(["train", *train_overrides(model_dir, out, 3, extra=["trainer.save_freq=2"])]) == 0
     err = capsys.readouterr().err
@@ -67,11 +69,18 @@ def test_a_finished_runs_rerun_imports_no_torch(finished, model_dir):
     import sys
 
     args = train_overrides(model_dir, finished[1], 3, extra=["trainer.save_freq=2"])
-    code = (f"import sys; from splitproof.cli import main; code = main(['train', *{args!r}]); "
-            "heavy = sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules); "
-            "print(code, heavy, file=sys.stderr)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[1])
+    code = (
+        f"import sys; from splitproof.cli import main; code = main(['train', *{args!r}]); "
+        "heavy = sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules); "
+        "print(code, heavy, file=sys.stderr)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert done.stderr.strip().splitlines()[-1] == "0 []", done.stderr
     assert "the run is complete" in done.stderr
 
@@ -133,32 +142,55 @@ MISTAKES = {
     "missing prompt column": (["data.prompt_key=question"], ["'question'"]),
     "bad reward path": (["custom_reward_function.path={tmp}/no_reward.py"], ["no_reward.py", "not found"]),
     "bad reward name": (["custom_reward_function.name=nothing_here"], ["nothing_here"]),
-    "unknown data source": (["data.train_files={mystery}", "custom_reward_function.path=null",
-                             "custom_reward_function.name=null"], ["mystery"]),
-    "output directory under a file": (["trainer.default_local_dir={tmp}/a_file/out"], ["trainer.default_local_dir",
-                                                                                      "not a directory"]),
+    "unknown data source": (
+        ["data.train_files={mystery}", "custom_reward_function.path=null", "custom_reward_function.name=null"],
+        ["mystery"],
+    ),
+    "output directory under a file": (
+        ["trainer.default_local_dir={tmp}/a_file/out"],
+        ["trainer.default_local_dir", "not a directory"],
+    ),
     "output directory unwritable": (["trainer.default_local_dir=/proc/splitproof/out"], ["trainer.default_local_dir"]),
     "model directory without a model": (["actor_rollout_ref.model.path={tmp}"], ["actor_rollout_ref.model.path"]),
-    "critic model missing": (["algorithm.adv_estimator=gae", "critic.model.path={tmp}/no_critic"],
-                             ["critic.model.path", "not a local directory"]),
-    "critic directory without a model": (["algorithm.adv_estimator=gae", "critic.model.path={tmp}"], ["critic.model.path"]),
-    "critic minibatch does not divide": (["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=3"],
-                                         ["critic.ppo_mini_batch_size", "divide"]),
-    "rollout correction without rollout log-probs": (["algorithm.rollout_correction.rollout_is=token",
-                                                       "actor_rollout_ref.rollout.calculate_log_probs=false"],
-                                                      ["actor_rollout_ref.rollout.calculate_log_probs"]),
-    "filter metric the reward does not produce": (["algorithm.filter_groups.enable=true",
-                                                   "algorithm.filter_groups.metric=nope"],
-                                                  ["algorithm.filter_groups.metric", "'nope'", "not produced"]),
-    "generation batch smaller than a step": (["algorithm.filter_groups.enable=true", "data.gen_batch_size=2"],
-                                             ["data.gen_batch_size", "smaller than data.train_batch_size"]),
+    "critic model missing": (
+        ["algorithm.adv_estimator=gae", "critic.model.path={tmp}/no_critic"],
+        ["critic.model.path", "not a local directory"],
+    ),
+    "critic directory without a model": (
+        ["algorithm.adv_estimator=gae", "critic.model.path={tmp}"],
+        ["critic.model.path"],
+    ),
+    "critic minibatch does not divide": (
+        ["algorithm.adv_estimator=gae", "critic.ppo_mini_batch_size=3"],
+        ["critic.ppo_mini_batch_size", "divide"],
+    ),
+    "rollout correction without rollout log-probs": (
+        ["algorithm.rollout_correction.rollout_is=token", "actor_rollout_ref.rollout.calculate_log_probs=false"],
+        ["actor_rollout_ref.rollout.calculate_log_probs"],
+    ),
+    "filter metric the reward does not produce": (
+        ["algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=nope"],
+        ["algorithm.filter_groups.metric", "'nope'", "not produced"],
+    ),
+    "generation batch smaller than a step": (
+        ["algorithm.filter_groups.enable=true", "data.gen_batch_size=2"],
+        ["data.gen_batch_size", "smaller than data.train_batch_size"],
+    ),
     "overlong buffer longer than the responses": (
-        ["reward.reward_manager.name=dapo", "+reward.reward_kwargs.overlong_buffer_cfg.enable=true",
-         "+reward.reward_kwargs.overlong_buffer_cfg.len=8", "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1",
-         "+reward.reward_kwargs.max_resp_len=8"], ["overlong_buffer_cfg.len", "longer than data.max_response_length"]),
+        [
+            "reward.reward_manager.name=dapo",
+            "+reward.reward_kwargs.overlong_buffer_cfg.enable=true",
+            "+reward.reward_kwargs.overlong_buffer_cfg.len=8",
+            "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1",
+            "+reward.reward_kwargs.max_resp_len=8",
+        ],
+        ["overlong_buffer_cfg.len", "longer than data.max_response_length"],
+    ),
     "reward manager not implemented": (["reward_model.reward_manager=prime"], ["reward_model.reward_manager", "prime"]),
-    "resume from nothing": (["trainer.resume_mode=resume_path", "trainer.resume_from_path={tmp}/nowhere"],
-                            ["trainer.resume_from_path", "does not exist"]),
+    "resume from nothing": (
+        ["trainer.resume_mode=resume_path", "trainer.resume_from_path={tmp}/nowhere"],
+        ["trainer.resume_from_path", "does not exist"],
+    ),
 }
 
 
@@ -208,16 +240,23 @@ def test_wandb_without_credentials_is_one_line_exit_2_before_any_work(model_dir,
 def test_errors_about_values_you_did_not_set_name_their_origin(tmp_path, monkeypatch, capsys):
     """The built-in model on data of your own: verl's batch and lengths, each error saying where its value
     came from, before any model is loaded."""
-    rows = _data_file(tmp_path, [{"prompt": f"{i}+1=", "data_source": "addition", "ground_truth": str(i + 1)}
-                                 for i in range(6)])
+    rows = _data_file(
+        tmp_path, [{"prompt": f"{i}+1=", "data_source": "addition", "ground_truth": str(i + 1)} for i in range(6)]
+    )
     _no_model(monkeypatch)
     out = tmp_path / "out"
     base = ["train", f"data.train_files={rows}", f"trainer.default_local_dir={out}"]
-    for extra, words in (([], "(data.max_prompt_length=512 is verl's default; data.max_response_length=512 is "
-                              "verl's default; actor_rollout_ref.model.path=builtin://charlm is splitproof's default"),
-                         (["data.max_prompt_length=8", "data.max_response_length=4"],
-                          "fewer than one batch of 1024 (data.train_batch_size) (data.train_batch_size=1024 is "
-                          "verl's default)")):
+    for extra, words in (
+        (
+            [],
+            "(data.max_prompt_length=512 is verl's default; data.max_response_length=512 is "
+            "verl's default; actor_rollout_ref.model.path=builtin://charlm is splitproof's default",
+        ),
+        (
+            ["data.max_prompt_length=8", "data.max_response_length=4"],
+            "fewer than one batch of 1024 (data.train_batch_size) (data.train_batch_size=1024 is verl's default)",
+        ),
+    ):
         assert main([*base, *extra]) == 2
         lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("splitproof: notice:")]
         assert len(lines) == 1 and words in lines[0], lines
@@ -229,11 +268,18 @@ def test_print_config_imports_no_torch():
     import subprocess
     import sys
 
-    code = ("import sys; from splitproof.cli import main; code = main(['train', '--print-config']); "
-            "heavy = sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules); "
-            "print(code, heavy, file=sys.stderr)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          cwd=Path(__file__).resolve().parents[1])
+    code = (
+        "import sys; from splitproof.cli import main; code = main(['train', '--print-config']); "
+        "heavy = sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules); "
+        "print(code, heavy, file=sys.stderr)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert done.stderr.strip().splitlines()[-1] == "0 []", done.stderr
 
 
@@ -256,8 +302,10 @@ def test_reward_failure_mid_run_keeps_the_last_checkpoint(model_dir, tmp_path, m
     assert "reward function graded (" in err[0] and "raised ValueError: cannot score step 3" in err[0]
     assert "(uid=" in err[0] and "global_step_2" in err[0]
     assert latest_checkpoint(out) == out / "global_step_2" and is_complete(out / "global_step_2")
-    assert sorted(p.name for p in out.iterdir() if p.name.startswith(("global_step", ".tmp"))) == \
-        ["global_step_1", "global_step_2"]
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(("global_step", ".tmp"))) == [
+        "global_step_1",
+        "global_step_2",
+    ]
     assert [r["step"] for r in read_metrics(out / "metrics.jsonl")] == [0, 1, 2]
 
 
@@ -281,11 +329,12 @@ def test_ctrl_c_stops_between_stages_and_says_how_to_resume(model_dir, tmp_path,
 def test_resume_command_turns_resume_on(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     assert resume_command(["a=1"], "auto") == "splitproof train a=1"
-    assert resume_command(["trainer.resume_mode=disable", "b=x y"], "disable") == \
-        "splitproof train 'b=x y' trainer.resume_mode=auto"
+    assert (
+        resume_command(["trainer.resume_mode=disable", "b=x y"], "disable")
+        == "splitproof train 'b=x y' trainer.resume_mode=auto"
+    )
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert resume_command([], "auto").startswith("torchrun --standalone --nproc_per_node 2 -m splitproof train")
-
 
 
 def test_readme_first_command_trains():
@@ -301,8 +350,9 @@ def _fail_on_rank_1(model_dir, out):
     from splitproof.rl.train import train
 
     os.environ.update(STEP_REWARD_FAIL_AT="2", STEP_REWARD_FAIL_RANK="1")  # a forked worker's own environment
-    cfg = load_train_config(None, train_overrides(model_dir, out, 3, extra=["trainer.save_freq=1",
-                                                                            "actor_rollout_ref.actor.strategy=ddp"]))
+    cfg = load_train_config(
+        None, train_overrides(model_dir, out, 3, extra=["trainer.save_freq=1", "actor_rollout_ref.actor.strategy=ddp"])
+    )
     try:
         train(cfg)
     except StepFailed as e:

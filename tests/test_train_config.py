@@ -9,10 +9,10 @@ import pytest
 
 from splitproof import LossConfig
 from splitproof.rl.config import verl_keys
-from splitproof.rl.config.schema import BUILTIN_MODEL, TrainConfig, schema_keys
 from splitproof.rl.config.check import GROUP_ESTIMATORS, KNOWN_ESTIMATORS
 from splitproof.rl.config.derive import critic_enabled, critic_strategy, dp_strategy, reward_function, to_update_config
 from splitproof.rl.config.load import config_dict, dump_config, parse_override, recipe_items
+from splitproof.rl.config.schema import BUILTIN_MODEL, TrainConfig, schema_keys
 
 from .config_helpers import USER_MODEL, VERL_LINE, error_of, load
 
@@ -38,32 +38,53 @@ def test_verl_command_line_resolves():
 def test_verl_grpo_example_script_loads_with_notices():
     """verl's GRPO example script (gsm8k, Qwen2-7B), minus the vLLM backend."""
     args = [
-        "algorithm.adv_estimator=grpo", "data.train_files=/data/gsm8k/train.parquet",
-        "data.val_files=/data/gsm8k/test.parquet", "data.train_batch_size=1024", "data.max_prompt_length=512",
-        "data.max_response_length=1024", "data.filter_overlong_prompts=True", "data.truncation=error",
-        "actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct", "actor_rollout_ref.actor.optim.lr=1e-6",
-        "actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.actor.ppo_mini_batch_size=256",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40", "actor_rollout_ref.actor.use_kl_loss=True",
-        "actor_rollout_ref.actor.kl_loss_coef=0.001", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
-        "actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+        "algorithm.adv_estimator=grpo",
+        "data.train_files=/data/gsm8k/train.parquet",
+        "data.val_files=/data/gsm8k/test.parquet",
+        "data.train_batch_size=1024",
+        "data.max_prompt_length=512",
+        "data.max_response_length=1024",
+        "data.filter_overlong_prompts=True",
+        "data.truncation=error",
+        "actor_rollout_ref.model.path=Qwen/Qwen2-7B-Instruct",
+        "actor_rollout_ref.actor.optim.lr=1e-6",
+        "actor_rollout_ref.model.use_remove_padding=True",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=256",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=40",
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.kl_loss_coef=0.001",
+        "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
         "actor_rollout_ref.actor.fsdp_config.param_offload=False",
         "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=40",
         "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "actor_rollout_ref.rollout.n=5",
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+        "actor_rollout_ref.rollout.n=5",
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=40",
-        "actor_rollout_ref.ref.fsdp_config.param_offload=True", "algorithm.use_kl_in_reward=False",
-        "trainer.critic_warmup=0", 'trainer.logger=["console","wandb"]',
-        "trainer.project_name=verl_grpo_example_gsm8k", "trainer.experiment_name=qwen2_7b_function_rm",
-        "trainer.n_gpus_per_node=8", "trainer.nnodes=1", "trainer.save_freq=20", "trainer.test_freq=5",
+        "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+        "algorithm.use_kl_in_reward=False",
+        "trainer.critic_warmup=0",
+        'trainer.logger=["console","wandb"]',
+        "trainer.project_name=verl_grpo_example_gsm8k",
+        "trainer.experiment_name=qwen2_7b_function_rm",
+        "trainer.n_gpus_per_node=8",
+        "trainer.nnodes=1",
+        "trainer.save_freq=20",
+        "trainer.test_freq=5",
         "trainer.total_epochs=15",
     ]
     cfg, notices = load(*args)
     noticed = {line.split(":")[0] for line in notices}
     assert noticed == {
-        "actor_rollout_ref.actor.fsdp_config.param_offload", "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.rollout.gpu_memory_utilization",
-        "actor_rollout_ref.ref.fsdp_config.param_offload", "trainer.n_gpus_per_node", "trainer.nnodes",
+        "actor_rollout_ref.actor.fsdp_config.param_offload",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size",
+        "actor_rollout_ref.rollout.gpu_memory_utilization",
+        "actor_rollout_ref.ref.fsdp_config.param_offload",
+        "trainer.n_gpus_per_node",
+        "trainer.nnodes",
     }
     assert all("no effect" in line for line in notices)
     arr = cfg.actor_rollout_ref
@@ -86,7 +107,9 @@ def test_hydra_override_forms():
     assert parse_override("trainer.experiment_name=") == ("trainer.experiment_name", "")
     assert parse_override("trainer.experiment_name='007'") == ("trainer.experiment_name", "007")
     assert parse_override("data.apply_chat_template_kwargs={enable_thinking: false}") == (
-        "data.apply_chat_template_kwargs", {"enable_thinking": False})
+        "data.apply_chat_template_kwargs",
+        {"enable_thinking": False},
+    )
     template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     assert parse_override(f"actor_rollout_ref.model.custom_chat_template={template}")[1] == template
     assert error_of("~data.seed").field == "data.seed"
@@ -98,8 +121,12 @@ def test_hydra_override_forms():
 
 
 def test_spellings_and_combined_keys():
-    cfg, _ = load("actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16", "actor_rollout_ref.actor.strategy=fsdp",
-                  "actor_rollout_ref.actor.optim.clip_grad=0.5", "actor_rollout_ref.actor.optim.warmup_style=cosine")
+    cfg, _ = load(
+        "actor_rollout_ref.actor.fsdp_config.model_dtype=bfloat16",
+        "actor_rollout_ref.actor.strategy=fsdp",
+        "actor_rollout_ref.actor.optim.clip_grad=0.5",
+        "actor_rollout_ref.actor.optim.warmup_style=cosine",
+    )
     actor = cfg.actor_rollout_ref.actor
     assert actor.fsdp_config.model_dtype == "bf16"
     assert dp_strategy(cfg) == "fsdp2"
@@ -117,9 +144,13 @@ def test_interpolations_follow_unless_set(monkeypatch):
     assert cfg.actor_rollout_ref.actor.use_remove_padding is True
     cfg, _ = load("actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_remove_padding=false")
     assert cfg.actor_rollout_ref.actor.use_remove_padding is False
-    cfg, _ = load("actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
-                  "actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.actor.use_dynamic_bsz=true",
-                  "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64")
+    cfg, _ = load(
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+        "actor_rollout_ref.actor.strategy=ddp",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64",
+    )
     critic, rollout, ref = cfg.critic, cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.ref
     assert (critic.ppo_mini_batch_size, critic.loss_agg_mode, critic.strategy) == (16, "seq-mean-token-mean", "ddp")
     assert critic.use_dynamic_bsz and rollout.log_prob_use_dynamic_bsz and ref.log_prob_use_dynamic_bsz
@@ -127,8 +158,11 @@ def test_interpolations_follow_unless_set(monkeypatch):
     cfg, _ = load("critic.ppo_micro_batch_size_per_gpu=4")
     assert cfg.critic.forward_micro_batch_size_per_gpu == 4
     monkeypatch.setenv("SPLITPROOF_TEST_RUN", "run7")
-    cfg, _ = load("trainer.experiment_name=${oc.env:SPLITPROOF_TEST_RUN}",
-                  "trainer.project_name=p", "data.max_response_length=${data.max_prompt_length}")
+    cfg, _ = load(
+        "trainer.experiment_name=${oc.env:SPLITPROOF_TEST_RUN}",
+        "trainer.project_name=p",
+        "data.max_response_length=${data.max_prompt_length}",
+    )
     assert cfg.trainer.default_local_dir == "checkpoints/p/run7"
     assert cfg.actor_rollout_ref.rollout.response_length == cfg.data.max_prompt_length
     error = error_of("trainer.experiment_name=${trainer.nothing_here}")
@@ -139,14 +173,27 @@ def test_critic_follows_the_actor_unless_set():
     """verl's rule for the critic (on for gae unless critic.enable says otherwise) and its defaults."""
     grpo, _ = load()
     assert not critic_enabled(grpo)
-    cfg, _ = load("algorithm.adv_estimator=gae", "actor_rollout_ref.actor.fsdp_config.model_dtype=float64",
-                  "actor_rollout_ref.actor.strategy=ddp", "actor_rollout_ref.model.use_remove_padding=true")
+    cfg, _ = load(
+        "algorithm.adv_estimator=gae",
+        "actor_rollout_ref.actor.fsdp_config.model_dtype=float64",
+        "actor_rollout_ref.actor.strategy=ddp",
+        "actor_rollout_ref.model.use_remove_padding=true",
+    )
     critic = cfg.critic
     assert critic_enabled(cfg) and critic_strategy(cfg) == "ddp"
-    assert (critic.model.path, critic.fsdp.model_dtype, critic.model.use_remove_padding) == (BUILTIN_MODEL, "fp64", True)
+    assert (critic.model.path, critic.fsdp.model_dtype, critic.model.use_remove_padding) == (
+        BUILTIN_MODEL,
+        "fp64",
+        True,
+    )
     assert critic.ppo_mini_batch_size == cfg.actor_rollout_ref.actor.ppo_mini_batch_size
-    cfg, _ = load("algorithm.adv_estimator=gae", "critic.fsdp.model_dtype=bfloat16", "critic.strategy=fsdp",
-                  "critic.model.path=~/critic", "critic.optim.clip_grad=0.5")
+    cfg, _ = load(
+        "algorithm.adv_estimator=gae",
+        "critic.fsdp.model_dtype=bfloat16",
+        "critic.strategy=fsdp",
+        "critic.model.path=~/critic",
+        "critic.optim.clip_grad=0.5",
+    )
     assert (cfg.critic.fsdp.model_dtype, critic_strategy(cfg)) == ("bf16", "fsdp2")
     assert cfg.critic.model.path.endswith("/critic") and not cfg.critic.model.path.startswith("~")
     assert cfg.critic.grad_clip == 0.5
@@ -173,8 +220,7 @@ def test_recipe_applies_only_to_the_builtin_model(tmp_path):
     assert ppo.critic.model.path == "/models/my-model" and ppo.critic.optim.lr == 1e-5
     # the rule reads the model path after the file and the overrides
     config = tmp_path / "c.yaml"
-    config.write_text("actor_rollout_ref:\n  model:\n    path: /models/mine\n"
-                      "data:\n  train_batch_size: 32\n")
+    config.write_text("actor_rollout_ref:\n  model:\n    path: /models/mine\ndata:\n  train_batch_size: 32\n")
     cfg, _ = load(f"actor_rollout_ref.model.path={BUILTIN_MODEL}", config_file=str(config))
     assert cfg.data.train_batch_size == 32  # the file wins over the recipe
     assert cfg.actor_rollout_ref.rollout.n == recipe["actor_rollout_ref.rollout.n"]  # the recipe wins over verl
@@ -188,8 +234,10 @@ def test_recipe_keys_are_schema_keys():
     assert all(key in keys for key, _ in recipe_items(BUILTIN_MODEL))
 
 
-@pytest.mark.parametrize("overrides", [[], VERL_LINE + [USER_MODEL, "actor_rollout_ref.actor.optim.clip_grad=0.3",
-                                                        "trainer.logger=[console]"]])
+@pytest.mark.parametrize(
+    "overrides",
+    [[], VERL_LINE + [USER_MODEL, "actor_rollout_ref.actor.optim.clip_grad=0.3", "trainer.logger=[console]"]],
+)
 def test_print_config_round_trip(tmp_path, overrides):
     cfg, _ = load(*overrides)
     text = dump_config(cfg)
@@ -202,8 +250,10 @@ def test_print_config_round_trip(tmp_path, overrides):
 
 def test_config_file_layer_and_errors(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("_target_: verl.Something\ndata:\n  _target_: x\n  train_batch_size: 32\n"
-                    "actor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 16\n")
+    path.write_text(
+        "_target_: verl.Something\ndata:\n  _target_: x\n  train_batch_size: 32\n"
+        "actor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 16\n"
+    )
     cfg, _ = load("data.train_batch_size=64", config_file=str(path))
     assert cfg.data.train_batch_size == 64 and cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 16
     assert error_of(config_file=str(tmp_path / "missing.yaml")).field == "--config"
@@ -218,9 +268,14 @@ def test_config_file_layer_and_errors(tmp_path):
 
 
 def test_update_config_from_actor_keys():
-    cfg, _ = load("actor_rollout_ref.rollout.temperature=0.7", "actor_rollout_ref.actor.data_loader_seed=5",
-                  "actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov", "actor_rollout_ref.actor.clip_ratio_high=0.28",
-                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "actor_rollout_ref.actor.ppo_epochs=2")
+    cfg, _ = load(
+        "actor_rollout_ref.rollout.temperature=0.7",
+        "actor_rollout_ref.actor.data_loader_seed=5",
+        "actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov",
+        "actor_rollout_ref.actor.clip_ratio_high=0.28",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.actor.ppo_epochs=2",
+    )
     update = to_update_config(cfg)
     assert update.temperature == 0.7
     assert update.loss.seed == 5 and update.data_loader_seed == 5  # Clip-Cov's hash seed
@@ -252,11 +307,18 @@ def test_the_recipes_task_keys_apply_to_builtin_tasks_only():
     assert (cfg.data.train_batch_size, cfg.data.max_prompt_length, cfg.trainer.total_training_steps) == (128, 16, 100)
     assert notices == []
     cfg, notices = load("data.train_files=mine.parquet", "data.train_batch_size=512")
-    assert (cfg.data.train_batch_size, cfg.data.max_prompt_length, cfg.actor_rollout_ref.actor.ppo_mini_batch_size,
-            cfg.trainer.total_training_steps, cfg.data.val_files) == (512, 512, 256, None, None)
+    assert (
+        cfg.data.train_batch_size,
+        cfg.data.max_prompt_length,
+        cfg.actor_rollout_ref.actor.ppo_mini_batch_size,
+        cfg.trainer.total_training_steps,
+        cfg.data.val_files,
+    ) == (512, 512, 256, None, None)
     assert cfg.actor_rollout_ref.actor.optim.lr == 5e-4 and cfg.algorithm.adv_estimator == "grpo"  # the model's keys
-    assert "verl's defaults: data.max_prompt_length=512, data.max_response_length=512, " \
-           "actor_rollout_ref.actor.ppo_mini_batch_size=256, trainer.total_training_steps=null;" in notices[0]
+    assert (
+        "verl's defaults: data.max_prompt_length=512, data.max_response_length=512, "
+        "actor_rollout_ref.actor.ppo_mini_batch_size=256, trainer.total_training_steps=null;" in notices[0]
+    )
     error = error_of("data.train_files=mine.parquet", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=4")
     assert error.field == "actor_rollout_ref.actor.ppo_mini_batch_size"
     assert str(error).endswith("(actor_rollout_ref.actor.ppo_mini_batch_size=256 is verl's default)")
@@ -267,12 +329,14 @@ def test_the_recipes_task_keys_apply_to_builtin_tasks_only():
 def test_reward_kwargs_and_middle_truncation_are_accepted(tmp_path):
     """verl reads custom_reward_function.reward_kwargs (absent from its yaml: set with +key) and passes them on
     every call; data.truncation=middle keeps the prompt's two ends."""
-    from splitproof.rl.run import reward_function as load_reward
     from splitproof.rl.rewards.functions import score
+    from splitproof.rl.run import reward_function as load_reward
 
     path = tmp_path / "r.py"
-    path.write_text("def compute_score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):\n"
-                    "    return scale * len(solution_str)\n")
+    path.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None, scale=1.0):\n"
+        "    return scale * len(solution_str)\n"
+    )
     for place in ("custom_reward_function", "reward.custom_reward_function"):
         cfg, _ = load(f"{place}.path={path}", f"+{place}.reward_kwargs.scale=2.5", "data.truncation=middle")
         assert cfg.data.truncation == "middle"
@@ -285,15 +349,20 @@ def test_reward_kwargs_and_middle_truncation_are_accepted(tmp_path):
 
 def test_schema_is_verl_tree_plus_documented_additions():
     ours = set(schema_keys())
-    assert ours - verl_keys.verl_keys() == {"actor_rollout_ref.actor.policy_loss.cov_strategy",
-                                              "trainer.resume_allow_config_change", "trainer.seed",
-                                              "trainer.cpu_threads", "async_training.staleness_steps",
-                                              # verl reads these (get_custom_reward_fn); its yaml has no entry
-                                              "custom_reward_function.reward_kwargs",
-                                              "reward.custom_reward_function.reward_kwargs",
-                                              "actor_rollout_ref.rollout.multi_turn.tool_timeout",
-                                              # verl's reward managers read these; its scripts add them with +key
-                                              "reward.reward_kwargs", "reward_model.reward_kwargs"}
+    assert ours - verl_keys.verl_keys() == {
+        "actor_rollout_ref.actor.policy_loss.cov_strategy",
+        "trainer.resume_allow_config_change",
+        "trainer.seed",
+        "trainer.cpu_threads",
+        "async_training.staleness_steps",
+        # verl reads these (get_custom_reward_fn); its yaml has no entry
+        "custom_reward_function.reward_kwargs",
+        "reward.custom_reward_function.reward_kwargs",
+        "actor_rollout_ref.rollout.multi_turn.tool_timeout",
+        # verl's reward managers read these; its scripts add them with +key
+        "reward.reward_kwargs",
+        "reward_model.reward_kwargs",
+    }
     for pattern in verl_keys.NO_EFFECT:  # every pattern matches a verl key, none of ours
         assert any(fnmatch.fnmatchcase(k, pattern) for k in verl_keys.verl_keys()), pattern
         assert not any(fnmatch.fnmatchcase(k, pattern) for k in ours), pattern
@@ -305,4 +374,3 @@ def test_config_dict_is_plain():
     plain = config_dict(cfg)
     assert plain["data"]["train_batch_size"] == cfg.data.train_batch_size
     assert isinstance(plain["trainer"]["logger"], list)
-

@@ -27,22 +27,36 @@ def test_unsupported_verl_key_and_off_values():
     assert "ppo_micro_batch_size_per_gpu" in str(error_of("actor_rollout_ref.actor.ppo_micro_batch_size=4"))
     assert "not supported" in str(error_of("algorithm.use_pf_ppo=true"))
     # "off" values, and settings inside a feature that stays off, are accepted silently
-    cfg, notices = load("actor_rollout_ref.model.lora_rank=0", "algorithm.use_pf_ppo=false",
-                        "algorithm.pf_ppo.reweight_method=max_min", "trainer.critic_warmup=0",
-                        "actor_rollout_ref.actor.ppo_micro_batch_size=null", "reward_model.enable=False")
+    cfg, notices = load(
+        "actor_rollout_ref.model.lora_rank=0",
+        "algorithm.use_pf_ppo=false",
+        "algorithm.pf_ppo.reweight_method=max_min",
+        "trainer.critic_warmup=0",
+        "actor_rollout_ref.actor.ppo_micro_batch_size=null",
+        "reward_model.enable=False",
+    )
     assert notices == [] and cfg == load()[0]
     # the critic is such a feature: off under grpo (the recipe's), on under gae unless critic.enable=false
     assert load("critic.model.tokenizer_path=/tok", "critic.model.lora_rank=8")[0] == load()[0]
     assert error_of(USER_MODEL, "critic.model.lora_rank=8").field == "critic.model.lora_rank"  # verl's gae
-    assert load("algorithm.adv_estimator=rloo", "critic.enable=false", "critic.model.lora_rank=8")[0].critic.enable is False
+    assert (
+        load("algorithm.adv_estimator=rloo", "critic.enable=false", "critic.model.lora_rank=8")[0].critic.enable
+        is False
+    )
     # ... but not once the feature is switched on
     assert error_of("algorithm.use_pf_ppo=true", "algorithm.pf_ppo.reweight_method=max_min").field in (
-        "algorithm.use_pf_ppo", "algorithm.pf_ppo.reweight_method")
+        "algorithm.use_pf_ppo",
+        "algorithm.pf_ppo.reweight_method",
+    )
 
 
 def test_no_effect_keys_give_a_notice_and_change_nothing():
-    cfg, notices = load("actor_rollout_ref.rollout.gpu_memory_utilization=0.6", "trainer.balance_batch=false",
-                        "actor_rollout_ref.actor.use_torch_compile=false", "+ray_kwargs.ray_init.num_cpus=4")
+    cfg, notices = load(
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
+        "trainer.balance_batch=false",
+        "actor_rollout_ref.actor.use_torch_compile=false",
+        "+ray_kwargs.ray_init.num_cpus=4",
+    )
     assert cfg == load()[0]
     assert len(notices) == 4
     assert notices[0].startswith("actor_rollout_ref.rollout.gpu_memory_utilization: no effect in splitproof")
@@ -66,27 +80,64 @@ SEMANTIC_ERRORS = [
     (["algorithm.adv_estimator=gae", "critic.enable=false"], "critic.enable", "reads a critic's values"),
     (["algorithm.adv_estimator=gae", "critic.model.path=null"], "critic.model.path", "needs a model"),
     (["critic.enable=true", "critic.ppo_mini_batch_size=48"], "critic.ppo_mini_batch_size", "must divide"),
-    (["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=0"], "critic.ppo_micro_batch_size_per_gpu", ">= 1"),
-    (["algorithm.adv_estimator=gae", "critic.forward_micro_batch_size_per_gpu=0"],
-     "critic.forward_micro_batch_size_per_gpu", ">= 1"),
-    (["algorithm.adv_estimator=gae", "critic.use_dynamic_bsz=true", "critic.forward_max_token_len_per_gpu=10"],
-     "critic.forward_max_token_len_per_gpu", "whole sequence"),
+    (
+        ["algorithm.adv_estimator=gae", "critic.ppo_micro_batch_size_per_gpu=0"],
+        "critic.ppo_micro_batch_size_per_gpu",
+        ">= 1",
+    ),
+    (
+        ["algorithm.adv_estimator=gae", "critic.forward_micro_batch_size_per_gpu=0"],
+        "critic.forward_micro_batch_size_per_gpu",
+        ">= 1",
+    ),
+    (
+        ["algorithm.adv_estimator=gae", "critic.use_dynamic_bsz=true", "critic.forward_max_token_len_per_gpu=10"],
+        "critic.forward_max_token_len_per_gpu",
+        "whole sequence",
+    ),
     (["algorithm.adv_estimator=gae", "critic.cliprange_value=0"], "critic.cliprange_value", "> 0"),
     (["algorithm.adv_estimator=gae", "critic.strategy=megatron"], "critic.strategy", "not supported"),
     (["algorithm.adv_estimator=gae", "critic.fsdp.model_dtype=fp16"], "critic.fsdp.model_dtype", "loss scaling"),
     (["algorithm.adv_estimator=gae", "critic.optim.lr=0"], "critic.optim.lr", "> 0"),
     (["algorithm.adv_estimator=gae", "critic.ppo_epochs=0"], "critic.ppo_epochs", ">= 1"),
     (["trainer.critic_warmup=-1"], "trainer.critic_warmup", ">= 0"),
-    (["algorithm.adv_estimator=gae", "critic.model.tokenizer_path=/tok"], "critic.model.tokenizer_path", "actor's tokens"),
+    (
+        ["algorithm.adv_estimator=gae", "critic.model.tokenizer_path=/tok"],
+        "critic.model.tokenizer_path",
+        "actor's tokens",
+    ),
     (["critic.enable=true", "critic.model.lora_rank=8"], "critic.model.lora_rank", "not supported"),
-    (["data.train_batch_size=60", "actor_rollout_ref.actor.ppo_mini_batch_size=16"], "actor_rollout_ref.actor.ppo_mini_batch_size", "must divide"),
+    (
+        ["data.train_batch_size=60", "actor_rollout_ref.actor.ppo_mini_batch_size=16"],
+        "actor_rollout_ref.actor.ppo_mini_batch_size",
+        "must divide",
+    ),
     (["data.gen_batch_size=96"], "data.gen_batch_size", "without algorithm.filter_groups.enable"),
-    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0"], "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", ">= 1"),
-    (["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=0"], "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", ">= 1"),
-    (["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=10"],
-     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu", "whole sequence"),
-    (["actor_rollout_ref.actor.fsdp_config.model_dtype=fp16"], "actor_rollout_ref.actor.fsdp_config.model_dtype", "loss scaling"),
-    (["actor_rollout_ref.actor.fsdp_config.model_dtype=int8"], "actor_rollout_ref.actor.fsdp_config.model_dtype", "unknown"),
+    (
+        ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=0"],
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        ">= 1",
+    ),
+    (
+        ["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=0"],
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        ">= 1",
+    ),
+    (
+        ["actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=10"],
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+        "whole sequence",
+    ),
+    (
+        ["actor_rollout_ref.actor.fsdp_config.model_dtype=fp16"],
+        "actor_rollout_ref.actor.fsdp_config.model_dtype",
+        "loss scaling",
+    ),
+    (
+        ["actor_rollout_ref.actor.fsdp_config.model_dtype=int8"],
+        "actor_rollout_ref.actor.fsdp_config.model_dtype",
+        "unknown",
+    ),
     (["actor_rollout_ref.actor.strategy=megatron"], "actor_rollout_ref.actor.strategy", "not supported"),
     (["actor_rollout_ref.rollout.name=sglang"], "actor_rollout_ref.rollout.name", "not supported yet"),
     (["trainer.resume_mode=sometimes"], "trainer.resume_mode", "unknown"),
@@ -97,43 +148,96 @@ SEMANTIC_ERRORS = [
     (["data.truncation=middle_out"], "data.truncation", "unknown"),
     (["+custom_reward_function.reward_kwargs.scale=2"], "custom_reward_function.reward_kwargs", "needs"),
     (["algorithm.rollout_correction.rollout_is=geometric"], "algorithm.rollout_correction.rollout_is", "unknown"),
-    (["algorithm.rollout_correction.rollout_is_threshold=0"], "algorithm.rollout_correction.rollout_is_threshold", "> 0"),
-    (["algorithm.rollout_correction.rollout_is_threshold=-2"], "algorithm.rollout_correction.rollout_is_threshold", "> 0"),
-    (["algorithm.rollout_correction.rollout_is_threshold=inf"], "algorithm.rollout_correction.rollout_is_threshold", "finite"),
-    (["algorithm.rollout_correction.rollout_is_threshold=nan"], "algorithm.rollout_correction.rollout_is_threshold", "finite"),
-    (["algorithm.rollout_correction.rollout_is_threshold=0.5_2.0"], "algorithm.rollout_correction.rollout_is_threshold",
-     "expected a number"),
-    (["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_is=token"],
-     "algorithm.rollout_correction.rollout_is", "would all be 1"),
-    (["algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=false"],
-     "actor_rollout_ref.rollout.calculate_log_probs", "bypass_mode=true"),
-    (["algorithm.rollout_correction.rollout_is=sequence", "actor_rollout_ref.rollout.calculate_log_probs=false"],
-     "actor_rollout_ref.rollout.calculate_log_probs", "rollout_is=sequence"),
-    (["algorithm.rollout_correction.rollout_is_batch_normalize=true"],
-     "algorithm.rollout_correction.rollout_is_batch_normalize", "not supported"),
+    (
+        ["algorithm.rollout_correction.rollout_is_threshold=0"],
+        "algorithm.rollout_correction.rollout_is_threshold",
+        "> 0",
+    ),
+    (
+        ["algorithm.rollout_correction.rollout_is_threshold=-2"],
+        "algorithm.rollout_correction.rollout_is_threshold",
+        "> 0",
+    ),
+    (
+        ["algorithm.rollout_correction.rollout_is_threshold=inf"],
+        "algorithm.rollout_correction.rollout_is_threshold",
+        "finite",
+    ),
+    (
+        ["algorithm.rollout_correction.rollout_is_threshold=nan"],
+        "algorithm.rollout_correction.rollout_is_threshold",
+        "finite",
+    ),
+    (
+        ["algorithm.rollout_correction.rollout_is_threshold=0.5_2.0"],
+        "algorithm.rollout_correction.rollout_is_threshold",
+        "expected a number",
+    ),
+    (
+        ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_is=token"],
+        "algorithm.rollout_correction.rollout_is",
+        "would all be 1",
+    ),
+    (
+        ["algorithm.rollout_correction.bypass_mode=true", "actor_rollout_ref.rollout.calculate_log_probs=false"],
+        "actor_rollout_ref.rollout.calculate_log_probs",
+        "bypass_mode=true",
+    ),
+    (
+        ["algorithm.rollout_correction.rollout_is=sequence", "actor_rollout_ref.rollout.calculate_log_probs=false"],
+        "actor_rollout_ref.rollout.calculate_log_probs",
+        "rollout_is=sequence",
+    ),
+    (
+        ["algorithm.rollout_correction.rollout_is_batch_normalize=true"],
+        "algorithm.rollout_correction.rollout_is_batch_normalize",
+        "not supported",
+    ),
     (["algorithm.rollout_correction.loss_type=reinforce"], "algorithm.rollout_correction.loss_type", "not supported"),
     (["actor_rollout_ref.actor.kl_loss_type=k9"], "actor_rollout_ref.actor.kl_loss_type", "unknown"),
     (["actor_rollout_ref.actor.loss_agg_mode=mean"], "actor_rollout_ref.actor.loss_agg_mode", "unknown"),
-    (["actor_rollout_ref.actor.policy_loss.loss_mode=ppo2"], "actor_rollout_ref.actor.policy_loss.loss_mode", "unknown"),
+    (
+        ["actor_rollout_ref.actor.policy_loss.loss_mode=ppo2"],
+        "actor_rollout_ref.actor.policy_loss.loss_mode",
+        "unknown",
+    ),
     (["actor_rollout_ref.actor.policy_loss.loss_mode=dro"], "actor_rollout_ref.actor.policy_loss.dro_beta", "dro_beta"),
-    (["actor_rollout_ref.actor.policy_loss.cov_strategy=magic"], "actor_rollout_ref.actor.policy_loss.cov_strategy", "unknown"),
+    (
+        ["actor_rollout_ref.actor.policy_loss.cov_strategy=magic"],
+        "actor_rollout_ref.actor.policy_loss.cov_strategy",
+        "unknown",
+    ),
     (["actor_rollout_ref.rollout.temperature=0"], "actor_rollout_ref.rollout.temperature", "> 0"),
     (["actor_rollout_ref.rollout.top_p=0"], "actor_rollout_ref.rollout.top_p", "(0, 1]"),
-    (["actor_rollout_ref.rollout.val_kwargs.do_sample=true"], "actor_rollout_ref.rollout.val_kwargs.temperature", "greedy"),
+    (
+        ["actor_rollout_ref.rollout.val_kwargs.do_sample=true"],
+        "actor_rollout_ref.rollout.val_kwargs.temperature",
+        "greedy",
+    ),
     (["actor_rollout_ref.rollout.response_length=5"], "actor_rollout_ref.rollout.response_length", "must equal"),
     (["algorithm.kl_penalty=full"], "algorithm.kl_penalty", "not supported"),
     (["algorithm.kl_ctrl.type=pid"], "algorithm.kl_ctrl.type", "unknown"),
-    (["actor_rollout_ref.actor.optim.lr_scheduler_type=linear"], "actor_rollout_ref.actor.optim.lr_scheduler_type", "unknown"),
+    (
+        ["actor_rollout_ref.actor.optim.lr_scheduler_type=linear"],
+        "actor_rollout_ref.actor.optim.lr_scheduler_type",
+        "unknown",
+    ),
     (["actor_rollout_ref.actor.optim.betas=[0.9]"], "actor_rollout_ref.actor.optim.betas", "two numbers"),
-    (["actor_rollout_ref.actor.grad_clip=0.5", "actor_rollout_ref.actor.optim.clip_grad=2.0"],
-     "actor_rollout_ref.actor.grad_clip", "disagrees"),
+    (
+        ["actor_rollout_ref.actor.grad_clip=0.5", "actor_rollout_ref.actor.optim.clip_grad=2.0"],
+        "actor_rollout_ref.actor.grad_clip",
+        "disagrees",
+    ),
     (["trainer.device=tpu"], "trainer.device", "cpu"),
     (["trainer.device=cuda"], "trainer.device", "runs on the CPU only"),
     (["trainer.device=cuda:1"], "trainer.device", "not supported"),
     (["data.train_files=[]"], "data.train_files", "at least one"),
     (["custom_reward_function.name=my_fn"], "custom_reward_function.name", "custom_reward_function.path"),
-    (["custom_reward_function.path=a.py", "reward.custom_reward_function.path=b.py"],
-     "reward.custom_reward_function.path", "set one place"),
+    (
+        ["custom_reward_function.path=a.py", "reward.custom_reward_function.path=b.py"],
+        "reward.custom_reward_function.path",
+        "set one place",
+    ),
 ]
 
 
@@ -146,9 +250,11 @@ def test_semantic_errors_name_the_key(overrides, key, words):
 
 def test_a_setting_another_decides_gets_a_notice_naming_key_value_and_origin():
     _, notices = load("trainer.total_epochs=15")
-    assert notices == ["trainer.total_epochs=15 (yours) has no effect: trainer.total_training_steps=100 (the built-in "
-                       "model's recipe) sets the run's length, as in verl; set trainer.total_training_steps=null to "
-                       "count epochs"]
+    assert notices == [
+        "trainer.total_epochs=15 (yours) has no effect: trainer.total_training_steps=100 (the built-in "
+        "model's recipe) sets the run's length, as in verl; set trainer.total_training_steps=null to "
+        "count epochs"
+    ]
     cfg, notices = load(USER_MODEL)  # a model you bring: verl's default estimator, gae, trains a critic
     assert cfg.algorithm.adv_estimator == "gae" and critic_enabled(cfg)
     assert len(notices) == 1 and notices[0].startswith("algorithm.adv_estimator=gae is verl's default")
@@ -162,5 +268,3 @@ def test_cuda_is_refused_and_a_machine_without_it_is_named():
     with pytest.raises(ConfigError, match="trainer.device") as info:
         load("trainer.device=cuda")
     assert ("no CUDA device" in str(info.value)) == (not torch.cuda.is_available())
-
-

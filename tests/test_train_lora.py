@@ -17,16 +17,19 @@ import torch
 
 from splitproof.cli import main
 from splitproof.engine import compute_log_probs
-from splitproof.lora import adapter_state, base_digest, save_adapter
 from splitproof.hf_models import load_causal_lm
+from splitproof.lora import adapter_state, base_digest, save_adapter
 from splitproof.rl.config.load import load_train_config
 from splitproof.rl.train import train
 
 from .engine_helpers import make_rollout
 from .rl_helpers import save_tiny_char_model, train_overrides
 
-LORA = ["actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.lora_alpha=8",
-        "actor_rollout_ref.actor.optim.lr=0.05"]
+LORA = [
+    "actor_rollout_ref.model.lora_rank=4",
+    "actor_rollout_ref.model.lora_alpha=8",
+    "actor_rollout_ref.actor.optim.lr=0.05",
+]
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +38,12 @@ def model_dir(tmp_path_factory):
 
 
 def _config(model_dir, out, steps, extra=()):
-    return load_train_config(None, train_overrides(model_dir, out, steps, dtype="fp64",
-                                                   extra=[*LORA, "trainer.save_freq=1", "trainer.test_freq=-1",
-                                                          *extra]))
+    return load_train_config(
+        None,
+        train_overrides(
+            model_dir, out, steps, dtype="fp64", extra=[*LORA, "trainer.save_freq=1", "trainer.test_freq=-1", *extra]
+        ),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +84,10 @@ def test_checkpoints_hold_peft_adapters_and_the_merged_model_is_written(model_di
     batch = make_rollout(loaded, 6, holes=False)
     merged = load_causal_lm(out / "merged")
     policy = result.parts.actor.for_inference()
-    diff = (compute_log_probs(merged, batch, micro_batch_size=6)[0] - compute_log_probs(policy, batch, micro_batch_size=6)[0])
+    diff = (
+        compute_log_probs(merged, batch, micro_batch_size=6)[0]
+        - compute_log_probs(policy, batch, micro_batch_size=6)[0]
+    )
     assert float(diff.abs().max()) <= 1e-12
     # any checkpoint's adapter merges with `splitproof export` (its config names the base model)
     assert main(["export", str(actor), "--out", str(out / "exported")]) == 0
@@ -109,12 +118,22 @@ def _exit_2(capsys, args) -> str:
 def test_bad_lora_input_is_one_line_before_training(model_dir, tmp_path, capsys):
     base = train_overrides(model_dir, tmp_path / "out", 1)
     err = _exit_2(capsys, [*base, "actor_rollout_ref.model.lora_alpha=32"])
-    assert "actor_rollout_ref.model.lora_rank: is 0 (LoRA off) but actor_rollout_ref.model.lora_alpha=32.0 is set" in err
-    err = _exit_2(capsys, [*base, "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.target_modules=[c_attn]"])
+    assert (
+        "actor_rollout_ref.model.lora_rank: is 0 (LoRA off) but actor_rollout_ref.model.lora_alpha=32.0 is set" in err
+    )
+    err = _exit_2(
+        capsys, [*base, "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.model.target_modules=[c_attn]"]
+    )
     assert "actor_rollout_ref.model.target_modules: 'c_attn' matches no module of the model" in err
     assert "modules found: down_proj, embed_tokens, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj" in err
-    err = _exit_2(capsys, [*base, "actor_rollout_ref.model.lora_rank=4",
-                           f"actor_rollout_ref.model.lora_adapter_path={tmp_path / 'none'}"])
+    err = _exit_2(
+        capsys,
+        [
+            *base,
+            "actor_rollout_ref.model.lora_rank=4",
+            f"actor_rollout_ref.model.lora_adapter_path={tmp_path / 'none'}",
+        ],
+    )
     assert "actor_rollout_ref.model.lora_adapter_path:" in err and "no adapter_config.json" in err
     other = save_tiny_char_model(tmp_path / "other", dtype=torch.float64, seed=1)
     from splitproof.lora import LoraSettings, apply_lora
@@ -137,14 +156,28 @@ def test_resuming_onto_other_base_weights_is_refused(model_dir, finished, tmp_pa
     changed.save_pretrained(moved)
     run_dir = tmp_path / "run"
     shutil.copytree(out, run_dir)
-    args = train_overrides(str(moved), run_dir, 4, dtype="fp64", extra=[
-        *LORA, "trainer.save_freq=1", "trainer.test_freq=-1", "trainer.resume_allow_config_change=true"])
+    args = train_overrides(
+        str(moved),
+        run_dir,
+        4,
+        dtype="fp64",
+        extra=[*LORA, "trainer.save_freq=1", "trainer.test_freq=-1", "trainer.resume_allow_config_change=true"],
+    )
     err = _exit_2(capsys, args)
     assert "actor_rollout_ref.model.path: the checkpoint" in err and "trained on other base weights" in err
 
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-            "-m", "splitproof", "train"]
+TORCHRUN = [
+    sys.executable,
+    "-m",
+    "torch.distributed.run",
+    "--standalone",
+    "--nproc_per_node",
+    "2",
+    "-m",
+    "splitproof",
+    "train",
+]
 
 
 @pytest.mark.dist
@@ -155,16 +188,26 @@ def test_torchrun_lora_matches_one_process(model_dir, finished, tmp_path, strate
     from safetensors.torch import load_file
 
     result, one = finished
-    args = train_overrides(model_dir, tmp_path, 3, dtype="fp64", extra=[
-        *LORA, "trainer.save_freq=1", "trainer.test_freq=-1", f"actor_rollout_ref.actor.strategy={strategy}",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"])
+    args = train_overrides(
+        model_dir,
+        tmp_path,
+        3,
+        dtype="fp64",
+        extra=[
+            *LORA,
+            "trainer.save_freq=1",
+            "trainer.test_freq=-1",
+            f"actor_rollout_ref.actor.strategy={strategy}",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        ],
+    )
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     done = subprocess.run([*TORCHRUN, *args], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     weights = "adapter_model.safetensors"
     got = load_file(tmp_path / "global_step_3" / "actor" / weights)
     want = load_file(one / "global_step_3" / "actor" / weights)
-    initial = {k: v for k, v in adapter_state(_fresh(model_dir)).items()}
+    initial = dict(adapter_state(_fresh(model_dir)))
     assert set(got) == set(want)
     update = max(float((want[k] - initial[k]).abs().max()) for k in want)
     difference = max(float((got[k] - want[k]).abs().max()) for k in want)

@@ -1,6 +1,7 @@
 """Resume: a `splitproof train` process SIGKILLed anywhere (between steps, mid-step, mid-checkpoint, between
 a step's record and its checkpoint) and relaunched ends with the uninterrupted run's weights, bitwise, and
-its metrics.jsonl (the killed runs are forked children, the last one a fresh `python -m splitproof train`); a resume under another layout (micro-batching, generation batch size, token budget,
+its metrics.jsonl (the killed runs are forked children, the last one a fresh `python -m splitproof train`); a resume
+under another layout (micro-batching, generation batch size, token budget,
 DP size and strategy) continues the same float64 trajectory; a changed result-affecting key is refused."""
 
 from __future__ import annotations
@@ -21,15 +22,14 @@ from safetensors.torch import load_file
 
 from splitproof.cli import main
 from splitproof.engine.launch import run_data_parallel
-from splitproof.rl.checkpoint.store import TRACKER, is_complete, latest_checkpoint
+from splitproof.rl.checkpoint.resume import TRACKER, is_complete, latest_checkpoint
 from splitproof.rl.config.load import load_train_config
-from splitproof.rl.tracking.metrics import is_machine_dependent
 from splitproof.rl.pause import PAUSE_AT, PAUSE_FILE
 from splitproof.rl.tracking.loggers import read_metrics
+from splitproof.rl.tracking.metrics import is_machine_dependent
 from splitproof.rl.train import SetupError, train
 
-from .rl_helpers import (LAYOUTS, PPO, final_weights, relative_update_difference, save_tiny_char_model,
-                         train_overrides)
+from .rl_helpers import LAYOUTS, PPO, final_weights, relative_update_difference, save_tiny_char_model, train_overrides
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 5
@@ -43,14 +43,16 @@ def model_dir(tmp_path_factory):
 
 # ------------------------------------------------------------------------------- killed processes (CPU, bitwise)
 
+
 def _env(**extra) -> dict:
     return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **extra)
 
 
 def _run_to_the_end(args: list[str]) -> subprocess.CompletedProcess:
     """`python -m splitproof train ARGS` in a fresh interpreter."""
-    done = subprocess.run([sys.executable, "-m", "splitproof", "train", *args], env=_env(), capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "splitproof", "train", *args], env=_env(), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     return done
 
@@ -88,11 +90,11 @@ def _same_metrics(got: list[dict], want: list[dict]) -> None:
 # (where the process is killed, what is on disk then: the newest complete checkpoint)
 # (test_checkpoint.py crashes a save after each of its stages; here the process itself is killed)
 KILLS = [
-    ("step3:reward", 2),              # mid-step: scoring step 3's samples
-    ("step4:checkpoint:actor", 2),    # mid-checkpoint: model and optimizer written, the HF directory not yet
+    ("step3:reward", 2),  # mid-step: scoring step 3's samples
+    ("step4:checkpoint:actor", 2),  # mid-checkpoint: model and optimizer written, the HF directory not yet
     ("step4:checkpoint:renamed", 2),  # mid-checkpoint: global_step_4 in place, the tracker file still names 2
-    ("step4:done", 4),                # between steps
-    ("step5:logged", 4),              # the last step's record written, its checkpoint not
+    ("step4:done", 4),  # between steps
+    ("step5:logged", 4),  # the last step's record written, its checkpoint not
 ]
 
 
@@ -150,13 +152,20 @@ def test_ppo_killed_and_resumed_equals_an_uninterrupted_run(model_dir, tmp_path)
 
 FOUR = 4
 # Clip-Cov draws its tokens with a hash of the optimizer step count: a resume that lost the count differs
-CLIP_COV = ["actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov", "actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0.2",
-            "actor_rollout_ref.actor.policy_loss.clip_cov_lb=-10", "actor_rollout_ref.actor.policy_loss.clip_cov_ub=10"]
+CLIP_COV = [
+    "actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov",
+    "actor_rollout_ref.actor.policy_loss.clip_cov_ratio=0.2",
+    "actor_rollout_ref.actor.policy_loss.clip_cov_lb=-10",
+    "actor_rollout_ref.actor.policy_loss.clip_cov_ub=10",
+]
 
 
 def _config(model_dir, out, layout=(), steps=FOUR, extra=()):
-    return load_train_config(None, train_overrides(model_dir, out, steps, dtype="fp64",
-                                                   extra=[*EVERY_2, *CLIP_COV, *layout, *extra]), on_notice=lambda m: None)
+    return load_train_config(
+        None,
+        train_overrides(model_dir, out, steps, dtype="fp64", extra=[*EVERY_2, *CLIP_COV, *layout, *extra]),
+        on_notice=lambda m: None,
+    )
 
 
 def _outcome(result, out: Path) -> dict:
@@ -249,15 +258,22 @@ def test_thread_count_is_a_speed_knob_restored_after_the_run(model_dir, uninterr
     before = torch.get_num_threads()
     seen = []
     out = _copy(stopped_at_2, tmp_path)
-    result = train(_config(model_dir, out, ["trainer.cpu_threads=2"]), on_step=lambda *a, **k: seen.append(torch.get_num_threads()))
+    result = train(
+        _config(model_dir, out, ["trainer.cpu_threads=2"]), on_step=lambda *a, **k: seen.append(torch.get_num_threads())
+    )
     assert result.start_step == 2 and seen and set(seen) == {2}
     assert torch.get_num_threads() == before
     _same_trajectory(_outcome(result, out), uninterrupted)
 
 
 def _resume_data_parallel(model_dir, out, strategy):
-    result = train(_config(model_dir, out, [f"actor_rollout_ref.actor.strategy={strategy}",
-                                            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"]))
+    result = train(
+        _config(
+            model_dir,
+            out,
+            [f"actor_rollout_ref.actor.strategy={strategy}", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1"],
+        )
+    )
     return {"weights": final_weights(result.parts.actor.model), "start": result.start_step}
 
 
@@ -284,7 +300,9 @@ def test_changed_result_affecting_key_is_refused_by_name(model_dir, stopped_at_2
     with pytest.raises(SetupError, match=r"actor_rollout_ref\.actor\.optim\.lr.*differs from the checkpoint"):
         train(_config(model_dir, out, extra=["actor_rollout_ref.actor.optim.lr=0.01"]))
     before = (out / "metrics.jsonl").read_text()
-    args = train_overrides(model_dir, out, FOUR, dtype="fp64", extra=[*EVERY_2, *CLIP_COV, "actor_rollout_ref.rollout.n=2"])
+    args = train_overrides(
+        model_dir, out, FOUR, dtype="fp64", extra=[*EVERY_2, *CLIP_COV, "actor_rollout_ref.rollout.n=2"]
+    )
     assert main(["train", *args]) == 2
     err = capsys.readouterr().err
     assert "actor_rollout_ref.rollout.n" in err and "trainer.resume_allow_config_change" in err

@@ -14,12 +14,21 @@ import torch
 import torch.distributed as dist
 
 from splitproof.batch import BatchError
-from splitproof.loss_config import ConfigError
 from splitproof.engine import UpdateConfig, update_policy, wrap_model
 from splitproof.engine.launch import run_data_parallel
 from splitproof.hf_models import tiny_causal_lm
+from splitproof.loss_config import ConfigError
 
-from .engine_helpers import flat, full_state, loss_config, make_model, make_optimizer, make_rollout, rel_diff, run_update
+from .engine_helpers import (
+    flat,
+    full_state,
+    loss_config,
+    make_model,
+    make_optimizer,
+    make_rollout,
+    rel_diff,
+    run_update,
+)
 
 LAST = 7  # the row whose defect is planted: in the second minibatch of four sequences
 
@@ -33,7 +42,7 @@ def config(**changes):
 def without_prompt(batch, row=LAST):
     """Row ``row`` keeps its response but loses every prompt token."""
     attention = batch.attention_mask.clone()
-    attention[row, :batch.prompt_width] = 0
+    attention[row, : batch.prompt_width] = 0
     return replace(batch, attention_mask=attention)
 
 
@@ -54,23 +63,58 @@ def bad_cases(batch):
     ids = batch.seq_ids.tolist()
     return {
         "no prompt token": (without_prompt(batch), config(), BatchError, "prompts", ids[LAST]),
-        "kl loss without ref_log_probs": (replace(batch, ref_log_probs=None),
-                                          config(loss=loss_config("vanilla", "token-mean", use_kl_loss=True)),
-                                          BatchError, "ref_log_probs", None),
-        "old_log_probs non-finite": (with_value(batch, "old_log_probs", float("nan")), config(), BatchError,
-                                     "old_log_probs", ids[LAST]),
-        "ref_log_probs non-finite": (with_value(batch, "ref_log_probs", float("inf")), config(), BatchError,
-                                     "ref_log_probs", ids[LAST]),
-        "ref_log_probs shape": (replace(batch, ref_log_probs=batch.ref_log_probs[:, :-1]), config(), BatchError,
-                                "ref_log_probs", None),
+        "kl loss without ref_log_probs": (
+            replace(batch, ref_log_probs=None),
+            config(loss=loss_config("vanilla", "token-mean", use_kl_loss=True)),
+            BatchError,
+            "ref_log_probs",
+            None,
+        ),
+        "old_log_probs non-finite": (
+            with_value(batch, "old_log_probs", float("nan")),
+            config(),
+            BatchError,
+            "old_log_probs",
+            ids[LAST],
+        ),
+        "ref_log_probs non-finite": (
+            with_value(batch, "ref_log_probs", float("inf")),
+            config(),
+            BatchError,
+            "ref_log_probs",
+            ids[LAST],
+        ),
+        "ref_log_probs shape": (
+            replace(batch, ref_log_probs=batch.ref_log_probs[:, :-1]),
+            config(),
+            BatchError,
+            "ref_log_probs",
+            None,
+        ),
         "seq_ids not integers": (replace(batch, seq_ids=batch.seq_ids.double()), config(), BatchError, "seq_ids", None),
-        "token budget below a sequence": (batch, config(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=5),
-                                          BatchError, "ppo_max_token_len_per_gpu", None),
-        "group mean without group ids": (replace(batch, index=None), config(loss=GROUP_LOSS), BatchError, "index", None),
+        "token budget below a sequence": (
+            batch,
+            config(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=5),
+            BatchError,
+            "ppo_max_token_len_per_gpu",
+            None,
+        ),
+        "group mean without group ids": (
+            replace(batch, index=None),
+            config(loss=GROUP_LOSS),
+            BatchError,
+            "index",
+            None,
+        ),
         "group ids shape": (replace(batch, index=batch.index[:-1]), config(loss=GROUP_LOSS), BatchError, "index", None),
         "group ids not integers": (replace(batch, index=batch.index.double()), config(), BatchError, "index", None),
-        "group id non-finite": (replace(batch, index=nan_at(batch.index.double(), LAST)), config(loss=GROUP_LOSS),
-                                BatchError, "index", ids[LAST]),
+        "group id non-finite": (
+            replace(batch, index=nan_at(batch.index.double(), LAST)),
+            config(loss=GROUP_LOSS),
+            BatchError,
+            "index",
+            ids[LAST],
+        ),
     }
 
 
@@ -83,9 +127,19 @@ def nan_at(values, row):
     return values
 
 
-CASES = ["no prompt token", "kl loss without ref_log_probs", "old_log_probs non-finite", "ref_log_probs non-finite",
-         "ref_log_probs shape", "seq_ids not integers", "token budget below a sequence", "group mean without group ids",
-         "group ids shape", "group ids not integers", "group id non-finite"]
+CASES = [
+    "no prompt token",
+    "kl loss without ref_log_probs",
+    "old_log_probs non-finite",
+    "ref_log_probs non-finite",
+    "ref_log_probs shape",
+    "seq_ids not integers",
+    "token budget below a sequence",
+    "group mean without group ids",
+    "group ids shape",
+    "group ids not integers",
+    "group id non-finite",
+]
 
 
 def attempt(model, batch, cfg):
@@ -119,7 +173,7 @@ def test_sequence_beyond_the_models_positions_is_refused(setup):
     _, batch = setup
     attention = batch.attention_mask.clone()
     attention[LAST] = 1  # the longest possible sequence: every prompt and response column real
-    batch = replace(batch, attention_mask=attention, response_mask=attention[:, batch.prompt_width:].clone())
+    batch = replace(batch, attention_mask=attention, response_mask=attention[:, batch.prompt_width :].clone())
     lengths = batch.token_lengths()
     limit = int(lengths[:4].max())  # the first minibatch fits
     assert limit < int(lengths[LAST])
@@ -156,8 +210,15 @@ def _dp_attempts(model, cases):
 def test_every_rank_raises_the_same_named_error(setup):
     """Under DDP each rank holds one shard: the defect's row is on one of them, yet both refuse alike."""
     model, batch = setup
-    cases = {name: bad_cases(batch)[name] for name in ("no prompt token", "old_log_probs non-finite",
-                                                        "kl loss without ref_log_probs", "group mean without group ids")}
+    cases = {
+        name: bad_cases(batch)[name]
+        for name in (
+            "no prompt token",
+            "old_log_probs non-finite",
+            "kl loss without ref_log_probs",
+            "group mean without group ids",
+        )
+    }
     ranks = run_data_parallel(_dp_attempts, 2, model, cases, timeout=60)
     for name, (_, _, error_class, field, _) in cases.items():
         reports = [r[name] for r in ranks]

@@ -10,8 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from splitproof.rl.tracking.held_out import (best_of, majority_of, pass_at_k, subset_sizes, validation_metrics,
-                                               worst_of)
+from splitproof.rl.tracking.held_out import best_of, majority_of, pass_at_k, subset_sizes, validation_metrics, worst_of
 
 VALUES = [0.0, 1.0, 0.5, 1.0, -1.0]
 
@@ -62,12 +61,17 @@ def test_names_and_sections_follow_verl():
     metrics = validation_metrics(sources, uids, scores, {"acc": acc})
     assert subset_sizes(4) == [2, 4] and subset_sizes(5) == [2, 4, 5] and subset_sizes(1) == []
     core = {k for k in metrics if k.startswith("val-core/a/")}
-    assert core == {"val-core/a/acc/mean@4", "val-core/a/acc/best@4/mean", "val-core/a/acc/best@4/std",
-                    "val-core/a/acc/pass@4"}
+    assert core == {
+        "val-core/a/acc/mean@4",
+        "val-core/a/acc/best@4/mean",
+        "val-core/a/acc/best@4/std",
+        "val-core/a/acc/pass@4",
+    }
     assert metrics["val-core/a/acc/mean@4"] == (0.25 + 1.0) / 2
     assert metrics["val-core/a/acc/pass@4"] == 1.0 and metrics["val-aux/a/acc/pass@2"] == (0.5 + 1.0) / 2
     assert metrics["val-core/b/acc/pass@4"] == 0.0 and metrics["val-aux/a/acc/std@4"] == pytest.approx(
-        (math.sqrt(0.25 * 0.75) + 0) / 2)
+        (math.sqrt(0.25 * 0.75) + 0) / 2
+    )
     assert {"val-aux/a/reward/mean@4", "val-aux/a/reward/best@2/mean", "val-aux/a/acc/worst@4/std"} <= metrics.keys()
     assert not any("pass@" in k for k in metrics if "/reward/" in k)
     single = validation_metrics(["a", "a"], [0, 1], [0.5, 1.0], {})

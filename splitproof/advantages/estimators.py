@@ -46,14 +46,27 @@ Result = tuple[Tensor, Tensor]
 
 
 def _grpo(b: EstimatorInputs) -> Result:
-    adv = b.per_row(group.grpo(b.scores, b.groups.members, epsilon=b.options["epsilon"],
-                               norm_adv_by_std_in_grpo=b.options["norm_adv_by_std_in_grpo"]))
+    adv = b.per_row(
+        group.grpo(
+            b.scores,
+            b.groups.members,
+            epsilon=b.options["epsilon"],
+            norm_adv_by_std_in_grpo=b.options["norm_adv_by_std_in_grpo"],
+        )
+    )
     return adv, adv.clone()
 
 
 def _grpo_passk(b: EstimatorInputs) -> Result:
-    adv = b.per_row(group.grpo_passk(b.scores, b.groups.members, b.groups.ids, epsilon=b.options["epsilon"],
-                                     norm_adv_by_std_in_grpo=b.options["norm_adv_by_std_in_grpo"]))
+    adv = b.per_row(
+        group.grpo_passk(
+            b.scores,
+            b.groups.members,
+            b.groups.ids,
+            epsilon=b.options["epsilon"],
+            norm_adv_by_std_in_grpo=b.options["norm_adv_by_std_in_grpo"],
+        )
+    )
     return adv, adv.clone()
 
 
@@ -115,27 +128,52 @@ class Estimator:
 _MEAN_BASELINE = "its baseline is the mean score of the prompt's samples; with one sample per prompt "
 _GRPO_OPTIONS = {"epsilon": 1e-6, "norm_adv_by_std_in_grpo": True}
 
-ESTIMATOR_TABLE: dict[str, Estimator] = {e.name: e for e in (
-    Estimator("gae", _gae, {"values": None, "gamma": 1.0, "lam": 1.0}, config_keys=("gamma", "lam")),
-    Estimator("grpo", _grpo, _GRPO_OPTIONS,
-              _MEAN_BASELINE + "every advantage is the raw score, unbaselined",
-              config_keys=("norm_adv_by_std_in_grpo",)),
-    Estimator("reinforce_plus_plus", _reinforce_plus_plus, {"gamma": 1.0}, config_keys=("gamma",)),
-    Estimator("reinforce_plus_plus_baseline", _reinforce_plus_plus_baseline, {},
-              _MEAN_BASELINE + "the baseline is 0 and only the batch whitening remains", config_keys=("gamma",)),
-    Estimator("remax", _remax, {"reward_baselines": None}),
-    Estimator("rloo", _rloo, {},
-              "its baseline is the mean score of the prompt's other samples; with one sample per prompt "
-              "there are none and every advantage is the raw score"),
-    Estimator("opo", _opo, {},
-              "its baseline is the length-weighted mean score of the prompt's samples; with one sample per "
-              "prompt the baseline is 0 and every advantage is the raw score"),
-    Estimator("grpo_passk", _grpo_passk, _GRPO_OPTIONS,
-              "it gives the best sample of each prompt the margin over the second best, so every prompt "
-              "needs at least 2 samples"),
-    Estimator("gpg", _gpg, {"f_norm": 1.0},
-              _MEAN_BASELINE + "every advantage is the raw score times the batch factor"),
-)}
+ESTIMATOR_TABLE: dict[str, Estimator] = {
+    e.name: e
+    for e in (
+        Estimator("gae", _gae, {"values": None, "gamma": 1.0, "lam": 1.0}, config_keys=("gamma", "lam")),
+        Estimator(
+            "grpo",
+            _grpo,
+            _GRPO_OPTIONS,
+            _MEAN_BASELINE + "every advantage is the raw score, unbaselined",
+            config_keys=("norm_adv_by_std_in_grpo",),
+        ),
+        Estimator("reinforce_plus_plus", _reinforce_plus_plus, {"gamma": 1.0}, config_keys=("gamma",)),
+        Estimator(
+            "reinforce_plus_plus_baseline",
+            _reinforce_plus_plus_baseline,
+            {},
+            _MEAN_BASELINE + "the baseline is 0 and only the batch whitening remains",
+            config_keys=("gamma",),
+        ),
+        Estimator("remax", _remax, {"reward_baselines": None}),
+        Estimator(
+            "rloo",
+            _rloo,
+            {},
+            "its baseline is the mean score of the prompt's other samples; with one sample per prompt "
+            "there are none and every advantage is the raw score",
+        ),
+        Estimator(
+            "opo",
+            _opo,
+            {},
+            "its baseline is the length-weighted mean score of the prompt's samples; with one sample per "
+            "prompt the baseline is 0 and every advantage is the raw score",
+        ),
+        Estimator(
+            "grpo_passk",
+            _grpo_passk,
+            _GRPO_OPTIONS,
+            "it gives the best sample of each prompt the margin over the second best, so every prompt "
+            "needs at least 2 samples",
+        ),
+        Estimator(
+            "gpg", _gpg, {"f_norm": 1.0}, _MEAN_BASELINE + "every advantage is the raw score times the batch factor"
+        ),
+    )
+}
 ESTIMATORS: tuple[str, ...] = tuple(ESTIMATOR_TABLE)
 NEEDS_GROUPS: frozenset[str] = frozenset(name for name, e in ESTIMATOR_TABLE.items() if e.uses_index)
 # Every option any estimator reads; one an estimator does not read is ignored (verl hands every estimator
@@ -160,7 +198,9 @@ def check_samples_per_prompt(name, n: int) -> None:
     """Raise ``GroupsRequiredError`` naming the estimator when it needs groups and ``n`` < 2."""
     reason = requires_groups(name)
     if reason is not None and n < 2:
-        raise GroupsRequiredError(estimator_spec(name).name, f"needs rollout.n >= 2 samples per prompt, got {n}: {reason}")
+        raise GroupsRequiredError(
+            estimator_spec(name).name, f"needs rollout.n >= 2 samples per prompt, got {n}: {reason}"
+        )
 
 
 def _real(name: str, option: str, value, *, positive: bool = False, nonzero: bool = False) -> float:
@@ -194,8 +234,9 @@ def _resolve(spec: Estimator, given: Mapping[str, object], shape: tuple[int, int
     return resolved
 
 
-def compute_advantage(estimator, token_level_rewards: Tensor, response_mask: Tensor, index=None,
-                      **options) -> tuple[Tensor, Tensor]:
+def compute_advantage(
+    estimator, token_level_rewards: Tensor, response_mask: Tensor, index=None, **options
+) -> tuple[Tensor, Tensor]:
     """Advantages and returns ``[B, T]`` of one rollout batch with verl's estimator ``estimator``.
 
     ``index`` holds one group id per row (rows with equal ids are samples of one prompt); the group

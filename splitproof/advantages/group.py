@@ -12,8 +12,7 @@ from .errors import GroupsRequiredError
 from .exact import centred_mean, centred_weighted_mean, sample_std
 
 
-def grpo(scores: list[float], groups: list[list[int]], *, epsilon: float,
-         norm_adv_by_std_in_grpo: bool) -> list[float]:
+def grpo(scores: list[float], groups: list[list[int]], *, epsilon: float, norm_adv_by_std_in_grpo: bool) -> list[float]:
     """A_i = (R_i − mean_g) / (std_g + ε), or R_i − mean_g without the std (Dr. GRPO).
 
     std is the unbiased standard deviation. A group of one has mean 0 and std 1, so A_i = R_i / (1 + ε)
@@ -60,8 +59,9 @@ def opo(scores: list[float], groups: list[list[int]], lengths: list[float]) -> l
     return advantages
 
 
-def grpo_passk(scores: list[float], groups: list[list[int]], ids: list, *, epsilon: float,
-               norm_adv_by_std_in_grpo: bool) -> list[float]:
+def grpo_passk(
+    scores: list[float], groups: list[list[int]], ids: list, *, epsilon: float, norm_adv_by_std_in_grpo: bool
+) -> list[float]:
     """Only the best row of a group gets an advantage: R_max − R_second (÷ (std_g + ε) with the flag).
 
     When the two best scores tie that advantage is 0, so which of them is "best" never matters.

@@ -40,7 +40,8 @@ def mask_copy(estimator: str, response_mask, shape: tuple[int, ...]) -> Tensor:
         raise AdvantageError(estimator, f"response_mask must be a torch.Tensor, got {type(response_mask).__name__}")
     if tuple(response_mask.shape) != shape:
         raise AdvantageError(
-            estimator, f"response_mask shape {list(response_mask.shape)} does not match token_level_rewards {list(shape)}"
+            estimator,
+            f"response_mask shape {list(response_mask.shape)} does not match token_level_rewards {list(shape)}",
         )
     try:
         as_bool = check_binary_mask("response_mask", response_mask.detach().cpu())

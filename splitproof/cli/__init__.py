@@ -4,7 +4,8 @@
 A subcommand module has ``add_parser(subparsers)``, which registers its parser and sets ``run`` (a
 function of the parsed arguments returning the exit status) as that parser's default.
 
-Exit status: 0 success (every verdict passes; the run finished), 1 a verdict fails (a training step failed), 2 bad usage (a one-line message on
+Exit status: 0 success (every verdict passes; the run finished), 1 a verdict fails (a training step failed), 2 bad
+usage (a one-line message on
 stderr, never a traceback), 130 interrupted, 141 the reader of the output went away (``| head``): the
 command stops quietly.
 """

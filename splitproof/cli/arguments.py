@@ -7,8 +7,9 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import IO, Iterator
+from typing import IO
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: the reader of our output went away (e.g. `| head`)
@@ -28,6 +29,7 @@ class OneLineParser(argparse.ArgumentParser):
 
 def number(kind: type, check, expected: str):
     """An argparse type: ``kind(text)`` that must satisfy ``check``, else a one-line error."""
+
     def parse(text: str):
         try:
             value = kind(text)
@@ -36,6 +38,7 @@ def number(kind: type, check, expected: str):
         if value is None or not check(value):
             raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
         return value
+
     return parse
 
 
@@ -51,8 +54,9 @@ def flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
-def check_output_path(path: str, option: str, *, allow_stdout: bool = False,
-                      suffixes: tuple[str, ...] | None = None) -> None:
+def check_output_path(
+    path: str, option: str, *, allow_stdout: bool = False, suffixes: tuple[str, ...] | None = None
+) -> None:
     """Refuse, before any work, an output path that cannot be written: ``-`` where standard output is not
     allowed, a file type outside ``suffixes``, a directory, a missing folder, or a file that cannot be
     created or opened for writing (probed by opening it for appending; a file created by the probe is
@@ -64,8 +68,9 @@ def check_output_path(path: str, option: str, *, allow_stdout: bool = False,
     if suffixes is not None:
         suffix = os.path.splitext(path)[1].lower()
         if suffix not in suffixes:
-            raise UsageError(f"{option} {path}: unsupported file type {suffix or '(no extension)'}; "
-                             f"use {', '.join(suffixes)}")
+            raise UsageError(
+                f"{option} {path}: unsupported file type {suffix or '(no extension)'}; use {', '.join(suffixes)}"
+            )
     if os.path.isdir(path):
         raise UsageError(f"{option} {path}: is a directory; give a file path")
     folder = os.path.dirname(os.path.abspath(path))

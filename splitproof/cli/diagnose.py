@@ -55,13 +55,23 @@ verdict: pass iff the gradient's and the update's relative differences are <= ma
 64 x eps(dtype)) and the objective is within the reference's precision floor. See docs/diagnose.md.
 exit status: 0 all pass, 1 a verdict fails, 2 bad usage (nothing runs)."""
 
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``splitproof diagnose`` on the top-level parser's subparsers."""
-    d = subparsers.add_parser("diagnose", help="check that splitting a minibatch does not change the update",
-                              description=DIAGNOSE_DESCRIPTION, add_help=False,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-    d.add_argument("scenario", nargs="?", choices=opts.SCENARIOS, metavar="SCENARIO",
-                   help="gmpo | klcov | sweep | value | audit (default: gmpo and klcov)")
+    d = subparsers.add_parser(
+        "diagnose",
+        help="check that splitting a minibatch does not change the update",
+        description=DIAGNOSE_DESCRIPTION,
+        add_help=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    d.add_argument(
+        "scenario",
+        nargs="?",
+        choices=opts.SCENARIOS,
+        metavar="SCENARIO",
+        help="gmpo | klcov | sweep | value | audit (default: gmpo and klcov)",
+    )
     opts.add_options(d)
     d.set_defaults(run=run, help_text=d.format_help)
     return d
@@ -143,9 +153,9 @@ def _scenarios(args) -> list:
     """The scenarios the flags ask for, with their overrides; refuses what a scenario cannot honour."""
     from dataclasses import replace
 
-    from splitproof.loss_config import AGG_MODES, COV_MODES, LOSS_MODES
     from splitproof.diagnose import scenarios as sc
     from splitproof.diagnose.splits import parse_split
+    from splitproof.loss_config import AGG_MODES, COV_MODES, LOSS_MODES
 
     custom = opts.given(args, opts.CUSTOM_FLAGS + opts.STEP_FLAGS)
     if args.scenario is None and not custom:
@@ -156,11 +166,15 @@ def _scenarios(args) -> list:
             raise UsageError(f"unknown loss mode {loss_mode!r}; expected one of {', '.join(LOSS_MODES)}")
         if args.agg_mode is not None and args.agg_mode not in AGG_MODES:
             raise UsageError(f"unknown aggregation mode {args.agg_mode!r}; expected one of {', '.join(AGG_MODES)}")
-        for option, needs in (("kl_cov_ratio", ("kl_cov",)), ("clip_cov_ratio", ("clip_cov",)),
-                              ("cov_strategy", COV_MODES)):
+        for option, needs in (
+            ("kl_cov_ratio", ("kl_cov",)),
+            ("clip_cov_ratio", ("clip_cov",)),
+            ("cov_strategy", COV_MODES),
+        ):
             if getattr(args, option) is not None and loss_mode not in needs:
-                raise UsageError(f"{opts.flag(option)} applies only with --loss-mode {' or '.join(needs)} "
-                                 f"(this run: {loss_mode})")
+                raise UsageError(
+                    f"{opts.flag(option)} applies only with --loss-mode {' or '.join(needs)} (this run: {loss_mode})"
+                )
         values = {k: getattr(args, k) for k in opts.CUSTOM_FLAGS + opts.STEP_FLAGS if getattr(args, k) is not None}
         values["splits"] = tuple(values.pop("split", ()) or ())
         values["legacy"] = args.scope == "microbatch"
@@ -169,12 +183,16 @@ def _scenarios(args) -> list:
         chosen = sc.sweep(args.seed)
     else:
         chosen = [{"gmpo": sc.gmpo, "klcov": sc.klcov, "value": sc.value}[args.scenario](args.seed)]
-    settings = {k: getattr(args, k) for k in ("lr", "grad_clip", "optimizer", "cov_strategy", "statistics_scope")
-                if getattr(args, k) is not None}
+    settings = {
+        k: getattr(args, k)
+        for k in ("lr", "grad_clip", "optimizer", "cov_strategy", "statistics_scope")
+        if getattr(args, k) is not None
+    }
     chosen = [sc.with_overrides(s, splits=args.split, settings=settings) for s in chosen]
     if args.device != "cpu" and not args.split:
-        chosen = [sc.without_dp(s, "dp splits skipped: they run as CPU gloo processes (use --device cpu)")
-                  for s in chosen]
+        chosen = [
+            sc.without_dp(s, "dp splits skipped: they run as CPU gloo processes (use --device cpu)") for s in chosen
+        ]
     if args.scope == "minibatch":
         chosen = [replace(s, legacy=None) for s in chosen]
     has_dp = any(parse_split(spec).ranks > 1 for s in chosen for spec in s.splits)
@@ -188,12 +206,12 @@ def _diagnose(args) -> int:
     import torch
 
     from splitproof.batch import BatchError
-    from splitproof.loss_config import ConfigError
     from splitproof.diagnose import report as rep
     from splitproof.diagnose.context import ModelError, ModelSpec, check_device
     from splitproof.diagnose.diagnosis import Diagnosis
     from splitproof.diagnose.plot import PlotUnavailable, require_matplotlib
     from splitproof.diagnose.splits import SplitError
+    from splitproof.loss_config import ConfigError
 
     args.dtype = args.dtype or "float32"
     args.device = args.device or "cpu"
@@ -205,8 +223,14 @@ def _diagnose(args) -> int:
         threads = args.threads or (1 if not args.model else None)
         if threads:
             torch.set_num_threads(threads)
-        spec = ModelSpec(path=args.model, dtype=args.dtype, device=args.device, seed=args.seed,
-                         trust_remote_code=args.trust_remote_code, lora_rank=args.lora_rank or 0)
+        spec = ModelSpec(
+            path=args.model,
+            dtype=args.dtype,
+            device=args.device,
+            seed=args.seed,
+            trust_remote_code=args.trust_remote_code,
+            lora_rank=args.lora_rank or 0,
+        )
         show = _progress_printer(not args.no_progress and (args.scenario == "sweep" or sys.stderr.isatty()))
         with _loading_bars(not args.no_progress):
             diagnosis = Diagnosis(scenarios, spec, progress=show)
@@ -219,9 +243,17 @@ def _diagnose(args) -> int:
     except WorkerDied as exc:  # one line naming the dead rank, exit 2
         raise UsageError(str(exc)) from None
     records = [diagnosis.results(s) for s in scenarios]
-    settings = {"model": spec.describe(), "model_path": args.model, "dtype": args.dtype, "device": args.device,
-                "seed": args.seed, "threads": torch.get_num_threads(), "dp_wrapper": scenarios[0].settings.wrapper,
-                "scenarios": [s.name for s in scenarios], "command": "splitproof diagnose " + " ".join(args.argv)}
+    settings = {
+        "model": spec.describe(),
+        "model_path": args.model,
+        "dtype": args.dtype,
+        "device": args.device,
+        "seed": args.seed,
+        "threads": torch.get_num_threads(),
+        "dp_wrapper": scenarios[0].settings.wrapper,
+        "scenarios": [s.name for s in scenarios],
+        "command": "splitproof diagnose " + " ".join(args.argv),
+    }
     report = rep.build(records, settings)
     written = []
     if args.json:
@@ -230,6 +262,7 @@ def _diagnose(args) -> int:
         written.append(args.json)
     if args.plot:
         from splitproof.diagnose.plot import write_plot
+
         try:
             write_plot(report, args.plot)
         except OSError as exc:
@@ -260,8 +293,14 @@ def _audit(args) -> int:
     try:
         check_agg_mode(args.agg_mode or "token-mean")
         fn = load_loss_fn(args.loss_fn)
-        report = run_audit(fn, convention=args.convention or "verl", loss_mode=args.loss_mode,
-                           agg_mode=args.agg_mode or "token-mean", seed=args.seed, name=args.loss_fn)
+        report = run_audit(
+            fn,
+            convention=args.convention or "verl",
+            loss_mode=args.loss_mode,
+            agg_mode=args.agg_mode or "token-mean",
+            seed=args.seed,
+            name=args.loss_fn,
+        )
     except ValueError as exc:
         raise UsageError(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from None
     if args.json:

@@ -15,10 +15,16 @@ DTYPES = ("float32", "float64", "bfloat16")
 
 
 def add_parser(subparsers) -> None:
-    p = subparsers.add_parser("export", help="merge a saved LoRA adapter into its base model (a Hugging Face directory)",
-                              description=__doc__.split("\n\n")[0].replace("``", "'"))
-    p.add_argument("adapter", metavar="ADAPTER", help="the adapter directory (adapter_config.json + "
-                   "adapter_model.safetensors, PEFT's format)")
+    p = subparsers.add_parser(
+        "export",
+        help="merge a saved LoRA adapter into its base model (a Hugging Face directory)",
+        description=__doc__.split("\n\n")[0].replace("``", "'"),
+    )
+    p.add_argument(
+        "adapter",
+        metavar="ADAPTER",
+        help="the adapter directory (adapter_config.json + adapter_model.safetensors, PEFT's format)",
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="where the merged model is written (new or empty)")
     p.add_argument("--model", metavar="PATH", help="the base model (default: the adapter's base_model_name_or_path)")
     p.add_argument("--dtype", choices=DTYPES, help="load the base model in this dtype (default: as saved)")
@@ -28,10 +34,8 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     import torch
 
+    from splitproof.lora import merge_adapter, read_adapter_config
     from splitproof.loss_config import ConfigError
-    from splitproof.lora import merge_adapter
-
-    from splitproof.lora import read_adapter_config
 
     dtype = getattr(torch, args.dtype) if args.dtype else None
     try:
@@ -42,8 +46,9 @@ def run(args) -> int:
         raise UsageError(str(exc)) from None
     source = copy_tokenizer([args.adapter, base], path)
     if source is None:
-        print(f"splitproof: notice: neither {args.adapter} nor {base} holds a tokenizer; {path} has none",
-              file=sys.stderr)
+        print(
+            f"splitproof: notice: neither {args.adapter} nor {base} holds a tokenizer; {path} has none", file=sys.stderr
+        )
     print(f"wrote {path}" + (f" (tokenizer from {source})" if source else ""))
     return EXIT_PASS
 

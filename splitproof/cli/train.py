@@ -46,11 +46,17 @@ exit status: 0 done, 1 a step failed, 2 bad usage (nothing loaded or written), 1
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register ``splitproof train`` on the top-level parser's subparsers."""
-    t = subparsers.add_parser("train", help="RL post-training with verl's config keys",
-                              description=TRAIN_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    t = subparsers.add_parser(
+        "train",
+        help="RL post-training with verl's config keys",
+        description=TRAIN_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     t.add_argument("--config", metavar="FILE.yaml", help="a YAML config (verl's tree); overrides apply on top")
     t.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
-    t.add_argument("overrides", nargs="*", metavar="key=value", help="verl-style overrides, e.g. data.train_batch_size=16")
+    t.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="verl-style overrides, e.g. data.train_batch_size=16"
+    )
     t.set_defaults(run=run)
     return t
 
@@ -87,8 +93,11 @@ class StopRequest:
             raise KeyboardInterrupt
         self.requested = True
         if _rank() == 0:  # os.write: a handler may interrupt a print in progress
-            os.write(2, b"\nsplitproof: stopping within seconds; the step under way is discarded "
-                        b"(Ctrl-C again to stop at once; the newest checkpoint stays intact)\n")
+            os.write(
+                2,
+                b"\nsplitproof: stopping within seconds; the step under way is discarded "
+                b"(Ctrl-C again to stop at once; the newest checkpoint stays intact)\n",
+            )
 
     @contextmanager
     def installed(self):
@@ -104,7 +113,11 @@ def resume_command(argv: list[str], resume_mode: str) -> str:
     kept = [a for a in argv if not a.lstrip("+").startswith(("trainer.resume_mode=", "trainer.resume_from_path="))]
     if resume_mode != "auto" or len(kept) != len(argv):
         kept.append("trainer.resume_mode=auto")
-    launcher = "splitproof train" if _world() == 1 else f"torchrun --standalone --nproc_per_node {_world()} -m splitproof train"
+    launcher = (
+        "splitproof train"
+        if _world() == 1
+        else f"torchrun --standalone --nproc_per_node {_world()} -m splitproof train"
+    )
     return " ".join([launcher, shlex.join(kept)]).strip()
 
 
@@ -144,24 +157,30 @@ def _stopped_message(cfg, argv: list[str], stopped: str) -> str:
 
     newest = newest_checkpoint(cfg)
     if newest is None:
-        where = ("no checkpoint was saved (trainer.save_freq<=0), so rerunning starts over"
-                 if cfg.trainer.save_freq <= 0 else "no checkpoint yet, so rerunning starts over")
+        where = (
+            "no checkpoint was saved (trainer.save_freq<=0), so rerunning starts over"
+            if cfg.trainer.save_freq <= 0
+            else "no checkpoint yet, so rerunning starts over"
+        )
         return f"{stopped}; {where}"
     step = newest.name.rsplit("_", 1)[-1]
-    return (f"{stopped}; the newest checkpoint is {newest}, so the run resumes after step {step}. "
-            f"To resume: {resume_command(argv, cfg.trainer.resume_mode)}")
+    return (
+        f"{stopped}; the newest checkpoint is {newest}, so the run resumes after step {step}. "
+        f"To resume: {resume_command(argv, cfg.trainer.resume_mode)}"
+    )
 
 
 def run(args) -> int:
     """Run the parsed ``splitproof train`` command; returns the exit status."""
     from ..loss_config import ConfigError
-    from ..rl.config.schema import ActorRolloutRefConfig
     from ..rl.config.load import dump_config, load_train_config
+    from ..rl.config.schema import ActorRolloutRefConfig
 
     argv = list(getattr(args, "argv", None) or [])
     try:
-        cfg = load_train_config(args.config, args.overrides, on_notice=lambda m: _say(f"notice: {m}"),
-                                check_paths=not args.print_config)
+        cfg = load_train_config(
+            args.config, args.overrides, on_notice=lambda m: _say(f"notice: {m}"), check_paths=not args.print_config
+        )
     except ConfigError as e:
         cfg, code = None, EXIT_USAGE
         _init_distributed(ActorRolloutRefConfig.nccl_timeout)
@@ -215,8 +234,11 @@ def _train(cfg, argv: list[str], annotate) -> int:
     except StepFailed as e:
         newest = newest_checkpoint(cfg)
         kept = f"the newest checkpoint ({newest}) is intact" if newest else "no checkpoint was saved"
-        done = f"Step {e.step}'s record was logged, its checkpoint not saved" if e.logged else \
-            f"Nothing of step {e.step} was logged or saved"
+        done = (
+            f"Step {e.step}'s record was logged, its checkpoint not saved"
+            if e.logged
+            else f"Nothing of step {e.step} was logged or saved"
+        )
         _error(f"{e}. {done}; {kept}.")
         return EXIT_FAIL
     except Interrupted as e:

@@ -23,13 +23,14 @@ relative difference is within ``max(16 × control, 1e-12)``.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from splitproof.loss_config import AGG_MODES, GROUP_AGG, LossConfig
 from splitproof.diagnose.verl_convention import VerlActorConfig, native_verl_config, one_line, set_global_batch_info
+from splitproof.loss_config import AGG_MODES, GROUP_AGG, LossConfig
 
 from .audit_data import SPLIT_KINDS, AuditMinibatch, AuditSplit, make_minibatch, make_splits
 from .audit_loading import function_name, load_loss_fn, verl_importable
@@ -38,8 +39,18 @@ from .audit_report import CONTRACT, TOLERANCE_FACTOR, TOLERANCE_FLOOR, AuditRepo
 CONVENTIONS = ("verl",)
 VERL_AGG_MODES = tuple(m for m in AGG_MODES if m != GROUP_AGG)  # verl's loss functions get no group ids
 
-__all__ = ["CONVENTIONS", "SPLIT_KINDS", "AuditError", "AuditReport", "VerlActorConfig", "check_agg_mode",
-           "control_token_mean", "likely_cause", "load_loss_fn", "run_audit"]
+__all__ = [
+    "CONVENTIONS",
+    "SPLIT_KINDS",
+    "AuditError",
+    "AuditReport",
+    "VerlActorConfig",
+    "check_agg_mode",
+    "control_token_mean",
+    "likely_cause",
+    "load_loss_fn",
+    "run_audit",
+]
 
 
 class AuditError(ValueError):
@@ -50,8 +61,9 @@ class AuditError(ValueError):
 # The control: a token-mean PPO-clip loss in verl's convention, invariant by construction
 
 
-def control_token_mean(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                       config=None, rollout_is_weights=None):
+def control_token_mean(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
     """PPO clip, Σ_μ m·ℓ × D / N with the minibatch-global N and D from ``config.global_batch_info``."""
     info = config.global_batch_info
     eps_low, eps_high = config.clip_ratio_low, config.clip_ratio_high
@@ -80,8 +92,9 @@ def _extract_loss(out: Any) -> Tensor:
     return out.reshape(())
 
 
-def _grad_of(loss_fn: Callable, mb: AuditMinibatch, rows: list[int], config: Any,
-             agg_mode: str, seed: int) -> tuple[Tensor, float]:
+def _grad_of(
+    loss_fn: Callable, mb: AuditMinibatch, rows: list[int], config: Any, agg_mode: str, seed: int
+) -> tuple[Tensor, float]:
     """Call ``loss_fn`` on the rows, backward; the gradient w.r.t. log_prob [len(rows), T] and the loss value."""
     index = torch.tensor(rows, dtype=torch.long)
     log_prob = mb.log_prob[index].clone().requires_grad_(True)
@@ -111,8 +124,9 @@ def _global_info(mb: AuditMinibatch, dp_size: int, config: Any) -> dict:
     }
 
 
-def _accumulate(loss_fn: Callable, mb: AuditMinibatch, split: AuditSplit, config: Any,
-                agg_mode: str, seed: int) -> tuple[Tensor, float]:
+def _accumulate(
+    loss_fn: Callable, mb: AuditMinibatch, split: AuditSplit, config: Any, agg_mode: str, seed: int
+) -> tuple[Tensor, float]:
     """The gradient w.r.t. log_prob accumulated over the split's microbatches, averaged over ranks."""
     total = torch.zeros_like(mb.log_prob)
     loss_total = 0.0
@@ -137,8 +151,9 @@ def _compare(grad: Tensor, base: Tensor, mask: Tensor) -> tuple[float, float]:
     return diff, diff / scale
 
 
-def likely_cause(split: AuditSplit, grad: Tensor | None, base: Tensor, mask: Tensor, tolerance: float,
-                 error: str | None = None) -> tuple[str, float | None]:
+def likely_cause(
+    split: AuditSplit, grad: Tensor | None, base: Tensor, mask: Tensor, tolerance: float, error: str | None = None
+) -> tuple[str, float | None]:
     """Why a split's gradient differs from the whole minibatch's, as far as its shape tells: (text, factor).
 
     ``factor`` is c of the best fit grad ≈ c·base when that fit is exact (within ``tolerance``, relative
@@ -146,38 +161,58 @@ def likely_cause(split: AuditSplit, grad: Tensor | None, base: Tensor, mask: Ten
     a per-microbatch normaliser; anything else reweights tokens or sequences per microbatch.
     """
     if error is not None or grad is None:
-        return ("the function raises on a microbatch this split makes (e.g. one whose sequences have no valid "
-                "token), so whether training crashes depends on the split"), None
+        return (
+            "the function raises on a microbatch this split makes (e.g. one whose sequences have no valid "
+            "token), so whether training crashes depends on the split"
+        ), None
     g, b = grad[mask], base[mask]
     factor = float((g * b).sum() / (b * b).sum()) if float((b * b).sum()) > 0 else math.nan
     scale = float(b.abs().max()) if b.numel() else 0.0
     exact = math.isfinite(factor) and scale > 0 and float((g - factor * b).abs().max()) / scale <= tolerance
     if not exact:
-        return ("the gradient is reweighted, not just rescaled: the loss uses statistics of the microbatch (a mean "
-                "over its rows or tokens, its own token count, or tokens selected inside it: a top-k, a random "
-                "draw) where the minibatch's are needed (config.global_batch_info)"), None
+        return (
+            "the gradient is reweighted, not just rescaled: the loss uses statistics of the microbatch (a mean "
+            "over its rows or tokens, its own token count, or tokens selected inside it: a top-k, a random "
+            "draw) where the minibatch's are needed (config.global_batch_info)"
+        ), None
     if split.dp_size > 1 and abs(factor * split.dp_size - 1.0) <= 1e-6:
-        return (f"the gradient is exactly 1/{split.dp_size} of the whole-minibatch one: the loss is not multiplied "
-                f"by global_batch_info['dp_size'] (DDP/FSDP average the {split.dp_size} ranks' gradients, so each "
-                "rank's loss must be scaled by dp_size)"), factor
-    return (f"the gradient is a constant multiple (x{factor:.4g}) of the whole-minibatch one: the loss divides by a "
-            "quantity of the microbatch (its token or sequence count, a torch.mean, its padded width) instead of "
-            "global_batch_info's batch_num_tokens / global_batch_size / loss_scale_factor"), factor
+        return (
+            f"the gradient is exactly 1/{split.dp_size} of the whole-minibatch one: the loss is not multiplied "
+            f"by global_batch_info['dp_size'] (DDP/FSDP average the {split.dp_size} ranks' gradients, so each "
+            "rank's loss must be scaled by dp_size)"
+        ), factor
+    return (
+        f"the gradient is a constant multiple (x{factor:.4g}) of the whole-minibatch one: the loss divides by a "
+        "quantity of the microbatch (its token or sequence count, a torch.mean, its padded width) instead of "
+        "global_batch_info's batch_num_tokens / global_batch_size / loss_scale_factor"
+    ), factor
 
 
 def check_agg_mode(agg_mode: str) -> None:
     """verl's five modes; group-mean-token-mean needs group ids, which verl's convention does not pass."""
     if agg_mode == GROUP_AGG:
-        raise ValueError(f"aggregation mode {agg_mode!r} cannot be audited in verl's convention: its loss functions "
-                         f"get no group ids; expected one of {', '.join(VERL_AGG_MODES)}")
+        raise ValueError(
+            f"aggregation mode {agg_mode!r} cannot be audited in verl's convention: its loss functions "
+            f"get no group ids; expected one of {', '.join(VERL_AGG_MODES)}"
+        )
     if agg_mode not in AGG_MODES:
         raise ValueError(f"unknown aggregation mode {agg_mode!r}; expected one of {', '.join(VERL_AGG_MODES)}")
 
 
-def run_audit(loss_fn: Callable, *, convention: str = "verl", loss_mode: str | None = None,
-              agg_mode: str = "token-mean", seed: int = 0, sequences: int = 16, response_length: int = 24,
-              loss_config: LossConfig | None = None, overrides: dict | None = None,
-              native_config: bool | None = None, name: str | None = None) -> AuditReport:
+def run_audit(
+    loss_fn: Callable,
+    *,
+    convention: str = "verl",
+    loss_mode: str | None = None,
+    agg_mode: str = "token-mean",
+    seed: int = 0,
+    sequences: int = 16,
+    response_length: int = 24,
+    loss_config: LossConfig | None = None,
+    overrides: dict | None = None,
+    native_config: bool | None = None,
+    name: str | None = None,
+) -> AuditReport:
     """Audit ``loss_fn`` (verl convention) for split invariance of its gradient w.r.t. the log-probs.
 
     ``loss_mode`` sets ``config.policy_loss.loss_mode``; ``agg_mode`` is passed as ``loss_agg_mode`` and set
@@ -259,8 +294,14 @@ def _check_arguments(loss_fn, convention: str, loss_mode, agg_mode: str, sequenc
         raise ValueError(f"the loss function is not callable: {loss_fn!r}")
 
 
-def _audit_config(loss_fn, loss_mode: str | None, agg_mode: str, loss_config: LossConfig | None,
-                  overrides: dict | None, native_config: bool | None):
+def _audit_config(
+    loss_fn,
+    loss_mode: str | None,
+    agg_mode: str,
+    loss_config: LossConfig | None,
+    overrides: dict | None,
+    native_config: bool | None,
+):
     """The actor config the function sees: ours, or verl's own ``ActorConfig`` (see :func:`run_audit`)."""
     config = VerlActorConfig.from_loss_config(loss_config, **(overrides or {}))
     config.loss_agg_mode = agg_mode
@@ -272,8 +313,17 @@ def _audit_config(loss_fn, loss_mode: str | None, agg_mode: str, loss_config: Lo
     return native_verl_config(config) if native_config else config
 
 
-def _split_row(loss_fn: Callable, mb: AuditMinibatch, split: AuditSplit, config: Any, agg_mode: str, seed: int,
-               base: Tensor, base_loss: float, control_rel: float) -> dict:
+def _split_row(
+    loss_fn: Callable,
+    mb: AuditMinibatch,
+    split: AuditSplit,
+    config: Any,
+    agg_mode: str,
+    seed: int,
+    base: Tensor,
+    base_loss: float,
+    control_rel: float,
+) -> dict:
     """One split's row: the candidate's gradient against the whole minibatch's, its verdict and likely cause."""
     mask = mb.response_mask
     row = {

@@ -4,8 +4,8 @@ compares with one microbatch: uneven sizes, one sequence each, a token budget, t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -42,9 +42,9 @@ def make_minibatch(seed: int, sequences: int, response_length: int, group_size: 
     rewards = torch.randint(0, 2, (B,), generator=g).to(dtype) + 0.1 * torch.randn(B, generator=g, dtype=dtype)
     adv = torch.zeros(B, dtype=dtype)
     for start in range(0, B, group_size):
-        r = rewards[start:start + group_size]
+        r = rewards[start : start + group_size]
         std = r.std() if len(r) > 1 else torch.zeros((), dtype=dtype)
-        adv[start:start + group_size] = (r - r.mean()) / (std + 1e-6)
+        adv[start : start + group_size] = (r - r.mean()) / (std + 1e-6)
     advantages = adv[:, None].expand(B, T).clone()
     zero = torch.zeros((), dtype=dtype)
     return AuditMinibatch(
@@ -85,7 +85,7 @@ def _doubling_sizes(n: int) -> list[int]:
 def _cut(indices: Sequence[int], sizes: Sequence[int]) -> list[list[int]]:
     out, start = [], 0
     for s in sizes:
-        out.append(list(indices[start:start + s]))
+        out.append(list(indices[start : start + s]))
         start += s
     return out
 
@@ -120,11 +120,13 @@ def make_splits(mb: AuditMinibatch) -> tuple[list[AuditSplit], int]:
     rank0 = _cut(r0, [1, len(r0) - 1])
     rank1 = _cut(r1, [len(r1) - len(r1) // 2, len(r1) // 2])
     splits = [
-        AuditSplit("uneven", [uneven],
-                   f"{len(uneven)} microbatches of {'/'.join(str(len(m)) for m in uneven)} sequences"),
+        AuditSplit(
+            "uneven", [uneven], f"{len(uneven)} microbatches of {'/'.join(str(len(m)) for m in uneven)} sequences"
+        ),
         AuditSplit("many_small", [many_small], f"{B} microbatches of one sequence each"),
-        AuditSplit("token_budget", [packed],
-                   f"{len(packed)} microbatches of <= {budget} valid tokens (first-fit decreasing)"),
+        AuditSplit(
+            "token_budget", [packed], f"{len(packed)} microbatches of <= {budget} valid tokens (first-fit decreasing)"
+        ),
         AuditSplit("dp2", [rank0, rank1], "2 ranks x 2 microbatches, gradients averaged over ranks"),
     ]
     return splits, budget

@@ -13,10 +13,12 @@ from torch import Tensor
 TOLERANCE_FACTOR = 16.0
 TOLERANCE_FLOOR = 1e-12
 
-CONTRACT = ("a split-invariant loss in verl's convention divides by the minibatch's figures in "
-            "config.global_batch_info\n(batch_num_tokens for token means, global_batch_size for sequence means, "
-            "loss_scale_factor), never by the\nmicrobatch's own counts or a torch.mean over its rows, and multiplies "
-            "by global_batch_info['dp_size'] (DDP/FSDP\naverage the ranks' gradients); see docs/audit-verl.md")
+CONTRACT = (
+    "a split-invariant loss in verl's convention divides by the minibatch's figures in "
+    "config.global_batch_info\n(batch_num_tokens for token means, global_batch_size for sequence means, "
+    "loss_scale_factor), never by the\nmicrobatch's own counts or a torch.mean over its rows, and multiplies "
+    "by global_batch_info['dp_size'] (DDP/FSDP\naverage the ranks' gradients); see docs/audit-verl.md"
+)
 
 
 @dataclass
@@ -37,9 +39,10 @@ class AuditReport:
         head = f"{'split':<14}{'microbatches':>13}{'grad_rel_diff':>15}{'control':>11}  verdict"
         lines = [head, "-" * len(head)]
         for r in self.rows:
-            lines.append(f"{r['split']:<14}{r['microbatches']:>13}{_fmt(r['grad_rel_diff']):>15}"
-                         f"{_fmt(r['control_rel_diff']):>11}  {r['verdict']}"
-                         + (f" ({r['error']})" if r.get("error") else ""))
+            lines.append(
+                f"{r['split']:<14}{r['microbatches']:>13}{_fmt(r['grad_rel_diff']):>15}"
+                f"{_fmt(r['control_rel_diff']):>11}  {r['verdict']}" + (f" ({r['error']})" if r.get("error") else "")
+            )
         fn = self.settings.get("loss_fn", "loss function")
         failed = [r for r in self.rows if r["verdict"] != "pass"]
         by_cause: dict[str, list[dict]] = {}
@@ -49,8 +52,10 @@ class AuditReport:
             splits = "; ".join(f"{r['split']} ({r['description']})" for r in rows)
             lines.append(textwrap.fill(f"FAIL {splits}: {cause}", width=110, subsequent_indent="  "))
         where = f" on {', '.join(r['split'] for r in failed)}" if failed else " on every split"
-        lines.append(f"{fn}: {'PASS' if self.passed else 'FAIL'}{where} "
-                     f"(pass: grad_rel_diff <= max({TOLERANCE_FACTOR:g} x control, {TOLERANCE_FLOOR:g}))")
+        lines.append(
+            f"{fn}: {'PASS' if self.passed else 'FAIL'}{where} "
+            f"(pass: grad_rel_diff <= max({TOLERANCE_FACTOR:g} x control, {TOLERANCE_FLOOR:g}))"
+        )
         lines.append(CONTRACT)
         return "\n".join(lines)
 

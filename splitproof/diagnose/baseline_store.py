@@ -64,7 +64,7 @@ class FlatStore:
     def write(self, name: str, start: int, values: Tensor) -> None:
         values = values.detach().reshape(-1).to(device="cpu", dtype=self.dtype)
         if not self.on_disk:
-            self._memory[name][start:start + values.numel()] = values
+            self._memory[name][start : start + values.numel()] = values
             return
         data = values.contiguous().view(torch.uint8).numpy()
         written, position = 0, self._position(name, start)
@@ -73,7 +73,7 @@ class FlatStore:
 
     def read(self, name: str, start: int, count: int) -> Tensor:
         if not self.on_disk:
-            return self._memory[name][start:start + count]
+            return self._memory[name][start : start + count]
         size, position = count * self.itemsize, self._position(name, start)
         buffer = bytearray()
         while len(buffer) < size:

@@ -38,9 +38,9 @@ class Difference:
     def add(self, a: Tensor, b: Tensor | None = None) -> None:
         a = a.reshape(-1)
         for start in range(0, a.numel(), CHUNK):
-            d = a[start:start + CHUNK].double()
+            d = a[start : start + CHUNK].double()
             if b is not None:
-                d = d - b.reshape(-1)[start:start + CHUNK].to(device=d.device, dtype=torch.float64)
+                d = d - b.reshape(-1)[start : start + CHUNK].to(device=d.device, dtype=torch.float64)
             self.max_abs = max(self.max_abs, float(d.abs().max()))
             self._squares += float((d * d).sum())
 
@@ -67,8 +67,9 @@ def tolerance(control: dict[str, float], dtype) -> dict[str, float]:
     return {name: max(FACTOR * control[name], floor) for name in ("grad_rel_diff", "update_rel_diff")}
 
 
-def objective_tolerance(value: float, rounding: float, scale: float, dtype,
-                        control_deviation: float | None = None) -> float:
+def objective_tolerance(
+    value: float, rounding: float, scale: float, dtype, control_deviation: float | None = None
+) -> float:
     """The bound on |objective − J_ref|: how far the run's objective may sit from the float64 reference
     for reasons of precision alone.
 
@@ -85,12 +86,16 @@ def objective_tolerance(value: float, rounding: float, scale: float, dtype,
     """
     if control_deviation is None:
         return max(FACTOR * rounding, FLOOR_EPS * eps_of(dtype) * scale)
-    return max(FACTOR * control_deviation, FACTOR * rounding, FLOOR_EPS * eps_of(dtype) * abs(value),
-               FLOOR_EPS * eps_of(torch.float64) * scale)
+    return max(
+        FACTOR * control_deviation,
+        FACTOR * rounding,
+        FLOOR_EPS * eps_of(dtype) * abs(value),
+        FLOOR_EPS * eps_of(torch.float64) * scale,
+    )
 
 
 def verdict(figures: dict[str, float], bounds: dict[str, float]) -> str:
-    """"pass" iff every figure named in ``bounds`` is within its bound (NaN fails)."""
+    """ "pass" iff every figure named in ``bounds`` is within its bound (NaN fails)."""
     ok = all(figures[name] <= bound for name, bound in bounds.items())
     return "pass" if ok else "fail"
 

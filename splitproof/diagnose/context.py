@@ -19,9 +19,9 @@ import torch
 from torch import Tensor, nn
 
 from splitproof.batch import RolloutBatch
-from splitproof.loss_config import LossConfig, ValueLossConfig
 from splitproof.engine import compute_log_probs, compute_values
 from splitproof.hf_models import load_causal_lm, tiny_causal_lm
+from splitproof.loss_config import LossConfig, ValueLossConfig
 from splitproof.oracle import oracle_objective, oracle_value_objective
 
 from .synthetic import synthetic_rollout, with_critic_targets
@@ -129,9 +129,16 @@ class Context:
     _references: dict = field(default_factory=dict)
 
     @classmethod
-    def create(cls, model: nn.Module, spec: BatchSpec, critic: nn.Module | None = None) -> "Context":
-        batch = synthetic_rollout(model, spec.sequences, spec.prompt_length, spec.response_length, seed=spec.seed,
-                                  full_length=spec.full_length, with_is_weights=spec.with_is_weights)
+    def create(cls, model: nn.Module, spec: BatchSpec, critic: nn.Module | None = None) -> Context:
+        batch = synthetic_rollout(
+            model,
+            spec.sequences,
+            spec.prompt_length,
+            spec.response_length,
+            seed=spec.seed,
+            full_length=spec.full_length,
+            with_is_weights=spec.with_is_weights,
+        )
         if _param_dtype(model) in (torch.bfloat16, torch.float16):
             # per-token inputs in float32, as rollout buffers keep them (the log-probs come out in float32)
             for name in ("old_log_probs", "advantages", "ref_log_probs", "rollout_is_weights"):
@@ -188,17 +195,31 @@ class Context:
             return None if x is None else x.double()
 
         total, _ = oracle_objective(
-            logp, f64(b.old_log_probs), f64(b.advantages), b.response_mask, loss,
+            logp,
+            f64(b.old_log_probs),
+            f64(b.advantages),
+            b.response_mask,
+            loss,
             ref_log_prob=f64(b.ref_log_probs) if loss.use_kl_loss else None,
             rollout_is_weights=f64(b.rollout_is_weights),
-            entropy=entropy if loss.entropy_coeff != 0 else None, seq_ids=b.seq_ids, index=b.index, step=0)
+            entropy=entropy if loss.entropy_coeff != 0 else None,
+            seq_ids=b.seq_ids,
+            index=b.index,
+            step=0,
+        )
         return total
 
     def _value_reference_at(self, loss: ValueLossConfig, vpreds: Tensor) -> Tensor:
         b = self.batch
-        total, _ = oracle_value_objective(vpreds, b.values.double(), b.returns.double(), b.response_mask,
-                                          cliprange_value=loss.cliprange_value, loss_agg_mode=loss.loss_agg_mode,
-                                          loss_scale_factor=loss.loss_scale_factor)
+        total, _ = oracle_value_objective(
+            vpreds,
+            b.values.double(),
+            b.returns.double(),
+            b.response_mask,
+            cliprange_value=loss.cliprange_value,
+            loss_agg_mode=loss.loss_agg_mode,
+            loss_scale_factor=loss.loss_scale_factor,
+        )
         return total
 
     def reference(self, loss: LossConfig | ValueLossConfig) -> ReferenceObjective:

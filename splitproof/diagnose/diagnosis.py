@@ -12,15 +12,25 @@ process that holds no more.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from splitproof.engine.launch import run_data_parallel
 
 from .compare import DIFF_FIELDS, eps_of, mask_agreement, objective_tolerance, tolerance, verdict
 from .context import BatchSpec, Context, ModelSpec, build_critic, build_model
-from .split_run import Baseline, Loss, RunResult, RunSettings, describe_loss, is_cov, is_value, run_baseline, run_compared
 from .scenarios import Scenario
+from .split_run import (
+    Baseline,
+    Loss,
+    RunResult,
+    RunSettings,
+    describe_loss,
+    is_cov,
+    is_value,
+    run_baseline,
+    run_compared,
+)
 from .splits import SplitError, SplitPlan, baseline_plan, parse_split, plan_split
 
 Progress = Callable[[int, int, str], None]
@@ -36,8 +46,14 @@ class Case:
 
 def _outcome(result: RunResult) -> dict:
     out = dict(result.differences)
-    out.update(objective=result.objective, metrics=result.metrics, selected=result.selected,
-               skipped=result.skipped, microbatches=result.microbatches, strategy=result.strategy)
+    out.update(
+        objective=result.objective,
+        metrics=result.metrics,
+        selected=result.selected,
+        skipped=result.skipped,
+        microbatches=result.microbatches,
+        strategy=result.strategy,
+    )
     return out
 
 
@@ -56,8 +72,9 @@ def _dp_worker(job: tuple, baseline: Baseline) -> dict | None:
 class Diagnosis:
     """Plans and runs a list of scenarios on one model; ``results()`` per scenario and split."""
 
-    def __init__(self, scenarios: list[Scenario], model_spec: ModelSpec, *, progress: Progress | None = None,
-                 model=None):
+    def __init__(
+        self, scenarios: list[Scenario], model_spec: ModelSpec, *, progress: Progress | None = None, model=None
+    ):
         self.scenarios = scenarios
         self.model_spec = model_spec
         self.progress = progress
@@ -105,7 +122,7 @@ class Diagnosis:
                 yield "legacy", label, Case(sc.batch, sc.loss, sc.settings.with_(**sc.legacy), label), base
 
     # ----------------------------------------------------------------------------------------- running
-    def run(self) -> "Diagnosis":
+    def run(self) -> Diagnosis:
         todo: dict[Case, Case] = {}
         for sc in self.scenarios:
             for _, _, case, base in self.cases(sc):
@@ -194,18 +211,24 @@ class Diagnosis:
             "title": sc.title,
             "passed": all(s["verdict"] == "pass" for s in splits),
             "settings": _settings(sc, ctx, dtype),
-            "baseline": {"split": "one microbatch, one rank", "objective": base.objective,
-                         "objective_reference": reference, "objective_tolerance": objective_bound(control_base.objective),
-                         "metrics": base.metrics},
+            "baseline": {
+                "split": "one microbatch, one rank",
+                "objective": base.objective,
+                "objective_reference": reference,
+                "objective_tolerance": objective_bound(control_base.objective),
+                "metrics": base.metrics,
+            },
             "control": sc.control_note,
             "legacy": sc.legacy_note if sc.legacy else None,
             "upstream": sc.upstream.as_dict() if sc.upstream else None,
             "splits": splits,
         }
         if record["baseline"]["objective_tolerance"] >= abs(reference):
-            record["notes"] = [f"the objective check is not informative here: its precision floor in {dtype} "
-                               f"({record['baseline']['objective_tolerance']:.1e}) is not below |J| ({abs(reference):.1e}), "
-                               "so it catches only gross errors; the gradient and update comparisons carry the verdict"]
+            record["notes"] = [
+                f"the objective check is not informative here: its precision floor in {dtype} "
+                f"({record['baseline']['objective_tolerance']:.1e}) is not below |J| ({abs(reference):.1e}), "
+                "so it catches only gross errors; the gradient and update comparisons carry the verdict"
+            ]
         if is_cov(sc.loss):
             record["baseline"]["selected_tokens"] = _count(base.metrics)
             record["baseline"]["cov_strategy"] = base.strategy
@@ -222,8 +245,12 @@ def _count(metrics: dict) -> int:
 
 def _figures(outcome: dict, baseline: RunResult, reference: float) -> dict:
     out = {k: outcome[k] for k in DIFF_FIELDS}
-    out.update(objective=outcome["objective"], objective_baseline=baseline.objective,
-               objective_reference=reference, objective_abs_diff=abs(outcome["objective"] - reference))
+    out.update(
+        objective=outcome["objective"],
+        objective_baseline=baseline.objective,
+        objective_reference=reference,
+        objective_abs_diff=abs(outcome["objective"] - reference),
+    )
     return out
 
 

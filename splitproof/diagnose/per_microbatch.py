@@ -41,14 +41,18 @@ from splitproof.value_objective import value_share
 
 STATISTICS_SCOPES = ("minibatch", "microbatch")
 COV_STRATEGIES = (*ENGINE_COV_STRATEGIES, "microbatch")  # the engine's, and the per-microbatch selection
-SELECTION_WARNING = ("cov_strategy 'microbatch' selects tokens per microbatch: the update then depends on the split "
-                     "(kept for the diagnosis's comparison only)")
+SELECTION_WARNING = (
+    "cov_strategy 'microbatch' selects tokens per microbatch: the update then depends on the split "
+    "(kept for the diagnosis's comparison only)"
+)
 
 
 def check_scope(statistics_scope: str, cov_strategy: str = "auto") -> None:
     """A ConfigError naming the setting for an unknown statistics scope or Cov strategy."""
-    for name, value, known in (("statistics_scope", statistics_scope, STATISTICS_SCOPES),
-                               ("cov_strategy", cov_strategy, COV_STRATEGIES)):
+    for name, value, known in (
+        ("statistics_scope", statistics_scope, STATISTICS_SCOPES),
+        ("cov_strategy", cov_strategy, COV_STRATEGIES),
+    ):
         if value not in known:
             raise ConfigError(name, f"unknown {value!r}; expected one of {', '.join(known)}")
 
@@ -66,8 +70,16 @@ class LocalPolicyObjective:
     skipped_metric = "step_skipped"
     syncs_in_loop = True
 
-    def __init__(self, config: UpdateConfig, batch: RolloutBatch, plan: MinibatchPlan, collective, step: int, *,
-                 local_statistics: bool):
+    def __init__(
+        self,
+        config: UpdateConfig,
+        batch: RolloutBatch,
+        plan: MinibatchPlan,
+        collective,
+        step: int,
+        *,
+        local_statistics: bool,
+    ):
         self.config, self.loss, self.step = config, config.loss, step
         self.local_statistics = local_statistics
         self.with_entropy = config.loss.entropy_coeff != 0
@@ -95,9 +107,19 @@ class LocalPolicyObjective:
             stats = MinibatchStats.of(sub.response_mask, index=index)
             if stats.num_tokens == 0:  # an all-padding microbatch: nothing to add
                 return (log_prob * 0).sum(), {}
-        return minibatch_share(log_prob, sub.old_log_probs, sub.advantages, sub.response_mask, self.loss, stats,
-                               ref_log_prob=sub.ref_log_probs, rollout_is_weights=sub.rollout_is_weights,
-                               entropy=entropy, selection=selection, index=index)
+        return minibatch_share(
+            log_prob,
+            sub.old_log_probs,
+            sub.advantages,
+            sub.response_mask,
+            self.loss,
+            stats,
+            ref_log_prob=sub.ref_log_probs,
+            rollout_is_weights=sub.rollout_is_weights,
+            entropy=entropy,
+            selection=selection,
+            index=index,
+        )
 
     def after(self, model: nn.Module, stats: MinibatchStats, metric_sums: dict[str, Tensor]) -> None:
         pass

@@ -24,7 +24,9 @@ def require_matplotlib():
     try:
         import matplotlib
     except ImportError:
-        raise PlotUnavailable("--plot needs matplotlib: pip install 'splitproof[plot]' (or pip install matplotlib)") from None
+        raise PlotUnavailable(
+            "--plot needs matplotlib: pip install 'splitproof[plot]' (or pip install matplotlib)"
+        ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -86,23 +88,35 @@ def write_plot(report: dict, path: str) -> None:
     fmt = plot_format(path)
     plt = require_matplotlib()
     records = report["scenarios"]
-    rows = [(r["name"], [s["split"] for s in r["splits"]], {k: _series(r["splits"], k) for k, _ in QUANTITIES})
-            for r in records if r.get("group") != "sweep"]
+    rows = [
+        (r["name"], [s["split"] for s in r["splits"]], {k: _series(r["splits"], k) for k, _ in QUANTITIES})
+        for r in records
+        if r.get("group") != "sweep"
+    ]
     sweep = [r for r in records if r.get("group") == "sweep"]
     if sweep:
-        rows.append(("sweep (worst split per mode)", [r["title"].replace(" x ", "/") for r in sweep],
-                     {k: _worst(sweep, k) for k, _ in QUANTITIES}))
+        rows.append(
+            (
+                "sweep (worst split per mode)",
+                [r["title"].replace(" x ", "/") for r in sweep],
+                {k: _worst(sweep, k) for k, _ in QUANTITIES},
+            )
+        )
     widest = max(len(labels) for _, labels, _ in rows)
     fig_w = max(12.0, min(36.0, 0.5 * widest + 8))
     heights = [6.0 if len(labels) > 12 else 3.6 for _, labels, _ in rows]  # room for rotated mode names
-    fig, axes = plt.subplots(len(rows), 2, figsize=(fig_w, sum(heights)), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
+    fig, axes = plt.subplots(
+        len(rows), 2, figsize=(fig_w, sum(heights)), squeeze=False, gridspec_kw={"height_ratios": heights}
+    )
     for (name, labels, by_key), panel in zip(rows, axes):
         for ax, (key, what) in zip(panel, QUANTITIES):
             _draw(ax, labels, by_key[key], f"{name}: {what}", f"relative {what.split()[0]} difference")
     axes[0, 1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    fig.suptitle(f"splitproof diagnose — {'PASS' if report['passed'] else 'FAIL'} "
-                 "(a split passes when both its gradient and its update bar stay under their bound)", fontsize=10)
+    fig.suptitle(
+        f"splitproof diagnose — {'PASS' if report['passed'] else 'FAIL'} "
+        "(a split passes when both its gradient and its update bar stay under their bound)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, format=fmt, dpi=110)
     plt.close(fig)

@@ -10,8 +10,10 @@ import textwrap
 
 from .compare import FACTOR, FLOOR_EPS
 
-RULE = (f"pass iff grad_rel_diff and update_rel_diff <= max({FACTOR:g} x the control's, {FLOOR_EPS:g} x eps(dtype)) "
-        "and |objective - objective_reference| <= the reference's precision floor (objective_tolerance)")
+RULE = (
+    f"pass iff grad_rel_diff and update_rel_diff <= max({FACTOR:g} x the control's, {FLOOR_EPS:g} x eps(dtype)) "
+    "and |objective - objective_reference| <= the reference's precision floor (objective_tolerance)"
+)
 
 
 def versions() -> dict[str, str]:
@@ -21,11 +23,16 @@ def versions() -> dict[str, str]:
 
     try:
         import transformers
+
         tf = transformers.__version__
     except ImportError:  # pragma: no cover
         tf = None
-    return {"splitproof": splitproof.__version__, "torch": torch.__version__, "transformers": tf,
-            "python": platform.python_version()}
+    return {
+        "splitproof": splitproof.__version__,
+        "torch": torch.__version__,
+        "transformers": tf,
+        "python": platform.python_version(),
+    }
 
 
 def build(records: list[dict], settings: dict) -> dict:
@@ -96,8 +103,10 @@ def _header(record: dict) -> list[str]:
     up = record.get("upstream")
     if up:
         lines += _wrap(f"reruns {up['ref']}: {up['summary']}") + [f"    {up['url']}"]
-    line = (f"objective, one microbatch: {base['objective']:.10g}   float64 reference: "
-            f"{base['objective_reference']:.10g}   (tolerance {_e(base['objective_tolerance'])})")
+    line = (
+        f"objective, one microbatch: {base['objective']:.10g}   float64 reference: "
+        f"{base['objective_reference']:.10g}   (tolerance {_e(base['objective_tolerance'])})"
+    )
     if "selected_tokens" in base:
         line += f"   selected tokens: {base['selected_tokens']} ({base.get('cov_strategy')})"
     return lines + _wrap(line)
@@ -109,23 +118,38 @@ def _verdict_table(record: dict) -> list[str]:
     rows = []
     for s in record["splits"]:
         bound = s["tolerance"]
-        rows.append([s["split"], f"{s['microbatches']} x {s['ranks']}", _e(s["grad_rel_diff"]),
-                     _e(bound["grad_rel_diff"]), _e(s["update_rel_diff"]), _e(bound["update_rel_diff"]),
-                     _e(s["objective_abs_diff"]), _e(bound["objective_abs_diff"]),
-                     "pass" if s["verdict"] == "pass" else "FAIL"])
-    return (_wrap("splitproof's verdict: each split against one microbatch on one rank (relative differences "
-                  "of the gradient and the update; |J - ref|: the objective against the float64 reference)")
-            + _table(header, rows))
+        rows.append(
+            [
+                s["split"],
+                f"{s['microbatches']} x {s['ranks']}",
+                _e(s["grad_rel_diff"]),
+                _e(bound["grad_rel_diff"]),
+                _e(s["update_rel_diff"]),
+                _e(bound["update_rel_diff"]),
+                _e(s["objective_abs_diff"]),
+                _e(bound["objective_abs_diff"]),
+                "pass" if s["verdict"] == "pass" else "FAIL",
+            ]
+        )
+    return _wrap(
+        "splitproof's verdict: each split against one microbatch on one rank (relative differences "
+        "of the gradient and the update; |J - ref|: the objective against the float64 reference)"
+    ) + _table(header, rows)
 
 
 def _floor_table(record: dict, cov: bool) -> list[str]:
     """The control's figures (the floor the bounds come from) and the objective each split reported."""
     header = ["split", "control grad", "control upd", "objective J"] + (["selected (mask)"] if cov else [])
-    rows = [[s["split"], _e(s["control"]["grad_rel_diff"]), _e(s["control"]["update_rel_diff"]),
-             f"{s['objective']:.10g}"] + ([_sel(s)] if cov else []) for s in record["splits"]]
+    rows = [
+        [s["split"], _e(s["control"]["grad_rel_diff"]), _e(s["control"]["update_rel_diff"]), f"{s['objective']:.10g}"]
+        + ([_sel(s)] if cov else [])
+        for s in record["splits"]
+    ]
     what = "objective J and selected tokens (baseline/split, mask agreement)" if cov else "objective J"
-    return (_wrap(f"the floor, from the control — {record['control']} — on the same split: its differences "
-                  f"make the bounds above; {what}: what the split reported") + _table(header, rows))
+    return _wrap(
+        f"the floor, from the control — {record['control']} — on the same split: its differences "
+        f"make the bounds above; {what}: what the split reported"
+    ) + _table(header, rows)
 
 
 def _legacy_table(record: dict, cov: bool) -> list[str]:
@@ -135,12 +159,20 @@ def _legacy_table(record: dict, cov: bool) -> list[str]:
     rows = []
     for s in record["splits"]:
         leg = s.get("legacy")
-        result = "-" if not leg else (f"DIFFERS: {bug} reproduced" if leg["verdict"] != "pass"
-                                      else "same (within the floor)")
-        rows.append([s["split"], _e(leg and leg["grad_rel_diff"]), _e(leg and leg["update_rel_diff"])]
-                    + ([_sel(leg)] if cov else []) + [result])
-    intro = (f"verl convention (legacy, not splitproof): the same splits with {record['legacy']}; DIFFERS = the "
-             f"difference {bug} reports, reproduced (expected; it does not enter the verdict)")
+        result = (
+            "-"
+            if not leg
+            else (f"DIFFERS: {bug} reproduced" if leg["verdict"] != "pass" else "same (within the floor)")
+        )
+        rows.append(
+            [s["split"], _e(leg and leg["grad_rel_diff"]), _e(leg and leg["update_rel_diff"])]
+            + ([_sel(leg)] if cov else [])
+            + [result]
+        )
+    intro = (
+        f"verl convention (legacy, not splitproof): the same splits with {record['legacy']}; DIFFERS = the "
+        f"difference {bug} reports, reproduced (expected; it does not enter the verdict)"
+    )
     return _wrap(intro) + _table(header, rows) + scale_note(record)
 
 
@@ -150,14 +182,21 @@ SCALE_GAP = 100.0  # grad rel this many times update rel: the difference is most
 def scale_note(record: dict) -> list[str]:
     """A word where verl's gradient differs far more than its update: a rescaled gradient that the update
     (gradient clipping, then AdamW's per-weight normalisation) largely hides."""
-    gaps = [s["split"] for s in record["splits"] if s.get("legacy") and s["legacy"]["update_rel_diff"] is not None
-            and s["legacy"]["grad_rel_diff"] > SCALE_GAP * max(s["legacy"]["update_rel_diff"], 1e-300)]
+    gaps = [
+        s["split"]
+        for s in record["splits"]
+        if s.get("legacy")
+        and s["legacy"]["update_rel_diff"] is not None
+        and s["legacy"]["grad_rel_diff"] > SCALE_GAP * max(s["legacy"]["update_rel_diff"], 1e-300)
+    ]
     if not gaps:
         return []
-    return _wrap(f"on {', '.join(gaps)} verl's grad rel is over {SCALE_GAP:g}x its update rel: its gradient there "
-                 "is mostly the right one at another scale, which the update hides (the gradient is clipped to "
-                 "actor.grad_clip before the step, and AdamW divides by its running scale), so the weights move "
-                 "almost as they should; a smaller grad_clip or another optimizer would not hide it")
+    return _wrap(
+        f"on {', '.join(gaps)} verl's grad rel is over {SCALE_GAP:g}x its update rel: its gradient there "
+        "is mostly the right one at another scale, which the update hides (the gradient is clipped to "
+        "actor.grad_clip before the step, and AdamW divides by its running scale), so the weights move "
+        "almost as they should; a smaller grad_clip or another optimizer would not hide it"
+    )
 
 
 def scenario_text(record: dict) -> list[str]:
@@ -186,7 +225,9 @@ def sweep_text(records: list[dict]) -> list[str]:
         row = [r["title"].replace(" x ", " / ")]
         for kind in columns:
             s = by_kind.get(kind)
-            row.append("-" if s is None else f"{'pass' if s['verdict'] == 'pass' else 'FAIL'} {_e(s['update_rel_diff'])}")
+            row.append(
+                "-" if s is None else f"{'pass' if s['verdict'] == 'pass' else 'FAIL'} {_e(s['update_rel_diff'])}"
+            )
         legs = [s["legacy"] for s in r["splits"] if "legacy" in s]
         if legs:
             worst = max(max(leg["grad_rel_diff"], leg["update_rel_diff"]) for leg in legs)
@@ -196,25 +237,37 @@ def sweep_text(records: list[dict]) -> list[str]:
             row.append("-")
         rows.append(row)
     splits = ", ".join(f"{s.get('kind')}={s['split']}" for s in records[0]["splits"]) if records else ""
-    lines = _wrap("sweep: every loss mode x aggregation mode; cells = splitproof's verdict and the relative "
-                  "update difference vs one microbatch on one rank", indent="", more="  ")
+    lines = _wrap(
+        "sweep: every loss mode x aggregation mode; cells = splitproof's verdict and the relative "
+        "update difference vs one microbatch on one rank",
+        indent="",
+        more="  ",
+    )
     lines += _wrap(f"splits: {splits}")
-    lines += _wrap("geo_mean, gspo and sapo fix their policy term's aggregation; the aggregation mode still "
-                   "applies to their KL and entropy terms (both on in the sweep)")
+    lines += _wrap(
+        "geo_mean, gspo and sapo fix their policy term's aggregation; the aggregation mode still "
+        "applies to their KL and entropy terms (both on in the sweep)"
+    )
     lines += _table(header, rows)
     passed = sum(r["passed"] for r in records)
     legacy_differs = sum(any(s.get("legacy", {}).get("verdict") == "fail" for s in r["splits"]) for r in records)
-    lines += _wrap("verl convention (legacy, not splitproof) = the same splits with every statistic per "
-                   "microbatch (worst of grad/update relative difference); DIFFERS = outside the floor: the "
-                   "per-microbatch bug, reproduced (it does not enter the verdict)")
-    lines += _wrap(f"=> {'PASS' if passed == len(records) else 'FAIL'} ({passed}/{len(records)} modes pass every "
-                   f"split); verl convention differs for {legacy_differs}/{len(records)} modes")
+    lines += _wrap(
+        "verl convention (legacy, not splitproof) = the same splits with every statistic per "
+        "microbatch (worst of grad/update relative difference); DIFFERS = outside the floor: the "
+        "per-microbatch bug, reproduced (it does not enter the verdict)"
+    )
+    lines += _wrap(
+        f"=> {'PASS' if passed == len(records) else 'FAIL'} ({passed}/{len(records)} modes pass every "
+        f"split); verl convention differs for {legacy_differs}/{len(records)} modes"
+    )
     failures = [(r, s) for r in records for s in r["splits"] if s["verdict"] != "pass"]
     for r, s in failures[:20]:
-        lines += _wrap(f"FAIL {r['name']} {s['split']}: grad rel {_e(s['grad_rel_diff'])} (bound "
-                       f"{_e(s['tolerance']['grad_rel_diff'])}), update rel "
-                       f"{_e(s['update_rel_diff'])} (bound {_e(s['tolerance']['update_rel_diff'])}), objective diff "
-                       f"{_e(s['objective_abs_diff'])} (bound {_e(s['tolerance']['objective_abs_diff'])})")
+        lines += _wrap(
+            f"FAIL {r['name']} {s['split']}: grad rel {_e(s['grad_rel_diff'])} (bound "
+            f"{_e(s['tolerance']['grad_rel_diff'])}), update rel "
+            f"{_e(s['update_rel_diff'])} (bound {_e(s['tolerance']['update_rel_diff'])}), objective diff "
+            f"{_e(s['objective_abs_diff'])} (bound {_e(s['tolerance']['objective_abs_diff'])})"
+        )
     return lines
 
 

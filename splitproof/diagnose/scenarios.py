@@ -40,12 +40,15 @@ class Upstream:
 
 
 VERL = "https://github.com/verl-project/verl"
-GMPO_ISSUE = Upstream("verl #7913", "GMPO's geo_mean loss changes when a minibatch is split into more microbatches",
-                      f"{VERL}/issues/7913")
-KLCOV_ISSUE = Upstream("verl #7829", "KL-Cov's token selection changes with the PPO micro-batch size",
-                       f"{VERL}/issues/7829")
-VALUE_PR = Upstream("verl PR #6957", "before it, the critic's value loss was normalised per microbatch",
-                    f"{VERL}/pull/6957")
+GMPO_ISSUE = Upstream(
+    "verl #7913", "GMPO's geo_mean loss changes when a minibatch is split into more microbatches", f"{VERL}/issues/7913"
+)
+KLCOV_ISSUE = Upstream(
+    "verl #7829", "KL-Cov's token selection changes with the PPO micro-batch size", f"{VERL}/issues/7829"
+)
+VALUE_PR = Upstream(
+    "verl PR #6957", "before it, the critic's value loss was normalised per microbatch", f"{VERL}/pull/6957"
+)
 
 
 @dataclass(frozen=True)
@@ -71,8 +74,10 @@ def control_loss(loss: LossConfig) -> tuple[LossConfig, str]:
     if loss.loss_mode == "kl_cov":
         return loss.replace(ppo_kl_coef=0.0), "kl_cov with the penalty disabled (ppo_kl_coef 0)"
     if loss.loss_mode == "clip_cov":
-        return (loss.replace(clip_cov_lb=1e299, clip_cov_ub=1e300),
-                "clip_cov with an empty candidate band (no token selected)")
+        return (
+            loss.replace(clip_cov_lb=1e299, clip_cov_ub=1e300),
+            "clip_cov with an empty candidate band (no token selected)",
+        )
     control = LossConfig(loss_mode="gpg", loss_agg_mode="token-sum")
     return control, "gpg with token-sum, no KL or entropy term: a per-token sum, split-insensitive in any framework"
 
@@ -92,10 +97,18 @@ def gmpo(seed: int = 0) -> Scenario:
     # prompts of 4..8 tokens + 16 response tokens: a budget of 48 padded tokens holds two sequences.
     splits = ("even:8", "sizes:3,5", "sizes:1,2,5", "tokens:48", "shuffle:1+even:8", "dp:2", "dp:2+even:4")
     return Scenario(
-        "gmpo", "GMPO (geo_mean) + KL loss 0.001: 8 sequences x 16 response tokens, SGD lr 0.02, clip 1.0",
-        loss, batch, RunSettings(optimizer="sgd", lr=0.02, grad_clip=1.0), splits, control, note,
-        legacy=LEGACY_STATISTICS, legacy_note="every statistic per microbatch (verl 24f25b03's torch.mean)",
-        upstream=GMPO_ISSUE)
+        "gmpo",
+        "GMPO (geo_mean) + KL loss 0.001: 8 sequences x 16 response tokens, SGD lr 0.02, clip 1.0",
+        loss,
+        batch,
+        RunSettings(optimizer="sgd", lr=0.02, grad_clip=1.0),
+        splits,
+        control,
+        note,
+        legacy=LEGACY_STATISTICS,
+        legacy_note="every statistic per microbatch (verl 24f25b03's torch.mean)",
+        upstream=GMPO_ISSUE,
+    )
 
 
 def klcov(seed: int = 0) -> Scenario:
@@ -107,10 +120,18 @@ def klcov(seed: int = 0) -> Scenario:
     # (1,024 response tokens) per microbatch: eight dynamic microbatches.
     splits = ("tokens:1088", "dp:2+tokens:1088")
     return Scenario(
-        "klcov", "KL-Cov, kl_cov_ratio 2e-4: 64 sequences x 128 response tokens (8,192 valid), SGD lr 0.02, clip 0.05",
-        loss, batch, RunSettings(optimizer="sgd", lr=0.02, grad_clip=0.05), splits, control, note,
-        legacy=LEGACY_SELECTION, legacy_note="cov_strategy 'microbatch': tokens selected per microbatch",
-        upstream=KLCOV_ISSUE)
+        "klcov",
+        "KL-Cov, kl_cov_ratio 2e-4: 64 sequences x 128 response tokens (8,192 valid), SGD lr 0.02, clip 0.05",
+        loss,
+        batch,
+        RunSettings(optimizer="sgd", lr=0.02, grad_clip=0.05),
+        splits,
+        control,
+        note,
+        legacy=LEGACY_SELECTION,
+        legacy_note="cov_strategy 'microbatch': tokens selected per microbatch",
+        upstream=KLCOV_ISSUE,
+    )
 
 
 def value(seed: int = 0) -> Scenario:
@@ -121,21 +142,36 @@ def value(seed: int = 0) -> Scenario:
     # responses of 1..16 tokens: microbatches hold different token counts, so per-microbatch means differ
     # rollout seed + 4: with the default --seed the two dp:2 shards hold 39 and 43 valid tokens (not equal)
     batch = BatchSpec(sequences=8, prompt_length=8, response_length=16, seed=seed + 4, with_values=True)
-    splits = ("even:8", "sizes:3,5", "sizes:1,2,5", "tokens:48", "packed:48", "shuffle:1+even:4", "dp:2",
-              "dp:2+even:4")
+    splits = ("even:8", "sizes:3,5", "sizes:1,2,5", "tokens:48", "packed:48", "shuffle:1+even:4", "dp:2", "dp:2+even:4")
     return Scenario(
-        "value", "critic value loss (cliprange_value 0.2, token-mean): 8 sequences x 1-16 response tokens, "
-        "SGD lr 0.02, clip 1.0", loss, batch, RunSettings(optimizer="sgd", lr=0.02, grad_clip=1.0), splits, control,
+        "value",
+        "critic value loss (cliprange_value 0.2, token-mean): 8 sequences x 1-16 response tokens, "
+        "SGD lr 0.02, clip 1.0",
+        loss,
+        batch,
+        RunSettings(optimizer="sgd", lr=0.02, grad_clip=1.0),
+        splits,
+        control,
         "the value loss with token-sum: a per-token sum, split-insensitive in any framework",
         legacy=LEGACY_STATISTICS,
         legacy_note="verl before its PR #6957: each microbatch normalised by its own token count, ranks averaged",
-        upstream=VALUE_PR)
+        upstream=VALUE_PR,
+    )
 
 
 def sweep_loss(loss_mode: str, agg_mode: str) -> LossConfig:
     """Every term on, so that every aggregation mode matters even where the policy term forces its own."""
-    return _loss(loss_mode=loss_mode, loss_agg_mode=agg_mode, use_kl_loss=True, kl_loss_coef=0.01,
-                 entropy_coeff=0.01, kl_cov_ratio=0.1, clip_cov_ratio=0.1, clip_cov_lb=-5.0, clip_cov_ub=5.0)
+    return _loss(
+        loss_mode=loss_mode,
+        loss_agg_mode=agg_mode,
+        use_kl_loss=True,
+        kl_loss_coef=0.01,
+        entropy_coeff=0.01,
+        kl_cov_ratio=0.1,
+        clip_cov_ratio=0.1,
+        clip_cov_lb=-5.0,
+        clip_cov_ub=5.0,
+    )
 
 
 def sweep(seed: int = 0, token_budget: int = 24) -> list[Scenario]:
@@ -147,18 +183,46 @@ def sweep(seed: int = 0, token_budget: int = 24) -> list[Scenario]:
         for agg_mode in AGG_MODES:
             loss = sweep_loss(loss_mode, agg_mode)
             control, note = control_loss(loss)
-            out.append(Scenario(
-                f"sweep/{loss_mode}/{agg_mode}", f"{loss_mode} x {agg_mode}", loss, batch,
-                RunSettings(optimizer="sgd", lr=0.02, grad_clip=1.0), tuple(specs.values()), control, note,
-                legacy=LEGACY_STATISTICS, legacy_note="every statistic per microbatch",
-                columns=tuple(specs), group="sweep"))
+            out.append(
+                Scenario(
+                    f"sweep/{loss_mode}/{agg_mode}",
+                    f"{loss_mode} x {agg_mode}",
+                    loss,
+                    batch,
+                    RunSettings(optimizer="sgd", lr=0.02, grad_clip=1.0),
+                    tuple(specs.values()),
+                    control,
+                    note,
+                    legacy=LEGACY_STATISTICS,
+                    legacy_note="every statistic per microbatch",
+                    columns=tuple(specs),
+                    group="sweep",
+                )
+            )
     return out
 
 
-def custom(*, loss_mode="vanilla", agg_mode="token-mean", sequences=8, response_length=16, prompt_length=8,
-           lr=0.02, grad_clip=1.0, optimizer="sgd", seed=0, splits=(), kl_cov_ratio=None, clip_cov_ratio=None,
-           cov_strategy="auto", statistics_scope="minibatch", kl_loss_coef=None, entropy_coeff=None,
-           full_length=False, legacy=False) -> Scenario:
+def custom(
+    *,
+    loss_mode="vanilla",
+    agg_mode="token-mean",
+    sequences=8,
+    response_length=16,
+    prompt_length=8,
+    lr=0.02,
+    grad_clip=1.0,
+    optimizer="sgd",
+    seed=0,
+    splits=(),
+    kl_cov_ratio=None,
+    clip_cov_ratio=None,
+    cov_strategy="auto",
+    statistics_scope="minibatch",
+    kl_loss_coef=None,
+    entropy_coeff=None,
+    full_length=False,
+    legacy=False,
+) -> Scenario:
     """A scenario from command-line flags (unset = the defaults in the signature)."""
     values = dict(loss_mode=loss_mode, loss_agg_mode=agg_mode)
     if kl_cov_ratio is not None:
@@ -174,14 +238,27 @@ def custom(*, loss_mode="vanilla", agg_mode="token-mean", sequences=8, response_
     batch = BatchSpec(sequences, prompt_length, response_length, full_length=full_length, seed=seed + 1)
     if not splits:
         splits = default_custom_splits(sequences, prompt_length, response_length)
-    settings = RunSettings(optimizer=optimizer, lr=lr, grad_clip=grad_clip, cov_strategy=cov_strategy,
-                           statistics_scope=statistics_scope)
-    title = (f"{loss_mode} x {agg_mode}: {sequences} sequences x {response_length} response tokens, "
-             f"{optimizer} lr {lr:g}, clip {grad_clip:g}")
+    settings = RunSettings(
+        optimizer=optimizer, lr=lr, grad_clip=grad_clip, cov_strategy=cov_strategy, statistics_scope=statistics_scope
+    )
+    title = (
+        f"{loss_mode} x {agg_mode}: {sequences} sequences x {response_length} response tokens, "
+        f"{optimizer} lr {lr:g}, clip {grad_clip:g}"
+    )
     if statistics_scope != "minibatch" or cov_strategy == "microbatch":
         title += " [candidate uses per-microbatch statistics]"
-    return Scenario("custom", title, loss, batch, settings, tuple(splits), control, note,
-                    legacy=LEGACY_STATISTICS if legacy else None, legacy_note="every statistic per microbatch")
+    return Scenario(
+        "custom",
+        title,
+        loss,
+        batch,
+        settings,
+        tuple(splits),
+        control,
+        note,
+        legacy=LEGACY_STATISTICS if legacy else None,
+        legacy_note="every statistic per microbatch",
+    )
 
 
 def default_custom_splits(sequences: int, prompt_length: int, response_length: int) -> tuple[str, ...]:
@@ -206,8 +283,9 @@ def without_dp(scenario: Scenario, note: str) -> Scenario:
     if len(keep) == len(scenario.splits):
         return scenario
     columns = tuple(scenario.columns[i] for i in keep) if scenario.columns else ()
-    return replace(scenario, splits=tuple(scenario.splits[i] for i in keep), columns=columns,
-                   notes=scenario.notes + (note,))
+    return replace(
+        scenario, splits=tuple(scenario.splits[i] for i in keep), columns=columns, notes=scenario.notes + (note,)
+    )
 
 
 def with_overrides(scenario: Scenario, *, splits=None, settings: dict | None = None) -> Scenario:

@@ -27,16 +27,16 @@ from torch import Tensor, nn
 
 from splitproof.batch import RolloutBatch
 from splitproof.collective import default_collective
-from splitproof.loss_config import LossConfig, ValueLossConfig
 from splitproof.engine import CriticUpdateConfig, UpdateConfig, wrap_model
-from splitproof.engine.optimizer_step import optimizer_step
 from splitproof.engine.launch import release_free_memory
+from splitproof.engine.optimizer_step import optimizer_step
 from splitproof.hf_models import unwrap, vocab_size_of
+from splitproof.loss_config import LossConfig, ValueLossConfig
 
-from .compare import CHUNK, Difference
-from .splits import SplitPlan
 from .baseline_store import FlatStore
+from .compare import CHUNK, Difference
 from .per_microbatch import check_scope, per_microbatch
+from .splits import SplitPlan
 from .watched import SelectionRecorder, Watched
 
 OPTIMIZERS = ("sgd", "adamw")
@@ -60,7 +60,7 @@ class RunSettings:
     def __post_init__(self) -> None:
         check_scope(self.statistics_scope, self.cov_strategy)
 
-    def with_(self, **changes) -> "RunSettings":
+    def with_(self, **changes) -> RunSettings:
         return replace(self, **changes)
 
 
@@ -116,28 +116,35 @@ def objective_metric(loss: Loss) -> str:
     return "critic/vf_loss" if is_value(loss) else "loss"
 
 
-def update_config(loss: Loss, plan: SplitPlan, num_sequences: int,
-                  settings: RunSettings) -> UpdateConfig | CriticUpdateConfig:
+def update_config(
+    loss: Loss, plan: SplitPlan, num_sequences: int, settings: RunSettings
+) -> UpdateConfig | CriticUpdateConfig:
     """The engine config of a split (its microbatch fields also shape the `deferred` correction pass)."""
     micro = plan.split.micro
     extra = {}
     if micro is not None and micro[0] in ("tokens", "packed"):
-        extra = dict(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=int(micro[1]),
-                     use_remove_padding=micro[0] == "packed")
+        extra = dict(
+            use_dynamic_bsz=True, ppo_max_token_len_per_gpu=int(micro[1]), use_remove_padding=micro[0] == "packed"
+        )
     elif micro is not None:
         extra = dict(ppo_micro_batch_size_per_gpu=max(1, max(len(mb) for mbs in plan.per_rank for mb in mbs)))
     common = dict(ppo_mini_batch_size=num_sequences, grad_clip=settings.grad_clip, **extra)
     if is_value(loss):
-        return CriticUpdateConfig(cliprange_value=loss.cliprange_value, loss_agg_mode=loss.loss_agg_mode,
-                                  loss_scale_factor=loss.loss_scale_factor, **common)
+        return CriticUpdateConfig(
+            cliprange_value=loss.cliprange_value,
+            loss_agg_mode=loss.loss_agg_mode,
+            loss_scale_factor=loss.loss_scale_factor,
+            **common,
+        )
     strategy = "auto" if settings.cov_strategy == "microbatch" else settings.cov_strategy  # the legacy objective's
     return UpdateConfig(loss=loss, cov_strategy=strategy, **common)
 
 
 def objective_of(loss: Loss, settings: RunSettings, config, batch: RolloutBatch, plan, collective):
     """The objective of a run's one optimizer step: the engine's, or the legacy one the settings name."""
-    make = per_microbatch(value=is_value(loss), statistics_scope=settings.statistics_scope,
-                          cov_strategy=settings.cov_strategy)
+    make = per_microbatch(
+        value=is_value(loss), statistics_scope=settings.statistics_scope, cov_strategy=settings.cov_strategy
+    )
     return make(config, batch, plan, collective, 0)
 
 
@@ -184,7 +191,7 @@ def _compare_with(model: nn.Module, values, store: FlatStore, name: str) -> Diff
     for offset, value in _flat_parameters(model, values):
         flat = value.reshape(-1)
         for start, count in _chunks(flat.numel()):
-            diff.add(flat[start:start + count], store.read(name, offset + start, count))
+            diff.add(flat[start : start + count], store.read(name, offset + start, count))
     return diff
 
 
@@ -213,8 +220,16 @@ def _zero_gradients_in_place(optimizer: torch.optim.Optimizer) -> None:
     optimizer.zero_grad = lambda set_to_none=True: zero_grad(set_to_none=False)
 
 
-def _run(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: SplitPlan, settings: RunSettings,
-         on_gradients, on_parameters, in_place: bool = False) -> RunResult:
+def _run(
+    template: nn.Module,
+    batch: RolloutBatch,
+    loss: Loss,
+    plan: SplitPlan,
+    settings: RunSettings,
+    on_gradients,
+    on_parameters,
+    in_place: bool = False,
+) -> RunResult:
     """One optimizer step of ``template``'s copy over ``batch`` split as ``plan``; ``on_gradients(model)``
     sees the accumulated gradient, ``on_parameters(model)`` the parameters after the step.
 
@@ -248,10 +263,15 @@ def _run(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: SplitPlan, 
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the microbatch strategy's warning is the point of a legacy run
-        objective = Watched(objective_of(loss, settings, config, data, minibatch, collective), data,
-                            on_gradients=gradients_ready, on_selection=recorder)
-        result = optimizer_step(model, optimizer, data, minibatch, objective, grad_clip=config.grad_clip,
-                                collective=collective, step=0)
+        objective = Watched(
+            objective_of(loss, settings, config, data, minibatch, collective),
+            data,
+            on_gradients=gradients_ready,
+            on_selection=recorder,
+        )
+        result = optimizer_step(
+            model, optimizer, data, minibatch, objective, grad_clip=config.grad_clip, collective=collective, step=0
+        )
     release_free_memory()
     on_parameters(model)
     del optimizer, model
@@ -261,17 +281,31 @@ def _run(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: SplitPlan, 
         if plan.ranks > 1:
             gathered = collective.gather_objects(sorted(recorder.keys))
             selected = frozenset(k for part in gathered for k in part)
-    return RunResult(float(result.metrics.get(objective_metric(loss), float("nan"))), dict(result.metrics), selected,
-                     bool(result.skipped), plan.microbatches, result.cov_strategy)
+    return RunResult(
+        float(result.metrics.get(objective_metric(loss), float("nan"))),
+        dict(result.metrics),
+        selected,
+        bool(result.skipped),
+        plan.microbatches,
+        result.cov_strategy,
+    )
 
 
-def run_baseline(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: SplitPlan,
-                 settings: RunSettings) -> Baseline:
+def run_baseline(
+    template: nn.Module, batch: RolloutBatch, loss: Loss, plan: SplitPlan, settings: RunSettings
+) -> Baseline:
     """The baseline run, its two flat vectors written to a :class:`FlatStore` as the run produces them."""
     numel = sum(p.numel() for p in parameters_of(template))
     store = FlatStore(BASELINE_VECTORS, numel, _dtype_of(template))
-    result = _run(template, batch, loss, plan, settings, lambda model: _store_into(store, "grad", model, _grad_of),
-                  lambda model: _store_into(store, "after", model, _value_of))
+    result = _run(
+        template,
+        batch,
+        loss,
+        plan,
+        settings,
+        lambda model: _store_into(store, "grad", model, _grad_of),
+        lambda model: _store_into(store, "after", model, _value_of),
+    )
     grad_norm = Difference()
     for start, count in _chunks(numel):
         grad_norm.add(store.read("grad", start, count))
@@ -279,8 +313,15 @@ def run_baseline(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: Spl
     return Baseline(result, store, grad_norm.norm, update.norm)
 
 
-def run_compared(template: nn.Module, batch: RolloutBatch, loss: Loss, plan: SplitPlan,
-                 settings: RunSettings, baseline: Baseline, in_place: bool = False) -> RunResult:
+def run_compared(
+    template: nn.Module,
+    batch: RolloutBatch,
+    loss: Loss,
+    plan: SplitPlan,
+    settings: RunSettings,
+    baseline: Baseline,
+    in_place: bool = False,
+) -> RunResult:
     """A split's run, compared with ``baseline`` as it goes: nothing model-sized is kept."""
     figures: dict[str, float] = {}
 

@@ -118,8 +118,9 @@ class SplitPlan:
         """Rank ``rank``'s plan over ``batch`` as this split sees it (``batch_for``'s result)."""
         shards = [sorted(r for mb in mbs for r in mb) for mbs in self.per_rank]
         rows = sorted(r for s in shards for r in s)
-        return MinibatchPlan(rows, shards[rank], [list(mb) for mb in self.per_rank[rank]],
-                             stand_in=stand_in_row(batch, rows))
+        return MinibatchPlan(
+            rows, shards[rank], [list(mb) for mb in self.per_rank[rank]], stand_in=stand_in_row(batch, rows)
+        )
 
     def describe(self) -> str:
         sizes = ["/".join(str(len(mb)) for mb in mbs) for mbs in self.per_rank]
@@ -129,7 +130,7 @@ class SplitPlan:
 def _chunks(rows: list[int], sizes: list[int]) -> list[list[int]]:
     out, start = [], 0
     for n in sizes:
-        out.append(rows[start:start + n])
+        out.append(rows[start : start + n])
         start += n
     return out
 
@@ -144,7 +145,9 @@ def plan_split(split: Split, batch: RolloutBatch) -> SplitPlan:
     spec = split.spec
     num = len(batch)
     if split.ranks > num:
-        raise SplitError(f"split {spec!r}: dp:{split.ranks} needs at least {split.ranks} sequences, the minibatch has {num}")
+        raise SplitError(
+            f"split {spec!r}: dp:{split.ranks} needs at least {split.ranks} sequences, the minibatch has {num}"
+        )
     order = None
     if split.shuffle is not None:
         g = torch.Generator().manual_seed(split.shuffle)
@@ -166,21 +169,29 @@ def plan_split(split: Split, batch: RolloutBatch) -> SplitPlan:
         elif split.micro[0] == "sizes":
             sizes = list(split.micro[1])
             if sum(sizes) != len(shard):
-                raise SplitError(f"split {spec!r}: sizes sum to {sum(sizes)}, but the minibatch has "
-                                 f"{len(shard)} sequences{where if split.ranks > 1 else ''}")
+                raise SplitError(
+                    f"split {spec!r}: sizes sum to {sum(sizes)}, but the minibatch has "
+                    f"{len(shard)} sequences{where if split.ranks > 1 else ''}"
+                )
             mbs = _chunks(shard, sizes)
         else:
             budget = split.micro[1]
             longest = max(shard, key=lambda r: (lengths[r], -r), default=None)
             if longest is not None and lengths[longest] > budget:
-                raise SplitError(f"split {spec!r}: sequence {int(view.seq_ids[longest])} has {lengths[longest]} tokens "
-                                 f"(prompt + response), more than the budget {budget}; a sequence is never split")
+                raise SplitError(
+                    f"split {spec!r}: sequence {int(view.seq_ids[longest])} has {lengths[longest]} tokens "
+                    f"(prompt + response), more than the budget {budget}; a sequence is never split"
+                )
             try:
                 prompts = view.prompt_spans().tolist()
-                mbs = budget_microbatches(shard, [lengths[r] for r in shard], budget,
-                                          seq_ids=[int(view.seq_ids[r]) for r in shard],
-                                          prompt_lengths=[prompts[r] for r in shard],
-                                          packed=split.micro[0] == "packed")
+                mbs = budget_microbatches(
+                    shard,
+                    [lengths[r] for r in shard],
+                    budget,
+                    seq_ids=[int(view.seq_ids[r]) for r in shard],
+                    prompt_lengths=[prompts[r] for r in shard],
+                    packed=split.micro[0] == "packed",
+                )
             except BatchError as exc:
                 raise SplitError(f"split {spec!r}: {exc}") from None
         per_rank.append(mbs)

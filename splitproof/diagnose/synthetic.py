@@ -24,15 +24,25 @@ def group_advantages(rewards: Tensor, group_size: int) -> Tensor:
     """GRPO: (r - mean) / (std + 1e-6) within consecutive groups (unbiased std; 0 for a group of one)."""
     out = torch.zeros_like(rewards)
     for start in range(0, len(rewards), group_size):
-        r = rewards[start:start + group_size]
+        r = rewards[start : start + group_size]
         std = r.std() if len(r) > 1 else torch.zeros((), dtype=r.dtype)
-        out[start:start + group_size] = (r - r.mean()) / (std + 1e-6)
+        out[start : start + group_size] = (r - r.mean()) / (std + 1e-6)
     return out
 
 
-def synthetic_rollout(model: nn.Module, num_sequences: int, prompt_length: int, response_length: int, *,
-                      seed: int = 0, group_size: int = 4, vary_lengths: bool = True, with_ref: bool = True,
-                      with_is_weights: bool = False, full_length: bool = False) -> RolloutBatch:
+def synthetic_rollout(
+    model: nn.Module,
+    num_sequences: int,
+    prompt_length: int,
+    response_length: int,
+    *,
+    seed: int = 0,
+    group_size: int = 4,
+    vary_lengths: bool = True,
+    with_ref: bool = True,
+    with_is_weights: bool = False,
+    full_length: bool = False,
+) -> RolloutBatch:
     """A RolloutBatch of ``num_sequences`` random sequences for ``model``.
 
     Prompts: lengths in [prompt_length // 2, prompt_length], left-padded. Responses: lengths in
@@ -91,8 +101,9 @@ def synthetic_rollout(model: nn.Module, num_sequences: int, prompt_length: int, 
     return batch
 
 
-def with_critic_targets(batch: RolloutBatch, critic: nn.Module, *, seed: int = 0, value_noise: float = 0.2,
-                        return_noise: float = 1.0) -> RolloutBatch:
+def with_critic_targets(
+    batch: RolloutBatch, critic: nn.Module, *, seed: int = 0, value_noise: float = 0.2, return_noise: float = 1.0
+) -> RolloutBatch:
     """``batch`` with the critic's inputs: ``values`` = the critic's own predictions + N(0, value_noise²)
     (so that a cliprange of that order binds on some tokens) and ``returns`` = its predictions +
     N(0, return_noise²). Per-token fields in the batch's dtype; padding holds zeros."""

@@ -6,8 +6,9 @@ nested ``policy_loss`` and the per-minibatch ``global_batch_info`` that verl's e
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Iterator
+from typing import Any
 
 from splitproof.loss_config import LossConfig
 
@@ -125,7 +126,7 @@ class VerlActorConfig(_ConfigAccess):
     global_batch_info: dict = field(default_factory=dict)
 
     @classmethod
-    def from_loss_config(cls, cfg: LossConfig | None = None, **overrides: Any) -> "VerlActorConfig":
+    def from_loss_config(cls, cfg: LossConfig | None = None, **overrides: Any) -> VerlActorConfig:
         """Build from splitproof's LossConfig where the fields overlap, then apply ``overrides``.
 
         ``overrides`` take verl's names, flat: actor fields and ``policy_loss`` fields alike
@@ -135,13 +136,17 @@ class VerlActorConfig(_ConfigAccess):
         shared = {f.name: getattr(cfg, f.name) for f in fields(LossConfig)}
         policy = {name: shared[name] for name in _POLICY_LOSS_FIELDS if name in shared}
         actor = {f.name: shared[f.name] for f in fields(cls) if f.name in shared}
-        actor.update(clip_ratio_low=cfg.eps_low, clip_ratio_high=cfg.eps_high,  # verl reads them as set
-                     calculate_entropy=cfg.entropy_coeff != 0, policy_loss=VerlPolicyLossConfig(**policy))
+        actor.update(
+            clip_ratio_low=cfg.eps_low,
+            clip_ratio_high=cfg.eps_high,  # verl reads them as set
+            calculate_entropy=cfg.entropy_coeff != 0,
+            policy_loss=VerlPolicyLossConfig(**policy),
+        )
         config = cls(**actor)
         config.update(**overrides)
         return config
 
-    def update(self, **values: Any) -> "VerlActorConfig":
+    def update(self, **values: Any) -> VerlActorConfig:
         actor_fields = set(self._keys()) - {"policy_loss", "global_batch_info"}
         for key, value in values.items():
             if key in actor_fields:
@@ -178,14 +183,19 @@ def native_verl_config(config: VerlActorConfig) -> Any:
     policy_values = {f.name: getattr(config.policy_loss, f.name) for f in fields(config.policy_loss)}
     rc = config.policy_loss.rollout_correction
     if RolloutCorrectionConfig is not None:
-        policy_values["rollout_correction"] = build(RolloutCorrectionConfig, {f.name: getattr(rc, f.name) for f in fields(rc)})
+        policy_values["rollout_correction"] = build(
+            RolloutCorrectionConfig, {f.name: getattr(rc, f.name) for f in fields(rc)}
+        )
     else:
         policy_values.pop("rollout_correction")
     actor_values = {f.name: getattr(config, f.name) for f in fields(config)}
     actor_values["policy_loss"] = build(PolicyLossConfig, policy_values)
     actor_values["global_batch_info"] = {}
-    if not actor_values["use_dynamic_bsz"] and actor_values["ppo_micro_batch_size"] is None \
-            and actor_values["ppo_micro_batch_size_per_gpu"] is None:
+    if (
+        not actor_values["use_dynamic_bsz"]
+        and actor_values["ppo_micro_batch_size"] is None
+        and actor_values["ppo_micro_batch_size_per_gpu"] is None
+    ):
         actor_values["ppo_micro_batch_size_per_gpu"] = 1  # verl requires one of them; unused by the losses
     try:
         return build(ActorConfig, actor_values)
@@ -200,6 +210,4 @@ def set_global_batch_info(config: Any, info: dict) -> None:
         current.clear()
         current.update(info)
     else:
-        setattr(config, "global_batch_info", dict(info))
-
-
+        config.global_batch_info = dict(info)

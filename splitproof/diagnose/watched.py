@@ -33,9 +33,14 @@ class Watched:
     """``inner`` with two read-only hooks after its passes: ``on_gradients(model)`` and
     ``on_selection(mask, seq_ids)`` (the latter only when ``inner`` made a selection)."""
 
-    def __init__(self, inner: Objective, batch: RolloutBatch, *,
-                 on_gradients: Callable[[nn.Module], None] | None = None,
-                 on_selection: Callable[[Tensor, Tensor], None] | None = None):
+    def __init__(
+        self,
+        inner: Objective,
+        batch: RolloutBatch,
+        *,
+        on_gradients: Callable[[nn.Module], None] | None = None,
+        on_selection: Callable[[Tensor, Tensor], None] | None = None,
+    ):
         self.inner, self.seq_ids = inner, batch.seq_ids
         self.on_gradients, self.on_selection = on_gradients, on_selection
         self.grad_norm_metric, self.skipped_metric = inner.grad_norm_metric, inner.skipped_metric
@@ -70,7 +75,11 @@ def watched(make_objective, *, on_gradients=None, on_selection=None):
     """A ``make_objective`` for ``update_policy`` / ``update_critic``: ``make_objective``'s objective, watched."""
 
     def make(config, batch: RolloutBatch, plan, collective, step: int) -> Watched:
-        return Watched(make_objective(config, batch, plan, collective, step), batch, on_gradients=on_gradients,
-                       on_selection=on_selection)
+        return Watched(
+            make_objective(config, batch, plan, collective, step),
+            batch,
+            on_gradients=on_gradients,
+            on_selection=on_selection,
+        )
 
     return make

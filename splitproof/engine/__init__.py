@@ -24,6 +24,18 @@ def __getattr__(name: str):
     return getattr(module, name)
 
 
-__all__ = ["CriticUpdateConfig", "Objective", "PolicyObjective", "StepResult", "UpdateConfig", "ValueObjective",
-           "compute_log_probs", "compute_values", "response_log_probs", "response_values",
-           "update_critic", "update_policy", "wrap_model"]
+__all__ = [
+    "CriticUpdateConfig",
+    "Objective",
+    "PolicyObjective",
+    "StepResult",
+    "UpdateConfig",
+    "ValueObjective",
+    "compute_log_probs",
+    "compute_values",
+    "response_log_probs",
+    "response_values",
+    "update_critic",
+    "update_policy",
+    "wrap_model",
+]

@@ -29,7 +29,7 @@ def attention_implementation(model: nn.Module) -> str | None:
     for module in model.modules():
         config = getattr(module, "config", None)
         if config is not None and hasattr(config, "_attn_implementation"):
-            return getattr(config, "_attn_implementation") or "eager"  # unset: Hugging Face's default path
+            return config._attn_implementation or "eager"  # unset: Hugging Face's default path
     return None
 
 
@@ -37,10 +37,13 @@ def check_attention(model: nn.Module) -> None:
     """Refuse an attention implementation that cannot apply the engine's masks (ConfigError)."""
     implementation = attention_implementation(model)
     if implementation is not None and implementation not in SUPPORTED_ATTENTION:
-        raise ConfigError("attn_implementation", f"{implementation!r} is not supported: the engine passes explicit "
-                          "4-D attention masks (causal, per sequence, block-diagonal for packed rows), which it does "
-                          "not apply; load the model with attn_implementation='sdpa' (or 'eager'), e.g. "
-                          "from_pretrained(path, attn_implementation='sdpa') or model.set_attn_implementation('sdpa')")
+        raise ConfigError(
+            "attn_implementation",
+            f"{implementation!r} is not supported: the engine passes explicit "
+            "4-D attention masks (causal, per sequence, block-diagonal for packed rows), which it does "
+            "not apply; load the model with attn_implementation='sdpa' (or 'eager'), e.g. "
+            "from_pretrained(path, attn_implementation='sdpa') or model.set_attn_implementation('sdpa')",
+        )
 
 
 def attention_mask(segment: Tensor, real: Tensor, model: nn.Module, dtype: torch.dtype) -> Tensor:

@@ -73,10 +73,12 @@ class CovSelection:
 
     def after(self, model: nn.Module, stats: MinibatchStats, metric_sums: dict[str, Tensor]) -> None:
         if self.strategy == "deferred":
-            self.selection = select_shard(self.batch, self.plan, self.kept, self.config.loss, self.collective,
-                                          self.step)
-            deferred_correction(model, self.batch, self.plan, self.config, self.collective, stats, self.selection,
-                                metric_sums)
+            self.selection = select_shard(
+                self.batch, self.plan, self.kept, self.config.loss, self.collective, self.step
+            )
+            deferred_correction(
+                model, self.batch, self.plan, self.config, self.collective, stats, self.selection, metric_sums
+            )
 
 
 def choose_strategy(model: nn.Module, config: UpdateConfig, stats: MinibatchStats) -> str:
@@ -98,15 +100,14 @@ def rows_of(selection: Tensor | None, part: Part) -> Tensor | None:
     return selection[part.rows] if part.live else torch.zeros_like(part.batch.response_mask)
 
 
-def select_shard(batch: RolloutBatch, plan: MinibatchPlan, log_probs: Tensor, loss: LossConfig, collective,
-                 step: int) -> Tensor:
+def select_shard(
+    batch: RolloutBatch, plan: MinibatchPlan, log_probs: Tensor, loss: LossConfig, collective, step: int
+) -> Tensor:
     """The minibatch-wide selection from this rank's shard log-probs, as a [B_rollout, T] mask."""
     shard = plan.shard
     selection = torch.zeros_like(batch.response_mask)
-    x = policy_inputs(log_probs[shard], batch.old_log_probs[shard], batch.advantages[shard],
-                      batch.response_mask[shard])
-    sums = shard_cov_sums(batch.advantages[plan.rows], batch.response_mask[plan.rows], x.log_prob, x.mask,
-                          collective)
+    x = policy_inputs(log_probs[shard], batch.old_log_probs[shard], batch.advantages[shard], batch.response_mask[shard])
+    sums = shard_cov_sums(batch.advantages[plan.rows], batch.response_mask[plan.rows], x.log_prob, x.mask, collective)
     selection[shard] = select_tokens(x, loss, batch.seq_ids[shard], step=step, sums=sums, collective=collective)
     return selection
 
@@ -117,8 +118,9 @@ def _log_probs(model: nn.Module, part: RolloutBatch, config: UpdateConfig) -> Te
 
 
 @torch.no_grad()
-def prepass_selection(model: nn.Module, batch: RolloutBatch, plan: MinibatchPlan, config: UpdateConfig, collective,
-                      step: int) -> Tensor:
+def prepass_selection(
+    model: nn.Module, batch: RolloutBatch, plan: MinibatchPlan, config: UpdateConfig, collective, step: int
+) -> Tensor:
     """`prepass`: a no-grad forward over the same microbatches, then select."""
     log_probs = log_prob_buffer(batch)
     with row_invariant(model):  # the selection sees the same log-probs in every layout
@@ -132,8 +134,16 @@ def prepass_selection(model: nn.Module, batch: RolloutBatch, plan: MinibatchPlan
     return select_shard(batch, plan, log_probs, config.loss, collective, step)
 
 
-def deferred_correction(model: nn.Module, batch: RolloutBatch, plan: MinibatchPlan, config: UpdateConfig, collective,
-                        stats: MinibatchStats, selection: Tensor, metric_sums: dict[str, Tensor]) -> None:
+def deferred_correction(
+    model: nn.Module,
+    batch: RolloutBatch,
+    plan: MinibatchPlan,
+    config: UpdateConfig,
+    collective,
+    stats: MinibatchStats,
+    selection: Tensor,
+    metric_sums: dict[str, Tensor],
+) -> None:
     """`deferred`: forward/backward the selection's correction over only the sequences it touches."""
     touched = [r for r in plan.shard if selection[r].any()]
     microbatches = split_rows(touched, batch, config)
@@ -148,10 +158,17 @@ def deferred_correction(model: nn.Module, batch: RolloutBatch, plan: MinibatchPl
         sub = part.batch
         with gradient_sync(model, enabled=(i == count - 1)):
             log_prob = _log_probs(model, sub, config)
-            share, shares = correction_share(log_prob, sub.old_log_probs, sub.advantages, sub.response_mask,
-                                             config.loss, stats, rows_of(selection, part),
-                                             rollout_is_weights=sub.rollout_is_weights,
-                                             index=group_ids(sub, config.loss.loss_agg_mode))
+            share, shares = correction_share(
+                log_prob,
+                sub.old_log_probs,
+                sub.advantages,
+                sub.response_mask,
+                config.loss,
+                stats,
+                rows_of(selection, part),
+                rollout_is_weights=sub.rollout_is_weights,
+                index=group_ids(sub, config.loss.loss_agg_mode),
+            )
             share.backward()
         merge_metric_shares(metric_sums, shares)
 

@@ -17,20 +17,27 @@ from torch import Tensor, nn
 
 from ..batch import BatchError, RolloutBatch, require_group_index
 from ..collective import LOCAL
-from ..loss_config import ConfigError
 from ..hf_models import unwrap
+from ..loss_config import ConfigError
 from ..stats import MinibatchStats
 from ..value_objective import VALUE_METRICS, value_share
-from .update_config import CriticUpdateConfig
-from .plan import MinibatchPlan
 from .optimizer_step import Objective, Part, StepResult, group_ids, optimizer_step, prepare_update
+from .plan import MinibatchPlan
+from .update_config import CriticUpdateConfig
 from .validation import check_positions, validate_plans
 from .values import response_values
 
 
-def update_critic(model: nn.Module, optimizer: torch.optim.Optimizer, batch: RolloutBatch,
-                  config: CriticUpdateConfig, *, collective=None, first_optimizer_step: int = 0,
-                  make_objective: Callable[..., Objective] | None = None) -> list[StepResult]:
+def update_critic(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    config: CriticUpdateConfig,
+    *,
+    collective=None,
+    first_optimizer_step: int = 0,
+    make_objective: Callable[..., Objective] | None = None,
+) -> list[StepResult]:
     """Run every optimizer step of one critic update over ``batch`` (the same rollout batch on every rank,
     with ``values`` from the critic's pass before the update and ``returns``).
 
@@ -44,13 +51,24 @@ def update_critic(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Rol
     results = []
     for i, plan in enumerate(plans):
         objective = make_objective(config, batch, plan, collective, first_optimizer_step + i)
-        results.append(optimizer_step(model, optimizer, batch, plan, objective, grad_clip=config.grad_clip,
-                                      collective=collective, step=first_optimizer_step + i))
+        results.append(
+            optimizer_step(
+                model,
+                optimizer,
+                batch,
+                plan,
+                objective,
+                grad_clip=config.grad_clip,
+                collective=collective,
+                step=first_optimizer_step + i,
+            )
+        )
     return results
 
 
-def validate_critic_update(model: nn.Module, batch: RolloutBatch, config: CriticUpdateConfig,
-                           collective=LOCAL) -> tuple[RolloutBatch, list[MinibatchPlan]]:
+def validate_critic_update(
+    model: nn.Module, batch: RolloutBatch, config: CriticUpdateConfig, collective=LOCAL
+) -> tuple[RolloutBatch, list[MinibatchPlan]]:
     """The validated batch and this rank's plan of every critic step; a batch without ``values`` or
     ``returns`` is a BatchError naming the field."""
     if not isinstance(config, CriticUpdateConfig):
@@ -59,8 +77,10 @@ def validate_critic_update(model: nn.Module, batch: RolloutBatch, config: Critic
     check_value_model(model)
 
     def critic_checks(batch: RolloutBatch) -> None:
-        for name, what in (("values", "the critic's predictions before the update (engine.compute_values)"),
-                           ("returns", "the critic's targets (e.g. GAE returns)")):
+        for name, what in (
+            ("values", "the critic's predictions before the update (engine.compute_values)"),
+            ("returns", "the critic's targets (e.g. GAE returns)"),
+        ):
             if getattr(batch, name) is None:
                 raise BatchError(name, f"the critic's update needs {what}; the batch has none")
         require_group_index(batch.index, config.loss_agg_mode)
@@ -74,9 +94,12 @@ def check_value_model(model: nn.Module) -> None:
     inner = unwrap(model)
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     if head is not None:
-        raise ConfigError("model", f"a value model has one output per position, got a causal LM "
-                          f"({type(inner).__name__}); build one with "
-                          "splitproof.value_model.value_model_from_pretrained")
+        raise ConfigError(
+            "model",
+            f"a value model has one output per position, got a causal LM "
+            f"({type(inner).__name__}); build one with "
+            "splitproof.value_model.value_model_from_pretrained",
+        )
 
 
 class ValueObjective:
@@ -101,8 +124,15 @@ class ValueObjective:
     def share(self, model, part: Part, stats: MinibatchStats) -> tuple[Tensor, dict[str, Tensor]]:
         sub = part.batch
         vpreds = response_values(model, sub, packed=self.config.use_remove_padding)
-        return value_share(vpreds, sub.values, sub.returns, sub.response_mask, self.loss, stats,
-                           index=group_ids(sub, self.loss.loss_agg_mode))
+        return value_share(
+            vpreds,
+            sub.values,
+            sub.returns,
+            sub.response_mask,
+            self.loss,
+            stats,
+            index=group_ids(sub, self.loss.loss_agg_mode),
+        )
 
     def after(self, model, stats: MinibatchStats, metric_sums: dict[str, Tensor]) -> None:
         pass

@@ -32,8 +32,9 @@ def is_fsdp2(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def wrap_model(model: nn.Module, strategy: str, *, device: torch.device | str = "cpu",
-               init_sync: bool = True) -> nn.Module:
+def wrap_model(
+    model: nn.Module, strategy: str, *, device: torch.device | str = "cpu", init_sync: bool = True
+) -> nn.Module:
     """DDP: ``DistributedDataParallel``; FSDP2: ``fully_shard`` each decoder layer, then the root. Either
     way gradients are reduced as a sum (:func:`reduce_gradients_as_sum`).
 
@@ -48,10 +49,15 @@ def wrap_model(model: nn.Module, strategy: str, *, device: torch.device | str = 
         raise RuntimeError(f"strategy {strategy!r} needs torch.distributed to be initialised (launch with torchrun)")
     device = torch.device(device)
     if strategy == "ddp":
-        ids = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else None
+        ids = (
+            [device.index if device.index is not None else torch.cuda.current_device()]
+            if device.type == "cuda"
+            else None
+        )
         # gradients as views into DDP's communication buckets: one gradient-sized buffer, not two
-        ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True,
-                                                  init_sync=init_sync)
+        ddp = nn.parallel.DistributedDataParallel(
+            model, device_ids=ids, gradient_as_bucket_view=True, init_sync=init_sync
+        )
         return reduce_gradients_as_sum(ddp)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -82,8 +88,10 @@ def reduce_gradients_as_sum(model: nn.Module) -> nn.Module:
         try:
             model.register_comm_hook(model.process_group, _sum_hook)
         except RuntimeError as exc:
-            raise ValueError("model: this DDP model already has a communication hook; splitproof needs gradients "
-                             "reduced as a sum: wrap the plain model with splitproof.engine.wrap_model") from exc
+            raise ValueError(
+                "model: this DDP model already has a communication hook; splitproof needs gradients "
+                "reduced as a sum: wrap the plain model with splitproof.engine.wrap_model"
+            ) from exc
         setattr(model, _SUM_HOOK_FLAG, True)
     elif is_fsdp2(model):
         from torch.distributed.fsdp import FSDPModule

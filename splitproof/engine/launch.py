@@ -21,13 +21,14 @@ import queue
 import socket
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .worker_exit import WorkerDied, first_death
+from .worker_exit import first_death
 
 POLL_S = 0.05  # how often the parent looks at its workers while it waits
 DEATH_GRACE_S = 2.0  # after a worker's error, how long to look for a peer whose death caused it
@@ -97,8 +98,10 @@ def run_data_parallel(fn: Callable[..., Any], world_size: int, *args, timeout: f
     ctx = mp.get_context("fork")
     results = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, results), daemon=True)
-             for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, results), daemon=True)
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     failed = True
@@ -127,10 +130,12 @@ def _collect(procs, results, timeout: float) -> dict[int, Any]:
         except queue.Empty:
             death = first_death(_unreported_exits(procs, outputs))
             if death is not None:
-                raise death
+                raise death from None
             if time.monotonic() > deadline:
-                raise TimeoutError(f"data-parallel workers: no result for {timeout:.0f} s "
-                                   f"(ranks {sorted(set(range(len(procs))) - set(outputs))} still running)")
+                raise TimeoutError(
+                    f"data-parallel workers: no result for {timeout:.0f} s "
+                    f"(ranks {sorted(set(range(len(procs))) - set(outputs))} still running)"
+                ) from None
             continue
         if status == "ok":
             outputs[rank] = torch.load(io.BytesIO(value), weights_only=False)

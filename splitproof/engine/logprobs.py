@@ -16,12 +16,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from splitproof.batch import BatchError, RolloutBatch, TokenLayout
-from splitproof.loss_config import ConfigError
 from splitproof.engine.attention import attention_mask, check_attention
 from splitproof.engine.microbatch import budget_microbatches, fixed_microbatches
 from splitproof.engine.packing import packed_response_log_probs
 from splitproof.engine.row_invariant import row_invariant
 from splitproof.hf_models import base_model_of
+from splitproof.loss_config import ConfigError
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 _accepts_logits_to_keep: dict[type, bool] = {}
@@ -79,8 +79,9 @@ def response_window(batch: RolloutBatch) -> tuple[int, int]:
     no_prompt = resp_att.any(dim=1) & ~prompt_att.any(dim=1)
     if no_prompt.any():
         row = int(no_prompt.nonzero()[0, 0])
-        raise BatchError("prompts", "a sequence with response tokens needs at least one prompt token",
-                         int(batch.seq_ids[row]))
+        raise BatchError(
+            "prompts", "a sequence with response tokens needs at least one prompt token", int(batch.seq_ids[row])
+        )
     return p0, t1
 
 
@@ -100,11 +101,12 @@ def padded_outputs(model: nn.Module, batch: RolloutBatch, p0: int, t1: int, dtyp
     kwargs = dict(input_ids=input_ids, attention_mask=mask_4d, position_ids=position_ids, use_cache=False)
     if takes_logits_to_keep(model):
         kwargs["logits_to_keep"] = t1 + 1
-    return logits_of(model(**kwargs))[:, -(t1 + 1):], input_ids, resp_att[:, :t1]
+    return logits_of(model(**kwargs))[:, -(t1 + 1) :], input_ids, resp_att[:, :t1]
 
 
-def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: float = 1.0,
-                       with_entropy: bool = False, packed: bool = False) -> tuple[Tensor, Tensor | None]:
+def response_log_probs(
+    model: nn.Module, batch: RolloutBatch, *, temperature: float = 1.0, with_entropy: bool = False, packed: bool = False
+) -> tuple[Tensor, Tensor | None]:
     """log pi(response token) as [b, T] (zeros past each row's response), and the entropy of the
     temperature-scaled distribution [b, T] when ``with_entropy``. Differentiable. ``packed`` puts
     several sequences in a row (``splitproof.engine.packing``) instead of padding each to the longest."""
@@ -122,8 +124,15 @@ def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: fl
         zeros = torch.zeros(b, T, dtype=out_dtype, device=device)
         return zeros, (zeros.clone() if with_entropy else None)
     if packed:
-        return packed_response_log_probs(model, batch, temperature=temperature, with_entropy=with_entropy,
-                                         logits_of=logits_of, dtype=dtype, out_dtype=out_dtype)
+        return packed_response_log_probs(
+            model,
+            batch,
+            temperature=temperature,
+            with_entropy=with_entropy,
+            logits_of=logits_of,
+            dtype=dtype,
+            out_dtype=out_dtype,
+        )
 
     # Position j predicts response token j; the final one predicts nothing. It is dropped after the
     # log-softmax, not before: the kept logits are then contiguous, and log_softmax on a strided slice first
@@ -147,24 +156,41 @@ def response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: fl
     return logp, entropy
 
 
-def inference_microbatches(batch: TokenLayout, micro_batch_size: int | None, max_token_len: int | None,
-                           packed: bool, field: str) -> list[list[int]]:
+def inference_microbatches(
+    batch: TokenLayout, micro_batch_size: int | None, max_token_len: int | None, packed: bool, field: str
+) -> list[list[int]]:
     """Rows of each microbatch of a no-grad pass: fixed ``micro_batch_size`` rows or a ``max_token_len``
     budget — exactly one of the two (``field`` names the setting in errors)."""
     if (micro_batch_size is None) == (max_token_len is None):
-        raise BatchError(field, "give exactly one of micro_batch_size or max_token_len "
-                         f"({field.replace('micro_batch_size_per_gpu', 'max_token_len_per_gpu')})")
+        raise BatchError(
+            field,
+            "give exactly one of micro_batch_size or max_token_len "
+            f"({field.replace('micro_batch_size_per_gpu', 'max_token_len_per_gpu')})",
+        )
     rows = list(range(len(batch)))
     if micro_batch_size is not None:
         return fixed_microbatches(rows, micro_batch_size)
-    return budget_microbatches(rows, batch.token_spans().tolist(), max_token_len, seq_ids=batch.seq_ids.tolist(),
-                               prompt_lengths=batch.prompt_spans().tolist(), packed=packed)
+    return budget_microbatches(
+        rows,
+        batch.token_spans().tolist(),
+        max_token_len,
+        seq_ids=batch.seq_ids.tolist(),
+        prompt_lengths=batch.prompt_spans().tolist(),
+        packed=packed,
+    )
 
 
 @torch.no_grad()
-def compute_log_probs(model: nn.Module, batch: TokenLayout, *, micro_batch_size: int | None = None,
-                      max_token_len: int | None = None, temperature: float = 1.0,
-                      with_entropy: bool = False, packed: bool = False) -> tuple[Tensor, Tensor | None]:
+def compute_log_probs(
+    model: nn.Module,
+    batch: TokenLayout,
+    *,
+    micro_batch_size: int | None = None,
+    max_token_len: int | None = None,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    packed: bool = False,
+) -> tuple[Tensor, Tensor | None]:
     """No-grad log-probs (and entropy) of the whole ``batch`` as [B, T], in the original row order; ``batch``
     is any token layout (a ``TokenBatch`` or a ``RolloutBatch``).
 
@@ -172,8 +198,9 @@ def compute_log_probs(model: nn.Module, batch: TokenLayout, *, micro_batch_size:
     budget: exactly one of the two. This is the "old log-probs" pass. Its matrix products run in fixed
     row blocks (``engine.row_invariant``), so no split changes a log-prob, not even in its last bit.
     """
-    microbatches = inference_microbatches(batch, micro_batch_size, max_token_len, packed,
-                                          "log_prob_micro_batch_size_per_gpu")
+    microbatches = inference_microbatches(
+        batch, micro_batch_size, max_token_len, packed, "log_prob_micro_batch_size_per_gpu"
+    )
     _, out_dtype = output_dtypes(model)
     device = batch.responses.device
     shape = (len(batch), batch.response_width)
@@ -181,8 +208,9 @@ def compute_log_probs(model: nn.Module, batch: TokenLayout, *, micro_batch_size:
     entropy = torch.zeros(shape, dtype=out_dtype, device=device) if with_entropy else None
     with row_invariant(model):
         for mb in microbatches:
-            lp, h = response_log_probs(model, batch.select(mb), temperature=temperature, with_entropy=with_entropy,
-                                       packed=packed)
+            lp, h = response_log_probs(
+                model, batch.select(mb), temperature=temperature, with_entropy=with_entropy, packed=packed
+            )
             index = torch.as_tensor(mb, dtype=torch.long, device=device)
             logp[index] = lp.to(out_dtype)
             if with_entropy:

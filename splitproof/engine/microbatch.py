@@ -19,18 +19,23 @@ def _epoch_seed(seed: int, epoch: int) -> int:
     return x % 2**63
 
 
-def minibatch_schedule(num_sequences: int, mini_batch_size: int, *, epochs: int = 1, shuffle: bool = False,
-                       seed: int = 42) -> list[list[int]]:
+def minibatch_schedule(
+    num_sequences: int, mini_batch_size: int, *, epochs: int = 1, shuffle: bool = False, seed: int = 42
+) -> list[list[int]]:
     """Rows of every optimizer minibatch, in order: per epoch a permutation of range(num_sequences)
     (identity unless ``shuffle``) cut into consecutive chunks of ``mini_batch_size``."""
     if num_sequences < 1:
         raise BatchError("ppo_mini_batch_size", f"the rollout batch is empty ({num_sequences} sequences)")
     if not 1 <= mini_batch_size <= num_sequences:
-        raise BatchError("ppo_mini_batch_size", f"must be in [1, {num_sequences}] (the rollout batch size), "
-                         f"got {mini_batch_size}")
+        raise BatchError(
+            "ppo_mini_batch_size", f"must be in [1, {num_sequences}] (the rollout batch size), got {mini_batch_size}"
+        )
     if num_sequences % mini_batch_size:
-        raise BatchError("ppo_mini_batch_size", f"{num_sequences} sequences are not a multiple of "
-                         f"ppo_mini_batch_size {mini_batch_size}; every minibatch must be full")
+        raise BatchError(
+            "ppo_mini_batch_size",
+            f"{num_sequences} sequences are not a multiple of "
+            f"ppo_mini_batch_size {mini_batch_size}; every minibatch must be full",
+        )
     if epochs < 1:
         raise BatchError("ppo_epochs", f"must be >= 1, got {epochs}")
     schedule = []
@@ -41,7 +46,7 @@ def minibatch_schedule(num_sequences: int, mini_batch_size: int, *, epochs: int 
         else:
             order = list(range(num_sequences))
         for start in range(0, num_sequences, mini_batch_size):
-            schedule.append(order[start:start + mini_batch_size])
+            schedule.append(order[start : start + mini_batch_size])
     return schedule
 
 
@@ -77,18 +82,25 @@ def fixed_microbatches(rows: list[int], size: int) -> list[list[int]]:
     """Consecutive chunks of ``size`` rows (the last one may be shorter)."""
     if size < 1:
         raise BatchError("ppo_micro_batch_size_per_gpu", f"must be >= 1, got {size}")
-    return [list(rows[i:i + size]) for i in range(0, len(rows), size)]
+    return [list(rows[i : i + size]) for i in range(0, len(rows), size)]
 
 
-def budget_microbatches(rows: list[int], lengths: list[int], budget: int, *,
-                        seq_ids: list[int] | None = None, prompt_lengths: list[int] | None = None,
-                        packed: bool = False) -> list[list[int]]:
+def budget_microbatches(
+    rows: list[int],
+    lengths: list[int],
+    budget: int,
+    *,
+    seq_ids: list[int] | None = None,
+    prompt_lengths: list[int] | None = None,
+    packed: bool = False,
+) -> list[list[int]]:
     """Microbatches under a budget on the tokens a microbatch computes, padding included.
 
     Cost of a microbatch: rows × its padded width. The width is the longest sequence, or — given
     ``prompt_lengths`` (prompts left-padded, responses right-padded, as the engine lays them out) — the
     longest prompt plus the longest response. The engine passes spans (``RolloutBatch.token_spans`` and
-    ``prompt_spans``: from a sequence's first to its last real token), which is what it computes. ``packed``: sequences share rows (first fit,
+    ``prompt_spans``: from a sequence's first to its last real token), which is what it computes. ``packed``: sequences
+    share rows (first fit,
     ``splitproof.engine.packing``), and the cost is packed rows × row width. Rows sorted by
     (length desc, row) are cut greedily into contiguous runs, which keeps padding low. No sequence is
     split; one over the budget is an error. Rows ascend inside each microbatch.
@@ -102,8 +114,12 @@ def budget_microbatches(rows: list[int], lengths: list[int], budget: int, *,
     if order and int(lengths[order[0]]) > budget:
         k = order[0]
         sid = seq_ids[k] if seq_ids is not None else rows[k]
-        raise BatchError("ppo_max_token_len_per_gpu", f"sequence {sid} has {int(lengths[k])} tokens > budget "
-                         f"{budget}; raise the budget (a sequence is never split)", sequence=int(sid))
+        raise BatchError(
+            "ppo_max_token_len_per_gpu",
+            f"sequence {sid} has {int(lengths[k])} tokens > budget "
+            f"{budget}; raise the budget (a sequence is never split)",
+            sequence=int(sid),
+        )
     if packed:
         return _packed_budget(rows, [int(n) for n in lengths], budget, order)
     microbatches, current, prompt_width, response_width = [], [], 0, 0

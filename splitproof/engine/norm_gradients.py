@@ -69,8 +69,13 @@ def _is_hf_rms_norm(module: nn.Module) -> bool:
     cls = type(module)
     if cls not in _verified:
         weight, eps = getattr(module, "weight", None), getattr(module, "variance_epsilon", None)
-        _verified[cls] = (cls.__name__.endswith("RMSNorm") and isinstance(weight, Tensor) and weight.dim() == 1
-                          and isinstance(eps, float) and _probe(cls, weight.shape[0], eps))
+        _verified[cls] = (
+            cls.__name__.endswith("RMSNorm")
+            and isinstance(weight, Tensor)
+            and weight.dim() == 1
+            and isinstance(eps, float)
+            and _probe(cls, weight.shape[0], eps)
+        )
     return _verified[cls]
 
 
@@ -90,6 +95,7 @@ def _forward(module: nn.Module, plain):
         if x.dtype != torch.float64 or not torch.is_grad_enabled():
             return plain(x)
         return _RMSNorm.apply(x, module.weight, module.variance_epsilon)
+
     return forward
 
 

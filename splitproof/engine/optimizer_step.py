@@ -78,8 +78,9 @@ class Objective(Protocol):
     def metric_names(self) -> list[str]: ...
 
 
-def prepare_update(model: nn.Module, batch: RolloutBatch, config, collective, validate
-                   ) -> tuple[object, RolloutBatch, list[MinibatchPlan]]:
+def prepare_update(
+    model: nn.Module, batch: RolloutBatch, config, collective, validate
+) -> tuple[object, RolloutBatch, list[MinibatchPlan]]:
     """Before an update's first step: the collective (by default the model device's), the batch checked by
     ``validate(model, batch, config, collective)`` and moved to the model's device, and this rank's plans."""
     collective = collective or default_collective(device_of(model))
@@ -89,8 +90,17 @@ def prepare_update(model: nn.Module, batch: RolloutBatch, config, collective, va
     return collective, batch.to(device_of(model)), plans
 
 
-def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: RolloutBatch, plan: MinibatchPlan,
-                   objective: Objective, *, grad_clip: float, collective, step: int = 0) -> StepResult:
+def optimizer_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: RolloutBatch,
+    plan: MinibatchPlan,
+    objective: Objective,
+    *,
+    grad_clip: float,
+    collective,
+    step: int = 0,
+) -> StepResult:
     """One optimizer step of ``objective`` over the minibatch ``plan.rows``; ``batch`` is validated."""
     reduce_gradients_as_sum(model)
     stats = minibatch_stats(batch, plan, objective.group_index, collective)
@@ -119,8 +129,9 @@ def optimizer_step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: Ro
     skipped = not torch.isfinite(torch.tensor(grad_norm))
     if skipped:
         optimizer.zero_grad(set_to_none=True)
-        warnings.warn(f"non-finite gradient norm ({grad_norm}) at step {step}: step skipped, weights untouched",
-                      stacklevel=3)
+        warnings.warn(
+            f"non-finite gradient norm ({grad_norm}) at step {step}: step skipped, weights untouched", stacklevel=3
+        )
     else:
         optimizer.step()
     metrics[objective.skipped_metric] = float(skipped)
@@ -132,7 +143,7 @@ def part_of(batch: RolloutBatch, rows: list[int], plan: MinibatchPlan, model) ->
     must stay in lockstep, replaced by a masked-out stand-in row."""
     if rows:
         part = batch.select(rows)
-        if part.attention_mask[:, part.prompt_width:].any():
+        if part.attention_mask[:, part.prompt_width :].any():
             return Part(rows, part, True)
     if not needs_lockstep(model):
         return None
@@ -149,8 +160,9 @@ def minibatch_stats(batch: RolloutBatch, plan: MinibatchPlan, index: Tensor | No
     """N, G (and n_g per group when ``index`` gives group ids) of the minibatch: this rank's shard summed
     over ranks. Every rank holds the whole batch, so all agree on the minibatch's group ids without asking."""
     keys = sorted(set(index[plan.rows].tolist())) if index is not None else []
-    shard = MinibatchStats.of(batch.response_mask[plan.shard], batch.response_width,
-                              None if index is None else index[plan.shard])
+    shard = MinibatchStats.of(
+        batch.response_mask[plan.shard], batch.response_width, None if index is None else index[plan.shard]
+    )
     return MinibatchStats.from_tensor(collective.sum(shard.as_tensor(keys)), batch.response_width, keys)
 
 

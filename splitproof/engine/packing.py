@@ -5,7 +5,8 @@ of one width, chosen between its longest sequence and three times that (or one r
 compute the fewest tokens. Position ids restart at every sequence and a block-diagonal causal mask keeps
 sequences apart, so each sequence's log-probs are those it has alone (identical in float64 with sdpa
 attention). A sequence's length here is its span (``RolloutBatch.token_spans``): padding inside it
-travels with it, so every layout the batch accepts packs correctly. Padding is what bin packing leaves over; a row's dense attention stays within 9× a padded
+travels with it, so every layout the batch accepts packs correctly. Padding is what bin packing leaves over; a row's
+dense attention stays within 9× a padded
 row's (varlen kernels on a GPU would not pay for the masked blocks at all).
 """
 
@@ -45,7 +46,9 @@ class RowPacking:
     """
 
     def __init__(self, longest: int):
-        self.widths = sorted({longest + (longest * i) // WIDTH_STEPS for i in range(WIDTH_STEPS * (MAX_WIDTH_FACTOR - 1) + 1)})
+        self.widths = sorted(
+            {longest + (longest * i) // WIDTH_STEPS for i in range(WIDTH_STEPS * (MAX_WIDTH_FACTOR - 1) + 1)}
+        )
         self.free: list[list[int]] = [[] for _ in self.widths]
         self.total = 0
 
@@ -143,8 +146,16 @@ def packed_outputs(model: nn.Module, batch: RolloutBatch, *, logits_of, dtype: t
     return outputs[rows_t, cols_t], seq_t, resp_t, ids
 
 
-def packed_response_log_probs(model: nn.Module, batch: RolloutBatch, *, temperature: float, with_entropy: bool,
-                              logits_of, dtype: torch.dtype, out_dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
+def packed_response_log_probs(
+    model: nn.Module,
+    batch: RolloutBatch,
+    *,
+    temperature: float,
+    with_entropy: bool,
+    logits_of,
+    dtype: torch.dtype,
+    out_dtype: torch.dtype,
+) -> tuple[Tensor, Tensor | None]:
     """log π of the response tokens [b, T] (and entropy), computed on packed rows (:func:`packed_outputs`)."""
     b, P, T = len(batch), batch.prompt_width, batch.response_width
     device = batch.responses.device

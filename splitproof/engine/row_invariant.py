@@ -77,13 +77,14 @@ def fixed_tile_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> 
     if len(starts) == 1:
         out = F.linear(flat, weight, bias)
     else:
-        out = torch.cat([F.linear(flat[s:s + MAX_ROWS], weight, bias) for s in starts])
+        out = torch.cat([F.linear(flat[s : s + MAX_ROWS], weight, bias) for s in starts])
     return out[:m].view(*x.shape[:-1], n_out)
 
 
 def _fixed_forward(module: nn.Linear):
     def forward(x: Tensor) -> Tensor:
         return fixed_tile_linear(x, module.weight, module.bias)
+
     return forward
 
 

@@ -49,16 +49,28 @@ def update_policy(
     results = []
     for i, plan in enumerate(plans):
         objective = make_objective(config, batch, plan, collective, first_optimizer_step + i)
-        results.append(optimizer_step(model, optimizer, batch, plan, objective, grad_clip=config.grad_clip,
-                                      collective=collective, step=first_optimizer_step + i))
+        results.append(
+            optimizer_step(
+                model,
+                optimizer,
+                batch,
+                plan,
+                objective,
+                grad_clip=config.grad_clip,
+                collective=collective,
+                step=first_optimizer_step + i,
+            )
+        )
     return results
 
 
-def policy_log_probs(model: nn.Module, part: RolloutBatch, config: UpdateConfig,
-                     with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+def policy_log_probs(
+    model: nn.Module, part: RolloutBatch, config: UpdateConfig, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
     """The part's response log-probs (and entropy) at the config's temperature and packing."""
-    return response_log_probs(model, part, temperature=config.temperature, with_entropy=with_entropy,
-                              packed=config.use_remove_padding)
+    return response_log_probs(
+        model, part, temperature=config.temperature, with_entropy=with_entropy, packed=config.use_remove_padding
+    )
 
 
 class PolicyObjective:
@@ -94,9 +106,19 @@ class PolicyObjective:
         sub = part.batch
         log_prob, entropy = policy_log_probs(model, sub, self.config, self.with_entropy)
         selection = self.cov.part_selection(part, log_prob) if self.cov is not None else None
-        return minibatch_share(log_prob, sub.old_log_probs, sub.advantages, sub.response_mask, self.loss, stats,
-                               ref_log_prob=sub.ref_log_probs, rollout_is_weights=sub.rollout_is_weights,
-                               entropy=entropy, selection=selection, index=group_ids(sub, self.loss.loss_agg_mode))
+        return minibatch_share(
+            log_prob,
+            sub.old_log_probs,
+            sub.advantages,
+            sub.response_mask,
+            self.loss,
+            stats,
+            ref_log_prob=sub.ref_log_probs,
+            rollout_is_weights=sub.rollout_is_weights,
+            entropy=entropy,
+            selection=selection,
+            index=group_ids(sub, self.loss.loss_agg_mode),
+        )
 
     def after(self, model: nn.Module, stats: MinibatchStats, metric_sums: dict[str, Tensor]) -> None:
         if self.cov is not None:

@@ -41,10 +41,14 @@ class SplitSettings:
             value = getattr(self, name)
             require(_positive_int(value), name, f"must be an int >= 1, got {value!r}")
         micro = self.ppo_micro_batch_size_per_gpu
-        require(micro is None or _positive_int(micro), "ppo_micro_batch_size_per_gpu",
-                f"must be None or an int >= 1, got {micro!r}")
-        require(is_finite_number(self.grad_clip) and self.grad_clip > 0, "grad_clip",
-                f"must be > 0, got {self.grad_clip!r}")
+        require(
+            micro is None or _positive_int(micro),
+            "ppo_micro_batch_size_per_gpu",
+            f"must be None or an int >= 1, got {micro!r}",
+        )
+        require(
+            is_finite_number(self.grad_clip) and self.grad_clip > 0, "grad_clip", f"must be > 0, got {self.grad_clip!r}"
+        )
 
     @property
     def minibatch_sequences(self) -> int:
@@ -62,10 +66,16 @@ class UpdateConfig(SplitSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require(is_finite_number(self.temperature) and self.temperature > 0, "temperature",
-                f"must be > 0, got {self.temperature!r}")
-        require(self.cov_strategy in COV_STRATEGIES, "cov_strategy",
-                f"unknown {self.cov_strategy!r}; expected one of {', '.join(COV_STRATEGIES)}")
+        require(
+            is_finite_number(self.temperature) and self.temperature > 0,
+            "temperature",
+            f"must be > 0, got {self.temperature!r}",
+        )
+        require(
+            self.cov_strategy in COV_STRATEGIES,
+            "cov_strategy",
+            f"unknown {self.cov_strategy!r}; expected one of {', '.join(COV_STRATEGIES)}",
+        )
         if not isinstance(self.loss, LossConfig):
             raise ConfigError("loss", f"must be a LossConfig, got {type(self.loss).__name__}")
 
@@ -87,7 +97,7 @@ class CriticUpdateConfig(SplitSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.value_loss  # checks cliprange_value, loss_agg_mode, loss_scale_factor
+        _ = self.value_loss  # checks cliprange_value, loss_agg_mode, loss_scale_factor
 
     @property
     def value_loss(self) -> ValueLossConfig:

@@ -18,11 +18,11 @@ from torch import nn
 
 from ..batch import BatchError, RolloutBatch, require_group_index
 from ..collective import LOCAL
-from ..loss_config import ConfigError
 from ..hf_models import max_positions_of, vocab_size_of
+from ..loss_config import ConfigError
 from .attention import check_attention
-from .update_config import UpdateConfig
 from .plan import MinibatchPlan, plan_update
+from .update_config import UpdateConfig
 
 
 def active_dropout(model: nn.Module) -> bool:
@@ -39,8 +39,11 @@ def active_dropout(model: nn.Module) -> bool:
 def check_cov_strategy(model: nn.Module, config: UpdateConfig) -> None:
     """`deferred` recomputes the selected sequences' log-probs: it needs a deterministic forward."""
     if config.loss.is_cov and config.cov_strategy == "deferred" and active_dropout(model):
-        raise ConfigError("cov_strategy", "'deferred' needs a deterministic forward, but the model has active "
-                          "dropout; use 'prepass' or 'auto', or call model.eval()")
+        raise ConfigError(
+            "cov_strategy",
+            "'deferred' needs a deterministic forward, but the model has active "
+            "dropout; use 'prepass' or 'auto', or call model.eval()",
+        )
 
 
 def check_positions(model: nn.Module, batch: RolloutBatch) -> None:
@@ -52,8 +55,12 @@ def check_positions(model: nn.Module, batch: RolloutBatch) -> None:
     too_long = lengths > limit
     if too_long.any():
         row = int(too_long.nonzero()[0, 0])
-        raise BatchError("attention_mask", f"{int(lengths[row])} real tokens (prompt + response), more than the "
-                         f"model's max_position_embeddings {limit}", int(batch.seq_ids[row]))
+        raise BatchError(
+            "attention_mask",
+            f"{int(lengths[row])} real tokens (prompt + response), more than the "
+            f"model's max_position_embeddings {limit}",
+            int(batch.seq_ids[row]),
+        )
 
 
 def batch_fingerprint(batch: RolloutBatch) -> list[tuple[str, str]]:
@@ -79,15 +86,19 @@ def check_same_inputs(batch: RolloutBatch, config, collective) -> None:
     for index, (name, digest) in enumerate(prints[0][0]):
         others = [rank for rank, (p, _) in enumerate(prints) if p[index][1] != digest]
         if others:
-            raise BatchError(name, f"differs between ranks (rank 0 vs ranks {others}): every rank must pass the same "
-                             "rollout batch; the engine takes each rank's shard itself")
+            raise BatchError(
+                name,
+                f"differs between ranks (rank 0 vs ranks {others}): every rank must pass the same "
+                "rollout batch; the engine takes each rank's shard itself",
+            )
     others = [rank for rank, (_, c) in enumerate(prints) if c != prints[0][1]]
     if others:
         raise ConfigError("config", f"the {type(config).__name__} differs between ranks (rank 0 vs ranks {others})")
 
 
-def validate_update(model: nn.Module, batch: RolloutBatch, config: UpdateConfig,
-                    collective=LOCAL) -> tuple[RolloutBatch, list[MinibatchPlan]]:
+def validate_update(
+    model: nn.Module, batch: RolloutBatch, config: UpdateConfig, collective=LOCAL
+) -> tuple[RolloutBatch, list[MinibatchPlan]]:
     """The validated batch (bool masks, [B, T] advantages) and this rank's plan of every optimizer step."""
 
     def policy_checks(batch: RolloutBatch) -> None:
@@ -100,7 +111,9 @@ def validate_update(model: nn.Module, batch: RolloutBatch, config: UpdateConfig,
     return validate_plans(model, batch, config, collective, policy_checks)
 
 
-def validate_plans(model: nn.Module, batch: RolloutBatch, config, collective, checks) -> tuple[RolloutBatch, list[MinibatchPlan]]:
+def validate_plans(
+    model: nn.Module, batch: RolloutBatch, config, collective, checks
+) -> tuple[RolloutBatch, list[MinibatchPlan]]:
     """What every update checks — attention implementation, the same inputs on every rank, the batch
     contract — then the update's own ``checks(validated batch)``, then the plan (token budget, minibatch
     size) and N > 0 in every minibatch."""

@@ -18,18 +18,20 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from splitproof.batch import RolloutBatch, TokenLayout
-from splitproof.loss_config import ConfigError
 from splitproof.engine.attention import check_attention
-from splitproof.engine.logprobs import (logits_of, inference_microbatches, output_dtypes, padded_outputs,
-                                        response_window)
+from splitproof.engine.logprobs import inference_microbatches, logits_of, output_dtypes, padded_outputs, response_window
 from splitproof.engine.packing import packed_outputs
 from splitproof.engine.row_invariant import row_invariant
+from splitproof.loss_config import ConfigError
 
 
 def _scalar(outputs: Tensor) -> Tensor:
     if outputs.shape[-1] != 1:
-        raise ConfigError("model", f"a value model has one output per position (num_labels=1), got {outputs.shape[-1]}; "
-                          "build it with splitproof.value_model.value_model_from_pretrained")
+        raise ConfigError(
+            "model",
+            f"a value model has one output per position (num_labels=1), got {outputs.shape[-1]}; "
+            "build it with splitproof.value_model.value_model_from_pretrained",
+        )
     return outputs[..., 0]
 
 
@@ -52,17 +54,25 @@ def response_values(model: nn.Module, batch: RolloutBatch, *, packed: bool = Fal
 
 
 @torch.no_grad()
-def compute_values(model: nn.Module, batch: TokenLayout, *, micro_batch_size: int | None = None,
-                   max_token_len: int | None = None, packed: bool = False) -> Tensor:
+def compute_values(
+    model: nn.Module,
+    batch: TokenLayout,
+    *,
+    micro_batch_size: int | None = None,
+    max_token_len: int | None = None,
+    packed: bool = False,
+) -> Tensor:
     """No-grad value predictions of the whole ``batch`` as [B, T] (0 on padding), in the original row order.
 
     The value at response position t is the value head's output at the token before response token t
     (verl's convention). Split into fixed microbatches of ``micro_batch_size`` rows or under a
     ``max_token_len`` token budget (exactly one of the two; ``packed`` shares rows between sequences);
-    the split never changes the values, not even in their last bit (``engine.row_invariant``). This is the critic's pass before the update (the batch's ``values``).
+    the split never changes the values, not even in their last bit (``engine.row_invariant``). This is the critic's
+    pass before the update (the batch's ``values``).
     """
-    microbatches = inference_microbatches(batch, micro_batch_size, max_token_len, packed,
-                                          "forward_micro_batch_size_per_gpu")
+    microbatches = inference_microbatches(
+        batch, micro_batch_size, max_token_len, packed, "forward_micro_batch_size_per_gpu"
+    )
     _, out_dtype = output_dtypes(model)
     device = batch.responses.device
     values = torch.zeros(len(batch), batch.response_width, dtype=out_dtype, device=device)

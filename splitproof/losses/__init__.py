@@ -7,7 +7,7 @@ knows how the minibatch was split: the objective weights their output (``splitpr
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..loss_config import LossConfig
 from .common import LossTerms, PolicyInputs

@@ -23,5 +23,6 @@ def geo_mean(x: PolicyInputs, cfg: LossConfig) -> LossTerms:
     if x.rollout_is_weights is not None:
         loss = loss * sequence_mean(torch.log(x.rollout_is_weights + 1e-10), x.mask).exp()
     was_clipped = delta != clipped
-    return LossTerms(None, loss, was_clipped & (x.advantages > 0), was_clipped & (x.advantages < 0), -delta,
-                     applies_is_weights=False)
+    return LossTerms(
+        None, loss, was_clipped & (x.advantages > 0), was_clipped & (x.advantages < 0), -delta, applies_is_weights=False
+    )

@@ -35,15 +35,15 @@ from contextlib import contextmanager
 
 from . import pause, stop
 from .checkpoint import at_stop, store
-from .parallel import RankFailure, first_rank_only
-from .tracking.generations import generation_rows, write_generations
-from .rewards.functions import RewardError
+from .checkpoint.run_state import save_run
 from .data.dynamic_sampling import FilterError
+from .evaluate import evaluate_held_out
+from .parallel import RankFailure, first_rank_only
+from .rewards.functions import RewardError
 from .rollout.pipeline import PIPELINE_ERRORS, pipelined
 from .run import Parts
-from .checkpoint.run_state import save_run
 from .step import StepResult, train_step
-from .evaluate import evaluate_held_out
+from .tracking.generations import generation_rows, write_generations
 
 
 class Interrupted(Exception):
@@ -93,10 +93,17 @@ def _failing(step: int, fn: Callable, *args):
         raise StepFailed(step, e) from e
 
 
-def fit(parts: Parts, *, log: Callable[[dict, int], None] | None = None, sync: Callable[[], None] | None = None,
-        start_step: int = 0, pipeline_state: dict | None = None,
-        on_step: Callable[[int, StepResult], None] | None = None, save_checkpoints: bool = False,
-        should_stop: Callable[[], bool] | None = None) -> list[dict]:
+def fit(
+    parts: Parts,
+    *,
+    log: Callable[[dict, int], None] | None = None,
+    sync: Callable[[], None] | None = None,
+    start_step: int = 0,
+    pipeline_state: dict | None = None,
+    on_step: Callable[[int, StepResult], None] | None = None,
+    save_checkpoints: bool = False,
+    should_stop: Callable[[], bool] | None = None,
+) -> list[dict]:
     """Train from ``start_step`` to ``parts.total_steps``; return every logged record (``step`` included).
 
     ``log(metrics, step)`` records a step; ``sync()`` puts the records on disk before a checkpoint;
@@ -131,8 +138,15 @@ def fit(parts: Parts, *, log: Callable[[dict, int], None] | None = None, sync: C
     return records
 
 
-def _stop_inside(parts: Parts, pipeline, step: int, e: stop.StepAbandoned, snapshot: at_stop.Snapshot | None, sync,
-                 save_checkpoints: bool) -> Interrupted:
+def _stop_inside(
+    parts: Parts,
+    pipeline,
+    step: int,
+    e: stop.StepAbandoned,
+    snapshot: at_stop.Snapshot | None,
+    sync,
+    save_checkpoints: bool,
+) -> Interrupted:
     """The ``Interrupted`` of a stop inside step ``step``'s train_step, after saving step ``step - 1`` where
     that is exact (``at_stop.save_at_stop``)."""
     saved = None
@@ -178,9 +192,18 @@ def _one_step(parts: Parts, pipeline, step: int, emit, check_stop, on_step, sync
         on_step(step, output)
     if cfg.rollout_data_dir and first_rank_only(parts.collective):
         scored = output.scored
-        write_generations(cfg.rollout_data_dir, step, generation_rows(
-            parts.tokenizer, parts.prompts.train, scored.samples, scored.rewards.scores.tolist(),
-            scored.rewards.extra, step))
+        write_generations(
+            cfg.rollout_data_dir,
+            step,
+            generation_rows(
+                parts.tokenizer,
+                parts.prompts.train,
+                scored.samples,
+                scored.rewards.scores.tolist(),
+                scored.rewards.extra,
+                step,
+            ),
+        )
     check_stop(step - 1)
     metrics = dict(output.metrics)
     if is_due(step, parts.total_steps, cfg.test_freq):

@@ -34,8 +34,9 @@ def rank_rows(count: int, rank: int, world_size: int) -> range:
     return range(start, stop)
 
 
-def run_on_share(collective, count: int, work: Callable[[range], list[T]],
-                 errors: tuple[type[BaseException], ...] = (Exception,)) -> list[T]:
+def run_on_share(
+    collective, count: int, work: Callable[[range], list[T]], errors: tuple[type[BaseException], ...] = (Exception,)
+) -> list[T]:
     """``work(rows)`` on this rank's share; the shares gathered in rank order (= canonical row order).
 
     An exception of the given kinds on any rank is re-raised on every rank: the original exception on

@@ -24,24 +24,34 @@ from ..engine import UpdateConfig
 from ..lora import apply_lora
 from ..loss_config import ConfigError
 from ..stats import MinibatchStats
+from .config.derive import (
+    critic_enabled,
+    dp_strategy,
+    lora_settings,
+    multi_turn_settings,
+    reward_kwargs,
+    reward_manager_of,
+    sampling_params,
+    to_update_config,
+)
+from .config.derive import (
+    reward_function as reward_function_setting,
+)
 from .config.schema import TrainConfig
-from .config.derive import (critic_enabled, dp_strategy, lora_settings, multi_turn_settings,
-                            reward_function as reward_function_setting, reward_kwargs, reward_manager_of,
-                            sampling_params, to_update_config)
 from .data.dynamic_sampling import PromptStream
-from .rewards.dapo import RewardManager
-from .rewards.filter_metric import check_filter_metric
+from .data.prompts import PromptDataset, PromptSampler, load_prompts
 from .models.critic import build_critic
 from .models.learner import Learner, ReferencePolicy, no_grad_split, wrap_for_ranks
-from .data.prompts import PromptDataset, PromptSampler, load_prompts
-from .rewards.kl_penalty import make_kl_controller
+from .models.optim import make_optimizer, make_scheduler
 from .models.policy import MODEL_DTYPES, frozen_copy, generation_eos_ids, load_policy, load_tokenizer
+from .rewards.dapo import RewardManager
+from .rewards.filter_metric import check_filter_metric
 from .rewards.functions import check_reward_sources, load_reward_function
+from .rewards.kl_penalty import make_kl_controller
 from .rollout.episode import EpisodeRollout
 from .rollout.hf import HFRollout, SamplingParams
 from .rollout.tool_format import check_tool_template
 from .rollout.tools import Tool, load_tools
-from .models.optim import make_optimizer, make_scheduler
 
 
 @dataclass(frozen=True)
@@ -141,15 +151,22 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
     template_kwargs = dict(cfg.data.apply_chat_template_kwargs)
     if tools:  # chat prompts show the tools' schemas, as verl renders them
         template_kwargs.setdefault("tools", [tool.schema for tool in tools.values()])
-    data_kwargs = dict(prompt_key=cfg.data.prompt_key, max_prompt_length=cfg.data.max_prompt_length,
-                       truncation=cfg.data.truncation, apply_chat_template_kwargs=template_kwargs,
-                       reward_fn_key=cfg.data.reward_fn_key, filter_overlong=cfg.data.filter_overlong_prompts)
-    train_data = load_prompts(_files(cfg.data.train_files), tokenizer, max_samples=cfg.data.train_max_samples,
-                              **data_kwargs)
+    data_kwargs = dict(
+        prompt_key=cfg.data.prompt_key,
+        max_prompt_length=cfg.data.max_prompt_length,
+        truncation=cfg.data.truncation,
+        apply_chat_template_kwargs=template_kwargs,
+        reward_fn_key=cfg.data.reward_fn_key,
+        filter_overlong=cfg.data.filter_overlong_prompts,
+    )
+    train_data = load_prompts(
+        _files(cfg.data.train_files), tokenizer, max_samples=cfg.data.train_max_samples, **data_kwargs
+    )
     val_data = None
     if cfg.data.val_files:
-        val_data = load_prompts(_files(cfg.data.val_files), tokenizer, max_samples=cfg.data.val_max_samples,
-                                **data_kwargs)
+        val_data = load_prompts(
+            _files(cfg.data.val_files), tokenizer, max_samples=cfg.data.val_max_samples, **data_kwargs
+        )
     reward_fn = reward_function(cfg)
     for dataset in (train_data, val_data):
         if dataset is not None:
@@ -161,14 +178,22 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
         sampler = PromptStream(len(train_data), seed=seed, shuffle=cfg.data.shuffle)
     else:
         sampler = PromptSampler(len(train_data), cfg.data.train_batch_size, seed=seed, shuffle=cfg.data.shuffle)
-    return RunInputs(update_config=update_config, tokenizer=tokenizer, train_data=train_data, val_data=val_data,
-                     reward_fn=reward_fn, sampler=sampler, total_steps=total_training_steps(cfg, len(train_data)),
-                     tools=tools,
-                     reward_manager=manager)
+    return RunInputs(
+        update_config=update_config,
+        tokenizer=tokenizer,
+        train_data=train_data,
+        val_data=val_data,
+        reward_fn=reward_fn,
+        sampler=sampler,
+        total_steps=total_training_steps(cfg, len(train_data)),
+        tools=tools,
+        reward_manager=manager,
+    )
 
 
-def build_actor(cfg: TrainConfig, collective, total_steps: int, vocab_size: int,
-                update_config: UpdateConfig) -> tuple[Learner, ReferencePolicy | None]:
+def build_actor(
+    cfg: TrainConfig, collective, total_steps: int, vocab_size: int, update_config: UpdateConfig
+) -> tuple[Learner, ReferencePolicy | None]:
     """The policy (LoRA-wrapped when ``lora_rank`` > 0) with its optimizer and schedule, and the reference
     policy when the KL loss or the KL penalty reads it."""
     dtype = MODEL_DTYPES[cfg.actor_rollout_ref.actor.fsdp_config.model_dtype]
@@ -185,10 +210,19 @@ def build_actor(cfg: TrainConfig, collective, total_steps: int, vocab_size: int,
     optimizer = make_optimizer(policy, cfg.actor_rollout_ref.actor.optim)
     scheduler = make_scheduler(optimizer, cfg.actor_rollout_ref.actor.optim, total_steps)
     r = cfg.actor_rollout_ref.rollout
-    split = no_grad_split(r.log_prob_micro_batch_size_per_gpu, r.log_prob_use_dynamic_bsz,
-                          r.log_prob_max_token_len_per_gpu)
-    actor = Learner(kind="actor", model=policy, optimizer=optimizer, scheduler=scheduler, update_config=update_config,
-                    no_grad_split=split, inference_copy=inference_copy, trainable_only=lora.enabled)
+    split = no_grad_split(
+        r.log_prob_micro_batch_size_per_gpu, r.log_prob_use_dynamic_bsz, r.log_prob_max_token_len_per_gpu
+    )
+    actor = Learner(
+        kind="actor",
+        model=policy,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        update_config=update_config,
+        no_grad_split=split,
+        inference_copy=inference_copy,
+        trainable_only=lora.enabled,
+    )
     reference = None
     if needs_ref:
         reference = ReferencePolicy(actor=actor) if lora.enabled else ReferencePolicy(frozen=frozen)
@@ -198,14 +232,19 @@ def build_actor(cfg: TrainConfig, collective, total_steps: int, vocab_size: int,
 def reference_split(cfg: TrainConfig) -> dict:
     """The reference log-prob pass's split (``actor_rollout_ref.ref.log_prob_*``)."""
     r = cfg.actor_rollout_ref.ref
-    return no_grad_split(r.log_prob_micro_batch_size_per_gpu, r.log_prob_use_dynamic_bsz,
-                         r.log_prob_max_token_len_per_gpu)
+    return no_grad_split(
+        r.log_prob_micro_batch_size_per_gpu, r.log_prob_use_dynamic_bsz, r.log_prob_max_token_len_per_gpu
+    )
 
 
 def build_generation(cfg: TrainConfig, model, tokenizer, tools: dict[str, Tool]) -> Generation:
     """The rollout engine on ``model`` (the actor's inference policy), multi-turn when enabled."""
-    engine = HFRollout(model, eos_token_ids=generation_eos_ids(model, tokenizer), pad_token_id=pad_id(tokenizer),
-                       max_num_seqs=cfg.actor_rollout_ref.rollout.max_num_seqs)
+    engine = HFRollout(
+        model,
+        eos_token_ids=generation_eos_ids(model, tokenizer),
+        pad_token_id=pad_id(tokenizer),
+        max_num_seqs=cfg.actor_rollout_ref.rollout.max_num_seqs,
+    )
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:
         engine = EpisodeRollout(engine, tokenizer, tools, multi_turn_settings(cfg))
     train, val = sampling_params(cfg)
@@ -226,12 +265,21 @@ def build_parts(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None =
         critic = build_critic(cfg, world_size=collective.world_size, total_steps=total, vocab_size=len(tokenizer))
     kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
     float_dtype = torch.float64 if dtype == torch.float64 else torch.float32
-    return Parts(config=cfg, collective=collective, tokenizer=tokenizer, actor=actor, critic=critic,
-                 reference_policy=reference, generation=generation,
-                 prompts=Prompts(train=inputs.train_data, val=inputs.val_data, sampler=inputs.sampler),
-                 reward=Reward(fn=inputs.reward_fn, manager=inputs.reward_manager, tokenizer=tokenizer,
-                               total_steps=total),
-                 kl_ctrl=kl_ctrl, total_steps=total, float_dtype=float_dtype, lora=actor.trainable_only)
+    return Parts(
+        config=cfg,
+        collective=collective,
+        tokenizer=tokenizer,
+        actor=actor,
+        critic=critic,
+        reference_policy=reference,
+        generation=generation,
+        prompts=Prompts(train=inputs.train_data, val=inputs.val_data, sampler=inputs.sampler),
+        reward=Reward(fn=inputs.reward_fn, manager=inputs.reward_manager, tokenizer=tokenizer, total_steps=total),
+        kl_ctrl=kl_ctrl,
+        total_steps=total,
+        float_dtype=float_dtype,
+        lora=actor.trainable_only,
+    )
 
 
 def _agreed_on(collective, work):
@@ -260,5 +308,3 @@ def _files(value) -> list[str]:
 
 def pad_id(tokenizer) -> int:
     return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
-
-

@@ -27,22 +27,23 @@ from ..advantages import compute_advantage
 from ..advantages.estimators import ESTIMATOR_TABLE
 from ..batch import RolloutBatch, TokenLayout
 from ..engine import compute_log_probs, compute_values
-from .rollout.assemble import samples_to_tokens
-from .rewards.kl_penalty import apply_kl_penalty
-from .tracking.metrics import (StageTimer, data_metrics, reward_extra_metrics,
-                               throughput_metrics)
-from .parallel import gather_rows, run_on_share
-from .rewards.functions import RewardError, score, token_level_scores as scores_on_last_token
-from .rewards.scored import Rewards, ScoredSamples
-from .rollout.correction import rollout_correction
-from .rollout.episode import episode_metrics
 from . import pause
 from .config.derive import gen_batch_size
 from .data.dynamic_sampling import filtered_batch
 from .data.prompts import PromptDataset
 from .models.learner import Learner
+from .parallel import gather_rows, run_on_share
 from .rewards.dapo import apply_manager
-from .run import Generation, Parts, Reward, greedy as greedy_params, reference_split
+from .rewards.functions import RewardError, score
+from .rewards.kl_penalty import apply_kl_penalty
+from .rewards.scored import Rewards, ScoredSamples
+from .rewards.token_scores import token_level_scores as scores_on_last_token
+from .rollout.assemble import samples_to_tokens
+from .rollout.correction import rollout_correction
+from .rollout.episode import episode_metrics
+from .run import Generation, Parts, Reward, reference_split
+from .run import greedy as greedy_params
+from .tracking.metrics import StageTimer, data_metrics, reward_extra_metrics, throughput_metrics
 
 BASELINE_STREAM = 2  # remax's greedy baseline (training samples use stream 0, validation 1)
 REPEAT_STREAM = 16  # dynamic sampling: the k-th repeat of a prompt within one step draws from stream 16 + k
@@ -56,8 +57,7 @@ class StepResult:
     scored: ScoredSamples
 
 
-def collect_samples(parts: Parts, step: int, uids: list[int] | None, timer: StageTimer,
-                    pipeline=None) -> ScoredSamples:
+def collect_samples(parts: Parts, step: int, uids: list[int] | None, timer: StageTimer, pipeline=None) -> ScoredSamples:
     """``rollout.n`` scored samples of each of ``uids``, generated here or taken from ``pipeline`` (generated
     ahead by the rollout process, from the policy of step - k: rollout/pipeline.py); with
     ``algorithm.filter_groups.enable`` (``uids`` None), the groups dynamic sampling keeps."""
@@ -66,8 +66,9 @@ def collect_samples(parts: Parts, step: int, uids: list[int] | None, timer: Stag
     pipelined = None
     with timer("gen"):
         if pipeline is None:
-            samples = generate(parts.generation.engine, parts.prompts.train, uids, step, parts.generation.sampling,
-                               parts.collective)
+            samples = generate(
+                parts.generation.engine, parts.prompts.train, uids, step, parts.generation.sampling, parts.collective
+            )
         else:
             pipelined = pipeline.take(step)
             samples = pipelined.samples
@@ -89,10 +90,16 @@ def dynamic_samples(parts: Parts, step: int, timer: StageTimer) -> ScoredSamples
         pause.pause_point(f"step{step}:round{next(rounds)}")
         return samples, rewards
 
-    return filtered_batch(parts.prompts.sampler, batch_size=cfg.data.train_batch_size,
-                          gen_batch_size=gen_batch_size(cfg), max_rounds=fg.max_num_gen_batches, metric=fg.metric,
-                          n=parts.generation.sampling.n, rows=len(parts.prompts.train),
-                          generate_scored=generate_scored)
+    return filtered_batch(
+        parts.prompts.sampler,
+        batch_size=cfg.data.train_batch_size,
+        gen_batch_size=gen_batch_size(cfg),
+        max_rounds=fg.max_num_gen_batches,
+        metric=fg.metric,
+        n=parts.generation.sampling.n,
+        rows=len(parts.prompts.train),
+        generate_scored=generate_scored,
+    )
 
 
 def train_step(parts: Parts, step: int, uids: list[int] | None, pipeline=None) -> StepResult:
@@ -104,30 +111,31 @@ def train_step(parts: Parts, step: int, uids: list[int] | None, pipeline=None) -
     scored = collect_samples(parts, step, uids, timer, pipeline)
     samples, rewards = scored.samples, scored.rewards
     dtype = parts.float_dtype
-    seqs, rollout_log_probs = samples_to_tokens(samples, response_width=cfg.data.max_response_length,
-                                                pad_token_id=parts.pad_token_id, dtype=dtype)
+    seqs, rollout_log_probs = samples_to_tokens(
+        samples, response_width=cfg.data.max_response_length, pad_token_id=parts.pad_token_id, dtype=dtype
+    )
     old_log_probs, entropy, ref_log_probs, values = no_grad_passes(parts, seqs, rollout_log_probs, timer)
 
     with timer("adv"):
         is_weights, corr_metrics = rollout_correction(
-            cfg.algorithm.rollout_correction, old_log_probs,
-            rollout_log_probs if cfg.actor_rollout_ref.rollout.calculate_log_probs else None, seqs.response_mask)
-        token_level_scores = scores_on_last_token(rewards.scores.to(dtype), seqs.response_mask)
-        token_level_rewards, kl_metrics = token_level_scores, {}
-        if cfg.algorithm.use_kl_in_reward:
-            token_level_rewards, kl_metrics = apply_kl_penalty(
-                token_level_scores, old_log_probs, ref_log_probs, seqs.response_mask, parts.kl_ctrl,
-                kl_penalty=cfg.algorithm.kl_penalty)
-        index = scored.group_ids
+            cfg.algorithm.rollout_correction,
+            old_log_probs,
+            rollout_log_probs if cfg.actor_rollout_ref.rollout.calculate_log_probs else None,
+            seqs.response_mask,
+        )
+        token_level_scores, token_level_rewards, kl_metrics = token_rewards(
+            parts, rewards.scores.to(dtype), seqs.response_mask, old_log_probs, ref_log_probs
+        )
         advantages, returns = compute_advantage(
-            cfg.algorithm.adv_estimator, token_level_rewards, seqs.response_mask, index,
-            **advantage_inputs(parts, scored, step, values))
+            cfg.algorithm.adv_estimator,
+            token_level_rewards,
+            seqs.response_mask,
+            scored.group_ids,
+            **advantage_inputs(parts, scored, step, values),
+        )
 
-    group_ids = torch.tensor(index, dtype=torch.long)
-    batch = RolloutBatch(prompts=seqs.prompts, responses=seqs.responses, attention_mask=seqs.attention_mask,
-                         response_mask=seqs.response_mask, old_log_probs=old_log_probs, advantages=advantages,
-                         ref_log_probs=ref_log_probs if cfg.actor_rollout_ref.actor.use_kl_loss else None,
-                         rollout_is_weights=is_weights, index=group_ids.to(seqs.prompts.device))
+    group_ids = torch.tensor(scored.group_ids, dtype=torch.long)
+    batch = update_batch(parts, seqs, old_log_probs, ref_log_probs, advantages, is_weights, group_ids)
     update_metrics = {}
     if parts.critic is not None:
         with timer("update_critic"):
@@ -139,13 +147,25 @@ def train_step(parts: Parts, step: int, uids: list[int] | None, pipeline=None) -
         with timer("weight_sync"):
             pipeline.publish(step)
 
-    metrics = {"training/global_step": float(step), "training/epoch": float(parts.prompts.sampler.epoch),
-               **scored.metrics}
-    metrics.update(data_metrics(
-        token_level_scores=token_level_scores, token_level_rewards=token_level_rewards, advantages=advantages,
-        returns=returns, response_mask=seqs.response_mask, prompt_lengths=seqs.prompt_lengths(),
-        max_response_length=cfg.data.max_response_length, max_prompt_length=cfg.data.max_prompt_length,
-        values=values, response_lengths=seqs.response_lengths()))
+    metrics = {
+        "training/global_step": float(step),
+        "training/epoch": float(parts.prompts.sampler.epoch),
+        **scored.metrics,
+    }
+    metrics.update(
+        data_metrics(
+            token_level_scores=token_level_scores,
+            token_level_rewards=token_level_rewards,
+            advantages=advantages,
+            returns=returns,
+            response_mask=seqs.response_mask,
+            prompt_lengths=seqs.prompt_lengths(),
+            max_response_length=cfg.data.max_response_length,
+            max_prompt_length=cfg.data.max_prompt_length,
+            values=values,
+            response_lengths=seqs.response_lengths(),
+        )
+    )
     metrics.update(episode_metrics(samples))  # multi-turn: turns, tool calls and failures
     metrics.update(update_metrics)
     if scored.pipelined is not None:
@@ -162,6 +182,41 @@ def train_step(parts: Parts, step: int, uids: list[int] | None, pipeline=None) -
     return StepResult(metrics, scored)
 
 
+def token_rewards(parts: Parts, scores: Tensor, response_mask: Tensor, old_log_probs: Tensor, ref_log_probs):
+    """verl's ``token_level_scores`` (each score on its last response token) and ``token_level_rewards`` (the
+    scores less the KL penalty with ``algorithm.use_kl_in_reward``, else the scores), with the KL metrics."""
+    cfg = parts.config
+    token_level_scores = scores_on_last_token(scores, response_mask)
+    if not cfg.algorithm.use_kl_in_reward:
+        return token_level_scores, token_level_scores, {}
+    token_level_rewards, kl_metrics = apply_kl_penalty(
+        token_level_scores,
+        old_log_probs,
+        ref_log_probs,
+        response_mask,
+        parts.kl_ctrl,
+        kl_penalty=cfg.algorithm.kl_penalty,
+    )
+    return token_level_scores, token_level_rewards, kl_metrics
+
+
+def update_batch(
+    parts: Parts, seqs: TokenLayout, old_log_probs, ref_log_probs, advantages, is_weights, group_ids: Tensor
+) -> RolloutBatch:
+    """The batch the critic and actor updates train on; the reference log-probs only with ``use_kl_loss``."""
+    return RolloutBatch(
+        prompts=seqs.prompts,
+        responses=seqs.responses,
+        attention_mask=seqs.attention_mask,
+        response_mask=seqs.response_mask,
+        old_log_probs=old_log_probs,
+        advantages=advantages,
+        ref_log_probs=ref_log_probs if parts.config.actor_rollout_ref.actor.use_kl_loss else None,
+        rollout_is_weights=is_weights,
+        index=group_ids.to(seqs.prompts.device),
+    )
+
+
 def no_grad_passes(parts: Parts, tokens: TokenLayout, rollout_log_probs: Tensor, timer: StageTimer):
     """The step's no-grad passes over ``tokens``: the old log-probs and entropy (the rollout's log-probs in
     verl's bypass mode), the reference policy's log-probs and the critic's values (None when not needed)."""
@@ -172,13 +227,21 @@ def no_grad_passes(parts: Parts, tokens: TokenLayout, rollout_log_probs: Tensor,
     else:
         with timer("old_log_prob"):
             old_log_probs, entropy = no_grad_log_probs(
-                parts.actor.for_inference(), tokens, parts.actor.no_grad_split, collective, temperature=temperature,
-                packed=packed, dtype=dtype, with_entropy=True)
+                parts.actor.for_inference(),
+                tokens,
+                parts.actor.no_grad_split,
+                collective,
+                temperature=temperature,
+                packed=packed,
+                dtype=dtype,
+                with_entropy=True,
+            )
     ref_log_probs = None
     if parts.reference_policy is not None:
         with timer("ref"), parts.reference_policy.model() as ref:
-            ref_log_probs, _ = no_grad_log_probs(ref, tokens, reference_split(cfg), collective,
-                                                 temperature=temperature, packed=packed, dtype=dtype)
+            ref_log_probs, _ = no_grad_log_probs(
+                ref, tokens, reference_split(cfg), collective, temperature=temperature, packed=packed, dtype=dtype
+            )
     values = None
     if parts.critic is not None:
         with timer("values"):
@@ -193,8 +256,15 @@ def advantage_inputs(parts: Parts, scored: ScoredSamples, step: int, values: Ten
     options = advantage_options(parts.config)
     if estimator == "remax":
         generation = parts.generation
-        greedy = generate(generation.engine, parts.prompts.train, scored.uids, step,
-                          greedy_params(generation.sampling), parts.collective, stream=BASELINE_STREAM)
+        greedy = generate(
+            generation.engine,
+            parts.prompts.train,
+            scored.uids,
+            step,
+            greedy_params(generation.sampling),
+            parts.collective,
+            stream=BASELINE_STREAM,
+        )
         baseline = score_samples(parts.reward, parts.prompts.train, greedy, step, parts.collective).scores
         by_uid = {s.uid: float(b) for s, b in zip(greedy, baseline)}
         options["reward_baselines"] = torch.tensor([by_uid[s.uid] for s in scored.samples], dtype=parts.float_dtype)
@@ -209,8 +279,9 @@ def advantage_options(cfg) -> dict:
     return {name: getattr(algo, name) for name in ESTIMATOR_TABLE[algo.adv_estimator].config_keys}
 
 
-def generate_repeats(generation: Generation, dataset: PromptDataset, uids: list[int], repeats: list[int], step: int,
-                     collective) -> list:
+def generate_repeats(
+    generation: Generation, dataset: PromptDataset, uids: list[int], repeats: list[int], step: int, collective
+) -> list:
     """Training samples of ``uids`` in canonical order, the k-th repeat of a prompt within a step drawn from
     sampling stream ``REPEAT_STREAM + k`` (k = 0: the training stream 0), so that it differs from the
     first and depends on (step, uid, k) alone."""
@@ -218,20 +289,31 @@ def generate_repeats(generation: Generation, dataset: PromptDataset, uids: list[
     n, by_candidate = params.n, {}
     for k in sorted(set(repeats)):
         chosen = [i for i, r in enumerate(repeats) if r == k]
-        samples = generate(generation.engine, dataset, [uids[i] for i in chosen], step, params, collective,
-                           stream=REPEAT_STREAM + k if k else 0)
-        by_candidate.update({i: samples[c * n:(c + 1) * n] for c, i in enumerate(chosen)})
+        samples = generate(
+            generation.engine,
+            dataset,
+            [uids[i] for i in chosen],
+            step,
+            params,
+            collective,
+            stream=REPEAT_STREAM + k if k else 0,
+        )
+        by_candidate.update({i: samples[c * n : (c + 1) * n] for c, i in enumerate(chosen)})
     return [s for i in range(len(uids)) for s in by_candidate[i]]
 
 
-def generate(engine, dataset: PromptDataset, uids: list[int], step: int, params, collective, *,
-             stream: int = 0) -> list:
+def generate(
+    engine, dataset: PromptDataset, uids: list[int], step: int, params, collective, *, stream: int = 0
+) -> list:
     """``params.n`` samples of every prompt ``dataset[uid]``, in canonical order (prompt order × sample
     index), drawn from sampling stream ``stream``; each rank generates a share of them and every rank
     gets them all."""
     requests = [(uid, j, list(dataset[uid].prompt_ids)) for uid in uids for j in range(params.n)]
-    return run_on_share(collective, len(requests),
-                        lambda rows: engine.generate([requests[r] for r in rows], params, step=step, stream=stream))
+    return run_on_share(
+        collective,
+        len(requests),
+        lambda rows: engine.generate([requests[r] for r in rows], params, step=step, stream=stream),
+    )
 
 
 def score_samples(reward: Reward, dataset: PromptDataset, samples: list, step: int, collective) -> Rewards:
@@ -240,23 +322,37 @@ def score_samples(reward: Reward, dataset: PromptDataset, samples: list, step: i
     and the keys are gathered over the whole batch (so a key that only another rank's share returned is
     NaN here, not missing). A reward function that fails on any rank stops the step on every rank,
     before anything is updated."""
+
     def work(rows):
         part = [samples[r] for r in rows]
-        result = score(reward.fn, [dataset[s.uid] for s in part], part, reward.tokenizer, step=step,
-                       max_steps=reward.total_steps)
-        return [apply_manager(reward.manager, Rewards(result.scores, result.extra),
-                              [len(s.response_ids) for s in part])]
+        result = score(
+            reward.fn, [dataset[s.uid] for s in part], part, reward.tokenizer, step=step, max_steps=reward.total_steps
+        )
+        return [
+            apply_manager(reward.manager, Rewards(result.scores, result.extra), [len(s.response_ids) for s in part])
+        ]
 
     return Rewards.concat(run_on_share(collective, len(samples), work, errors=(RewardError,)))
 
 
-def no_grad_log_probs(model, tokens: TokenLayout, split: dict, collective, *, temperature: float, packed: bool,
-                      dtype: torch.dtype, with_entropy: bool = False):
+def no_grad_log_probs(
+    model,
+    tokens: TokenLayout,
+    split: dict,
+    collective,
+    *,
+    temperature: float,
+    packed: bool,
+    dtype: torch.dtype,
+    with_entropy: bool = False,
+):
     """No-grad log-probs [B, T] (and entropy) of every row; each rank computes a share. ``split`` holds the
     pass's micro-batching (``micro_batch_size`` or ``max_token_len``), which never changes the values."""
+
     def compute(part):
-        logp, entropy = compute_log_probs(model, part, **split_kwargs(split, part), with_entropy=with_entropy,
-                                          temperature=temperature, packed=packed)
+        logp, entropy = compute_log_probs(
+            model, part, **split_kwargs(split, part), with_entropy=with_entropy, temperature=temperature, packed=packed
+        )
         return [logp, entropy] if with_entropy else [logp]
 
     stacked = no_grad_rows(model, tokens, compute, collective, channels=2 if with_entropy else 1, dtype=dtype)
@@ -269,8 +365,11 @@ def critic_values(critic: Learner, tokens: TokenLayout, collective, dtype: torch
     model = critic.for_inference()
 
     def compute(part):
-        return [compute_values(model, part, **split_kwargs(critic.no_grad_split, part),
-                               packed=critic.update_config.use_remove_padding)]
+        return [
+            compute_values(
+                model, part, **split_kwargs(critic.no_grad_split, part), packed=critic.update_config.use_remove_padding
+            )
+        ]
 
     return no_grad_rows(model, tokens, compute, collective, channels=1, dtype=dtype)[:, 0]
 

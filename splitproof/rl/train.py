@@ -23,17 +23,17 @@ import torch
 
 from ..collective import default_collective
 from ..loss_config import ConfigError
+from .checkpoint.disk import checkpoint_count, part_bytes, size_notice
 from .checkpoint.resume import finished_message, latest_checkpoint
-from .config.schema import TrainConfig
+from .checkpoint.run_state import Restored, ResumePoint, restore_run, resume_point
 from .config.derive import critic_enabled
 from .config.paths import check_paths
-from .stop import stop_points
-from .checkpoint.disk import checkpoint_count, part_bytes, size_notice
-from .tracking.hints import budget_hint
+from .config.schema import TrainConfig
+from .data.prompts import overlong_notice
 from .loop import fit
 from .run import Parts, RunInputs, build_parts, prepare_inputs
-from .checkpoint.run_state import Restored, ResumePoint, restore_run, resume_point
-from .data.prompts import overlong_notice
+from .stop import stop_points
+from .tracking.hints import budget_hint
 from .tracking.loggers import METRICS_FILE, Tracker, check_backends
 
 SETUP_ERRORS = (ValueError, OSError, ImportError)  # ConfigError, DataError, RewardError are ValueErrors
@@ -85,8 +85,9 @@ def check_model_config(cfg: TrainConfig) -> None:
         models.append(("critic.model.path", cfg.critic.model))
     for key, model in models:
         try:
-            config = AutoConfig.from_pretrained(model_directory(model.path, key), local_files_only=True,
-                                                trust_remote_code=model.trust_remote_code)
+            config = AutoConfig.from_pretrained(
+                model_directory(model.path, key), local_files_only=True, trust_remote_code=model.trust_remote_code
+            )
         except ConfigError:
             raise
         except (OSError, ValueError) as e:
@@ -95,8 +96,11 @@ def check_model_config(cfg: TrainConfig) -> None:
         positions = getattr(config, "max_position_embeddings", None)
         longest = cfg.data.max_prompt_length + cfg.data.max_response_length
         if isinstance(positions, int) and longest > positions:
-            raise ConfigError("data.max_prompt_length", f"data.max_prompt_length + data.max_response_length = {longest} "
-                                                        f"exceeds the model's max_position_embeddings ({positions}, {key})")
+            raise ConfigError(
+                "data.max_prompt_length",
+                f"data.max_prompt_length + data.max_response_length = {longest} "
+                f"exceeds the model's max_position_embeddings ({positions}, {key})",
+            )
 
 
 def check_lora(cfg: TrainConfig) -> None:
@@ -137,9 +141,14 @@ def setup(cfg: TrainConfig) -> tuple[RunInputs, ResumePoint | None]:
     return inputs, resume_point(cfg, inputs.total_steps)
 
 
-def train(cfg: TrainConfig, *, stop_requested: Callable[[], bool] | None = None,
-          on_message: Callable[[str], None] | None = None, console=None,
-          on_step=None) -> TrainResult:
+def train(
+    cfg: TrainConfig,
+    *,
+    stop_requested: Callable[[], bool] | None = None,
+    on_message: Callable[[str], None] | None = None,
+    console=None,
+    on_step=None,
+) -> TrainResult:
     """Run ``cfg`` to its last step (resuming per ``trainer.resume_mode``).
 
     ``stop_requested()`` is this process's wish to stop (Ctrl-C); the ranks agree on it between stages
@@ -173,12 +182,16 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
             say(f"notice: {overlong_notice(data, files_key, cfg.data.max_prompt_length)}")
     if point is not None and point.step >= inputs.total_steps and not cfg.trainer.val_only:
         say(finished_message(cfg, point.path, point.step))  # no model loaded, no file touched
-        return TrainResult(parts=None, records=[], start_step=point.step, total_steps=inputs.total_steps, curve=None,
-                           outputs=[])
+        return TrainResult(
+            parts=None, records=[], start_step=point.step, total_steps=inputs.total_steps, curve=None, outputs=[]
+        )
     previous = Path(cfg.trainer.default_local_dir) / METRICS_FILE
     if point is None and previous.is_file() and "file" in cfg.trainer.logger and not cfg.trainer.val_only:
-        why = ("trainer.resume_mode=disable" if cfg.trainer.resume_mode == "disable"
-               else "no complete checkpoint there to resume from")
+        why = (
+            "trainer.resume_mode=disable"
+            if cfg.trainer.resume_mode == "disable"
+            else "no complete checkpoint there to resume from"
+        )
         say(f"starting over ({why}): {previous} and the curve beside it are replaced")
     restored = Restored(step=0)
     try:
@@ -197,27 +210,43 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
         return collective.max_int(wish) > 0
 
     start_step = restored.step
-    tracker = Tracker.from_config(cfg, total_steps=parts.total_steps,
-                                  resume_step=start_step if point is not None else None, stream=console)
+    tracker = Tracker.from_config(
+        cfg, total_steps=parts.total_steps, resume_step=start_step if point is not None else None, stream=console
+    )
     curve = None
     if cfg.trainer.val_only:
-        say(f"trainer.val_only: evaluating the weights of step {start_step}; the result is shown, not recorded "
-            "(the run's metrics.jsonl, TensorBoard, wandb and curve.png stay as the training run left them)")
+        say(
+            f"trainer.val_only: evaluating the weights of step {start_step}; the result is shown, not recorded "
+            "(the run's metrics.jsonl, TensorBoard, wandb and curve.png stay as the training run left them)"
+        )
     optimizers = [parts.actor.optimizer, None if parts.critic is None else parts.critic.optimizer]
     try:
         inside = nullcontext() if stop_requested is None else stop_points(stop_requested, collective, optimizers)
         with inside:  # Ctrl-C inside a step
-            records = fit(parts, log=tracker.log, sync=tracker.sync, start_step=start_step,
-                          pipeline_state=restored.pipeline_state, on_step=_with_hints(parts, on_step, say),
-                          save_checkpoints=True, should_stop=should_stop if stop_requested is not None else None)
+            records = fit(
+                parts,
+                log=tracker.log,
+                sync=tracker.sync,
+                start_step=start_step,
+                pipeline_state=restored.pipeline_state,
+                on_step=_with_hints(parts, on_step, say),
+                save_checkpoints=True,
+                should_stop=should_stop if stop_requested is not None else None,
+            )
     finally:
         curve = tracker.finish()
     if parts.lora and records and int(records[-1].get("training/global_step", 0)) >= parts.total_steps:
         path = export_merged_policy(parts)
         say(f"wrote the merged model (base + LoRA adapter) to {path}")
         tracker.outputs.append(path)
-    return TrainResult(parts=parts, records=records, start_step=start_step, total_steps=parts.total_steps, curve=curve,
-                       outputs=tracker.outputs)
+    return TrainResult(
+        parts=parts,
+        records=records,
+        start_step=start_step,
+        total_steps=parts.total_steps,
+        curve=curve,
+        outputs=tracker.outputs,
+    )
 
 
 def _with_hints(parts: Parts, on_step, say):
@@ -226,8 +255,15 @@ def _with_hints(parts: Parts, on_step, say):
     cfg = parts.config
 
     def seen(step, output) -> None:
-        hint = None if said else budget_hint(output.scored.samples, cfg.data.max_response_length,
-                                            cfg.actor_rollout_ref.rollout.multi_turn.max_tool_response_length)
+        hint = (
+            None
+            if said
+            else budget_hint(
+                output.scored.samples,
+                cfg.data.max_response_length,
+                cfg.actor_rollout_ref.rollout.multi_turn.max_tool_response_length,
+            )
+        )
         if hint:
             said.append(step)
             say(f"notice: step {step}: {hint}")
@@ -241,8 +277,12 @@ def _disk_notice(parts: Parts, start_step: int) -> str | None:
     learners = [parts.actor] + ([] if parts.critic is None else [parts.critic])
     trainer = parts.config.trainer
     size = sum(part_bytes(learner.model, learner.optimizer) for learner in learners)
-    return size_notice(size, checkpoint_count(start_step, parts.total_steps, trainer.save_freq),
-                       trainer.max_actor_ckpt_to_keep, trainer.save_freq)
+    return size_notice(
+        size,
+        checkpoint_count(start_step, parts.total_steps, trainer.save_freq),
+        trainer.max_actor_ckpt_to_keep,
+        trainer.save_freq,
+    )
 
 
 MERGED_DIR = "merged"  # under trainer.default_local_dir: the merged model of a LoRA run's last step

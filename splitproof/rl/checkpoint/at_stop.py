@@ -17,8 +17,12 @@ from .store import rng_state, set_rng_state
 def can_save_at_stop(parts, pipeline) -> bool:
     """Whether the run after its last finished step can be saved at a stop (see the module docstring)."""
     cfg = parts.config
-    return (pipeline is None and not cfg.algorithm.filter_groups.enable and cfg.trainer.save_freq > 0
-            and not cfg.trainer.val_only)
+    return (
+        pipeline is None
+        and not cfg.algorithm.filter_groups.enable
+        and cfg.trainer.save_freq > 0
+        and not cfg.trainer.val_only
+    )
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,7 @@ class Snapshot:
     rngs: dict
 
     @classmethod
-    def of(cls, sampler) -> "Snapshot":
+    def of(cls, sampler) -> Snapshot:
         return cls(sampler.state_dict(), rng_state())
 
     def restore(self, sampler) -> None:
@@ -43,4 +47,3 @@ def save_at_stop(parts, pipeline, step: int, save: Callable[[int], Path], saved_
     if step < 1 or saved_already or not can_save_at_stop(parts, pipeline):
         return None
     return save(step)
-

@@ -53,7 +53,9 @@ def size_notice(each: int, count: int, keep: int | None, save_freq: int) -> str 
         return None
     head = f"checkpoints: every {save_freq} steps and the last, about {_gb(each)} each"
     if keep is None:
-        return (f"{head}; trainer.max_actor_ckpt_to_keep=null (verl's default) keeps all {count} this run "
-                f"writes: about {_gb(each * count)} by its end (trainer.max_actor_ckpt_to_keep=N keeps the newest N)")
+        return (
+            f"{head}; trainer.max_actor_ckpt_to_keep=null (verl's default) keeps all {count} this run "
+            f"writes: about {_gb(each * count)} by its end (trainer.max_actor_ckpt_to_keep=N keeps the newest N)"
+        )
     kept = min(keep, count)
     return f"{head}; trainer.max_actor_ckpt_to_keep={keep} keeps the newest {keep}: at most {_gb(each * kept)}"

@@ -24,15 +24,34 @@ COMPLETE = "complete"
 
 # keys that may change between a checkpoint and its resumption: they never change a result
 LAYOUT_KEYS = (
-    "*micro_batch_size_per_gpu", "*max_token_len_per_gpu", "*use_dynamic_bsz", "*.strategy", "*use_remove_padding",
-    "actor_rollout_ref.rollout.max_num_seqs", "*model.enable_gradient_checkpointing",
+    "*micro_batch_size_per_gpu",
+    "*max_token_len_per_gpu",
+    "*use_dynamic_bsz",
+    "*.strategy",
+    "*use_remove_padding",
+    "actor_rollout_ref.rollout.max_num_seqs",
+    "*model.enable_gradient_checkpointing",
     "actor_rollout_ref.nccl_timeout",
-    "actor_rollout_ref.actor.policy_loss.cov_strategy", "data.val_batch_size",
-    "trainer.logger", "trainer.save_freq", "trainer.test_freq", "trainer.total_training_steps", "trainer.total_epochs",
-    "trainer.max_actor_ckpt_to_keep", "trainer.resume_mode", "trainer.resume_from_path",
-    "trainer.resume_allow_config_change", "trainer.default_local_dir", "trainer.project_name",
-    "trainer.experiment_name", "trainer.val_before_train", "trainer.val_only", "trainer.cpu_threads",
-    "data.gen_batch_size", "algorithm.filter_groups.max_num_gen_batches", "trainer.rollout_data_dir",
+    "actor_rollout_ref.actor.policy_loss.cov_strategy",
+    "data.val_batch_size",
+    "trainer.logger",
+    "trainer.save_freq",
+    "trainer.test_freq",
+    "trainer.total_training_steps",
+    "trainer.total_epochs",
+    "trainer.max_actor_ckpt_to_keep",
+    "trainer.resume_mode",
+    "trainer.resume_from_path",
+    "trainer.resume_allow_config_change",
+    "trainer.default_local_dir",
+    "trainer.project_name",
+    "trainer.experiment_name",
+    "trainer.val_before_train",
+    "trainer.val_only",
+    "trainer.cpu_threads",
+    "data.gen_batch_size",
+    "algorithm.filter_groups.max_num_gen_batches",
+    "trainer.rollout_data_dir",
     "trainer.validation_data_dir",
 )
 # ... except the run length, when the LR schedule is a function of it
@@ -50,6 +69,7 @@ class Resumed:
 
 
 # ----------------------------------------------------------------------------------------------- paths
+
 
 def checkpoint_dir(root: str | os.PathLike, step: int) -> Path:
     return Path(root) / f"global_step_{step}"
@@ -80,6 +100,7 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
 
 # ----------------------------------------------------------------------------------------------- resume
 
+
 def find_resume_checkpoint(trainer: TrainerConfig) -> Path | None:
     """The checkpoint to resume from under ``trainer.resume_mode``, or None to start fresh."""
     if trainer.resume_mode == "disable":
@@ -95,8 +116,10 @@ def find_resume_checkpoint(trainer: TrainerConfig) -> Path | None:
         found = latest_checkpoint(path)
         if found is not None:
             return found
-    raise ConfigError("trainer.resume_from_path",
-                      f"{path} is not a complete checkpoint (a global_step_N directory with its '{COMPLETE}' file)")
+    raise ConfigError(
+        "trainer.resume_from_path",
+        f"{path} is not a complete checkpoint (a global_step_N directory with its '{COMPLETE}' file)",
+    )
 
 
 def _flat(tree, prefix: str = "") -> dict:
@@ -113,8 +136,10 @@ def _flat(tree, prefix: str = "") -> dict:
 def schedule_uses_run_length(cfg: TrainConfig) -> bool:
     """Whether an LR schedule (the actor's, or the critic's when it is on) depends on the run's length."""
     optims = [cfg.actor_rollout_ref.actor.optim] + ([cfg.critic.optim] if critic_enabled(cfg) else [])
-    return any(o.total_training_steps == -1 and (o.lr_scheduler_type != "constant" or o.lr_warmup_steps_ratio > 0)
-               for o in optims)
+    return any(
+        o.total_training_steps == -1 and (o.lr_scheduler_type != "constant" or o.lr_warmup_steps_ratio > 0)
+        for o in optims
+    )
 
 
 def resume_changes(saved_yaml: str, cfg: TrainConfig) -> list[tuple[str, object, object]]:
@@ -128,8 +153,11 @@ def resume_changes(saved_yaml: str, cfg: TrainConfig) -> list[tuple[str, object,
     saved = _flat(OmegaConf.to_container(OmegaConf.create(saved_yaml), resolve=True))
     now = _flat(config_dict(cfg))
     free = [p for p in LAYOUT_KEYS if not (p in SCHEDULE_LENGTH_KEYS and schedule_uses_run_length(cfg))]
-    return [(k, saved.get(k, MISSING), now.get(k, MISSING)) for k in sorted(saved.keys() | now.keys())
-            if saved.get(k, MISSING) != now.get(k, MISSING) and not any(fnmatch.fnmatchcase(k, p) for p in free)]
+    return [
+        (k, saved.get(k, MISSING), now.get(k, MISSING))
+        for k in sorted(saved.keys() | now.keys())
+        if saved.get(k, MISSING) != now.get(k, MISSING) and not any(fnmatch.fnmatchcase(k, p) for p in free)
+    ]
 
 
 class _Missing:
@@ -153,9 +181,11 @@ def check_resume_config(resumed: Resumed, cfg: TrainConfig) -> None:
     changes = resume_changes(resumed.config_yaml, cfg)
     if changes:
         shown = "; ".join(f"{key} was {old!r} there, {new!r} now" for key, old, new in changes)
-        raise ConfigError(", ".join(key for key, _, _ in changes),
-                          f"differs from the checkpoint being resumed ({resumed.path}): {shown}; resume with the "
-                          "checkpoint's values, or set trainer.resume_allow_config_change=true")
+        raise ConfigError(
+            ", ".join(key for key, _, _ in changes),
+            f"differs from the checkpoint being resumed ({resumed.path}): {shown}; resume with the "
+            "checkpoint's values, or set trainer.resume_allow_config_change=true",
+        )
 
 
 def finished_run(cfg: TrainConfig) -> tuple[Path, int] | None:
@@ -175,17 +205,25 @@ def finished_run(cfg: TrainConfig) -> tuple[Path, int] | None:
 def check_resume_point(cfg: TrainConfig, path: Path) -> int:
     """The step of checkpoint ``path``, after checking it fits ``cfg`` (result-affecting keys, the critic)."""
     step = int(STEP_DIR.match(path.name).group(1))
-    check_resume_config(Resumed(path=path, step=step, trainer_state={},
-                                config_yaml=(path / "config.yaml").read_text()), cfg)
+    check_resume_config(
+        Resumed(path=path, step=step, trainer_state={}, config_yaml=(path / "config.yaml").read_text()), cfg
+    )
     if critic_enabled(cfg) and not (path / "critic_state").is_dir():
-        raise ConfigError("critic.enable", f"the run trains a critic but the checkpoint being resumed ({path}) holds none")
+        raise ConfigError(
+            "critic.enable", f"the run trains a critic but the checkpoint being resumed ({path}) holds none"
+        )
     return step
 
 
 def finished_message(cfg: TrainConfig, checkpoint: Path, step: int) -> str:
     """What a rerun of a finished run says: nothing to do, and how to train further or start over."""
-    further = ("" if schedule_uses_run_length(cfg) else
-               f"To train further: trainer.total_training_steps=N with N > {step} (it continues from this checkpoint). ")
-    return (f"the run is complete (checkpoint {checkpoint} at step {step}); nothing to do, metrics.jsonl and "
-            f"curve.png are left as they are. {further}To start over: trainer.resume_mode=disable, or another "
-            "trainer.default_local_dir")
+    further = (
+        ""
+        if schedule_uses_run_length(cfg)
+        else f"To train further: trainer.total_training_steps=N with N > {step} (it continues from this checkpoint). "
+    )
+    return (
+        f"the run is complete (checkpoint {checkpoint} at step {step}); nothing to do, metrics.jsonl and "
+        f"curve.png are left as they are. {further}To start over: trainer.resume_mode=disable, or another "
+        "trainer.default_local_dir"
+    )

@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 
 from ...loss_config import ConfigError
-from .resume import check_resume_point, find_resume_checkpoint
-from .store import Trainable, load_checkpoint, save_checkpoint
-from ..config.schema import TrainConfig
 from ..config.load import dump_config
+from ..config.schema import TrainConfig
 from ..rollout.pipeline import check_resumable
 from ..run import Parts
+from .resume import check_resume_point, find_resume_checkpoint
+from .store import Trainable, load_checkpoint, save_checkpoint
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,10 @@ def resume_point(cfg: TrainConfig, total_steps: int) -> ResumePoint | None:
         return None
     step = check_resume_point(cfg, path)
     if step > total_steps:
-        raise ConfigError("trainer.total_training_steps",
-                          f"the run has {total_steps} steps but the checkpoint being resumed ({path}) is at step {step}")
+        raise ConfigError(
+            "trainer.total_training_steps",
+            f"the run has {total_steps} steps but the checkpoint being resumed ({path}) is at step {step}",
+        )
     if cfg.async_training.staleness_steps:  # a pipelined run needs the rollouts in flight at the checkpoint
         saved = torch.load(path / "trainer_state.pt", weights_only=True)["trainer_state"]
         check_resumable(saved.get("pipeline"), step, total_steps, cfg.async_training.staleness_steps)
@@ -62,11 +64,13 @@ class Restored:
 
 def run_state(parts: Parts, pipeline=None) -> dict:
     """The loop's state a checkpoint keeps (tensors, numbers, strings, lists and dicts only)."""
-    return {"sampler": parts.prompts.sampler.state_dict(),
-            "kl_ctrl": None if parts.kl_ctrl is None else parts.kl_ctrl.state_dict(),
-            "optimizer_steps": parts.actor.optimizer_steps,
-            "critic_optimizer_steps": None if parts.critic is None else parts.critic.optimizer_steps,
-            "pipeline": None if pipeline is None else pipeline.state_dict()}
+    return {
+        "sampler": parts.prompts.sampler.state_dict(),
+        "kl_ctrl": None if parts.kl_ctrl is None else parts.kl_ctrl.state_dict(),
+        "optimizer_steps": parts.actor.optimizer_steps,
+        "critic_optimizer_steps": None if parts.critic is None else parts.critic.optimizer_steps,
+        "pipeline": None if pipeline is None else pipeline.state_dict(),
+    }
 
 
 def _critic(parts: Parts) -> Trainable | None:
@@ -78,10 +82,18 @@ def save_run(parts: Parts, step: int, pipeline=None) -> Path:
     """``global_step_{step}`` under ``trainer.default_local_dir``, with ``pipeline``'s in-flight rollouts;
     every rank calls it."""
     cfg, actor = parts.config, parts.actor
-    return save_checkpoint(cfg.trainer.default_local_dir, step, model=actor.model, optimizer=actor.optimizer,
-                           trainer_state=run_state(parts, pipeline), lr_scheduler=actor.scheduler,
-                           config_yaml=dump_config(cfg), tokenizer=parts.tokenizer,
-                           max_to_keep=cfg.trainer.max_actor_ckpt_to_keep, critic=_critic(parts))
+    return save_checkpoint(
+        cfg.trainer.default_local_dir,
+        step,
+        model=actor.model,
+        optimizer=actor.optimizer,
+        trainer_state=run_state(parts, pipeline),
+        lr_scheduler=actor.scheduler,
+        config_yaml=dump_config(cfg),
+        tokenizer=parts.tokenizer,
+        max_to_keep=cfg.trainer.max_actor_ckpt_to_keep,
+        critic=_critic(parts),
+    )
 
 
 def restore_run(parts: Parts, point: ResumePoint) -> Restored:
@@ -90,8 +102,9 @@ def restore_run(parts: Parts, point: ResumePoint) -> Restored:
     actor = parts.actor
     if parts.lora:
         check_base_unchanged(parts, point.path)
-    resumed = load_checkpoint(point.path, model=actor.model, optimizer=actor.optimizer, lr_scheduler=actor.scheduler,
-                              critic=_critic(parts))
+    resumed = load_checkpoint(
+        point.path, model=actor.model, optimizer=actor.optimizer, lr_scheduler=actor.scheduler, critic=_critic(parts)
+    )
     state = resumed.trainer_state
     parts.prompts.sampler.load_state_dict(state["sampler"])
     if parts.kl_ctrl is not None:
@@ -111,5 +124,7 @@ def check_base_unchanged(parts: Parts, path: Path) -> None:
 
     saved, ours = saved_digest(Path(path) / "actor"), base_digest(parts.actor.model)
     if saved is not None and saved != ours:
-        raise ConfigError("actor_rollout_ref.model.path", f"the checkpoint {path} was trained on other base weights "
-                          f"(digest {saved[:12]}, this model's {ours[:12]})")
+        raise ConfigError(
+            "actor_rollout_ref.model.path",
+            f"the checkpoint {path} was trained on other base weights (digest {saved[:12]}, this model's {ours[:12]})",
+        )

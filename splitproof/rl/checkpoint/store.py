@@ -30,32 +30,47 @@ import pickle
 import random
 import shutil
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_state_dict,
-                                                     set_state_dict)
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
 
 from ...hf_models import unwrap
 from ...lora import adapter_state, base_digest, is_lora, write_adapter
-from .resume import (COMPLETE, LAYOUT_KEYS, SCHEDULE_LENGTH_KEYS, STEP_DIR, TRACKER, Resumed,  # noqa: F401
-                     complete_steps, check_resume_config, checkpoint_dir, find_resume_checkpoint, is_complete,
-                     latest_checkpoint, resume_differences, schedule_uses_run_length)
+from .resume import (
+    COMPLETE,
+    TRACKER,
+    Resumed,
+    checkpoint_dir,
+    complete_steps,
+    is_complete,
+)
 
 FORMAT = 1
 
 # model tensors a checkpoint holds: the trainable ones (all of them, but LoRA's frozen base)
 _TRAINABLE = StateDictOptions(ignore_frozen_params=True)
 
+
+def _no_progress(stage: str) -> None:
+    """The default progress hook: nothing."""
+
+
 # test hook: called with a stage name after each piece of a save
-_progress_hook: Callable[[str], None] = lambda stage: None
+_progress_hook: Callable[[str], None] = _no_progress
 
 
 @dataclass(frozen=True)
@@ -68,6 +83,7 @@ class Trainable:
 
 
 # ----------------------------------------------------------------------------------------------- helpers
+
 
 def _rank_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
@@ -136,13 +152,18 @@ def _remove_leftovers(root: Path) -> None:
 
 # ----------------------------------------------------------------------------------------------- state
 
+
 def rng_state() -> dict:
     np_state = np.random.get_state()
     version, words, gauss = random.getstate()
     state = {
         "python": [version, list(words), gauss],
-        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -154,8 +175,9 @@ def set_rng_state(state: dict) -> None:
     version, words, gauss = state["python"]
     random.setstate((version, tuple(words), gauss))
     nps = state["numpy"]
-    np.random.set_state(("MT19937", nps["keys"].numpy().astype(np.uint32), nps["pos"], nps["has_gauss"],
-                         nps["cached_gaussian"]))
+    np.random.set_state(
+        ("MT19937", nps["keys"].numpy().astype(np.uint32), nps["pos"], nps["has_gauss"], nps["cached_gaussian"])
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -169,8 +191,10 @@ def _weights_only_bytes(payload: dict, what: str) -> bytes:
     try:
         torch.load(io.BytesIO(data), weights_only=True)
     except Exception as e:
-        raise TypeError(f"{what} must hold only tensors, numbers, strings, None, lists, tuples and dicts "
-                        f"(it is loaded with torch.load(weights_only=True)): {str(e).splitlines()[0]}") from None
+        raise TypeError(
+            f"{what} must hold only tensors, numbers, strings, None, lists, tuples and dicts "
+            f"(it is loaded with torch.load(weights_only=True)): {str(e).splitlines()[0]}"
+        ) from None
     return data
 
 
@@ -188,7 +212,7 @@ def _architecture(model) -> str:
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # pragma: no cover - older torch
-        FSDPModule = ()  # noqa: N806
+        FSDPModule = ()
     for cls in type(model).__mro__:
         if not (FSDPModule and issubclass(cls, FSDPModule)):
             return cls.__name__
@@ -227,9 +251,20 @@ def _gather_to_rank0(obj) -> list:
 
 # ----------------------------------------------------------------------------------------------- save
 
-def save_checkpoint(root: str | os.PathLike, step: int, *, model, optimizer, trainer_state: dict,
-                    lr_scheduler=None, config_yaml: str = "", tokenizer=None,
-                    max_to_keep: int | None = None, critic: Trainable | None = None) -> Path:
+
+def save_checkpoint(
+    root: str | os.PathLike,
+    step: int,
+    *,
+    model,
+    optimizer,
+    trainer_state: dict,
+    lr_scheduler=None,
+    config_yaml: str = "",
+    tokenizer=None,
+    max_to_keep: int | None = None,
+    critic: Trainable | None = None,
+) -> Path:
     """Write ``global_step_{step}`` atomically and point the tracker at it; every rank calls it.
 
     ``trainer_state`` is the loop's own (data cursor, KL controller, ...): tensors, numbers, strings,
@@ -257,8 +292,11 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model, optimizer, tra
     _barrier()
     for name, part in parts.items():
         with _single_process_quiet():
-            dcp.save({"model": states[name][0], "optimizer": split[name][0]},
-                     storage_writer=FileSystemWriter(tmp / f"{name}_state", sync_files=True), no_dist=world == 1)
+            dcp.save(
+                {"model": states[name][0], "optimizer": split[name][0]},
+                storage_writer=FileSystemWriter(tmp / f"{name}_state", sync_files=True),
+                no_dist=world == 1,
+            )
         _progress_hook(f"{name}_state")
         if is_lora(part.model):  # PEFT's adapter directory: the base weights are the model path's, unchanged
             tensors, digest = adapter_state(part.model), base_digest(part.model)  # collective under FSDP2
@@ -297,19 +335,31 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model, optimizer, tra
 # ----------------------------------------------------------------------------------------------- load
 
 _DCP_METADATA_MODULES = ("torch.distributed.checkpoint.metadata",)
-_SAFE_GLOBALS = {("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
-                 ("torch.serialization", "_get_layout"), ("collections", "OrderedDict"), ("pathlib", "PosixPath"),
-                 ("pathlib", "WindowsPath"), ("builtins", "set"), ("builtins", "frozenset")}
+_SAFE_GLOBALS = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+}
 
 
 class _MetadataUnpickler(pickle.Unpickler):
     """DCP's metadata file, unpickled with an allow-list of the classes that describe tensors."""
 
     def find_class(self, module: str, name: str):
-        allowed = (module in _DCP_METADATA_MODULES or (module, name) in _SAFE_GLOBALS
-                   or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)))
+        allowed = (
+            module in _DCP_METADATA_MODULES
+            or (module, name) in _SAFE_GLOBALS
+            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+        )
         if not allowed:
-            raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}: refused (not a tensor description)")
+            raise pickle.UnpicklingError(
+                f"checkpoint metadata refers to {module}.{name}: refused (not a tensor description)"
+            )
         return super().find_class(module, name)
 
 
@@ -328,8 +378,9 @@ class _SafeReader(FileSystemReader):
         return metadata
 
 
-def load_checkpoint(path: str | os.PathLike, *, model, optimizer, lr_scheduler=None,
-                    critic: Trainable | None = None) -> Resumed:
+def load_checkpoint(
+    path: str | os.PathLike, *, model, optimizer, lr_scheduler=None, critic: Trainable | None = None
+) -> Resumed:
     """Restore model, optimizer, LR schedule and RNGs from ``global_step_N`` (and the critic's, when given);
     every rank calls it. The models and optimizers may be wrapped for any strategy and DP size (none, DDP,
     FSDP2).
@@ -353,13 +404,19 @@ def load_checkpoint(path: str | os.PathLike, *, model, optimizer, lr_scheduler=N
             part.lr_scheduler.load_state_dict(payload[f"{prefix}lr_scheduler"])
     rngs = payload["rng"]
     set_rng_state(rngs[rank] if len(rngs) == world else rngs[0])
-    return Resumed(path=path, step=int(payload["step"]), trainer_state=payload["trainer_state"],
-                   config_yaml=(path / "config.yaml").read_text())
+    return Resumed(
+        path=path,
+        step=int(payload["step"]),
+        trainer_state=payload["trainer_state"],
+        config_yaml=(path / "config.yaml").read_text(),
+    )
 
 
 def _load_part(folder: Path, part: Trainable, saved: dict, world: int) -> None:
     """A model and its optimizer from their DCP folder (``saved``: the optimizer's non-tensor state)."""
-    msd, osd = get_state_dict(part.model, part.optimizer, options=_TRAINABLE)  # a fresh optimizer's state is initialised here
+    msd, osd = get_state_dict(
+        part.model, part.optimizer, options=_TRAINABLE
+    )  # a fresh optimizer's state is initialised here
     optimizer_tensors, _ = _split_optimizer(osd)
     state = {"model": msd, "optimizer": optimizer_tensors}
     reader = _SafeReader(folder)
@@ -368,6 +425,10 @@ def _load_part(folder: Path, part: Trainable, saved: dict, world: int) -> None:
         dcp.load(state, storage_reader=reader, no_dist=world == 1)
     merged = {fqn: {**state["optimizer"].get(fqn, {}), **saved["scalars"].get(fqn, {})} for fqn in saved["scalars"]}
     frozen = any(not p.requires_grad for p in part.model.parameters())  # LoRA's base: not in the checkpoint
-    set_state_dict(part.model, part.optimizer, model_state_dict=state["model"],
-                   optim_state_dict={"state": merged, "param_groups": saved["param_groups"]},
-                   options=StateDictOptions(ignore_frozen_params=True, strict=not frozen))
+    set_state_dict(
+        part.model,
+        part.optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict={"state": merged, "param_groups": saved["param_groups"]},
+        options=StateDictOptions(ignore_frozen_params=True, strict=not frozen),
+    )

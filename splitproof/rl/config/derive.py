@@ -15,8 +15,8 @@ from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from ...engine import CriticUpdateConfig, UpdateConfig
-from ...loss_config import ConfigError, LossConfig
 from ...lora_settings import LoraSettings
+from ...loss_config import ConfigError, LossConfig
 from ..rewards.dapo import reward_manager
 from .schema import TrainConfig
 
@@ -31,8 +31,9 @@ STRATEGIES = {"fsdp": "fsdp2", "fsdp2": "fsdp2", "ddp": "ddp"}
 CRITIC_ESTIMATORS = ("gae",)  # read the critic's values: need critic.enable (null turns it on for them)
 
 
-def derive(cls, *sources: tuple[object, str], given: dict[str, tuple[object, str]] | None = None,
-           key_prefix: str | None = None):
+def derive(
+    cls, *sources: tuple[object, str], given: dict[str, tuple[object, str]] | None = None, key_prefix: str | None = None
+):
     """``cls(...)`` with each field from the first of ``sources`` — (a schema section, its dotted prefix) —
     that has a field of that name, or from ``given`` {field: (value, its dotted key)}; a ``ConfigError``
     from ``cls`` names the dotted key of the value it is about (a name ``cls`` made up: under
@@ -59,24 +60,40 @@ def derive(cls, *sources: tuple[object, str], given: dict[str, tuple[object, str
 def to_loss_config(cfg: TrainConfig) -> LossConfig:
     """The policy objective from ``actor.policy_loss`` and ``actor`` (fields shared by name)."""
     actor = cfg.actor_rollout_ref.actor
-    return derive(LossConfig, (actor.policy_loss, f"{ACTOR}.policy_loss"), (actor, ACTOR),
-                  given={"seed": (actor.data_loader_seed, f"{ACTOR}.data_loader_seed")}, key_prefix=ACTOR)
+    return derive(
+        LossConfig,
+        (actor.policy_loss, f"{ACTOR}.policy_loss"),
+        (actor, ACTOR),
+        given={"seed": (actor.data_loader_seed, f"{ACTOR}.data_loader_seed")},
+        key_prefix=ACTOR,
+    )
 
 
 def to_update_config(cfg: TrainConfig) -> UpdateConfig:
     """The engine's update: actor keys, ``rollout.n``, ``rollout.temperature`` (the log-prob temperature)."""
     actor, rollout = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout
     loss = to_loss_config(cfg)
-    return derive(UpdateConfig, (actor, ACTOR), (actor.policy_loss, f"{ACTOR}.policy_loss"),
-                  given={"loss": (loss, ACTOR), "rollout_n": (rollout.n, f"{ROLLOUT}.n"),
-                         "temperature": (rollout.temperature, f"{ROLLOUT}.temperature")})
+    return derive(
+        UpdateConfig,
+        (actor, ACTOR),
+        (actor.policy_loss, f"{ACTOR}.policy_loss"),
+        given={
+            "loss": (loss, ACTOR),
+            "rollout_n": (rollout.n, f"{ROLLOUT}.n"),
+            "temperature": (rollout.temperature, f"{ROLLOUT}.temperature"),
+        },
+    )
 
 
 def to_critic_update_config(cfg: TrainConfig) -> CriticUpdateConfig:
     """The engine's critic update from ``critic.*`` (and ``rollout.n``)."""
     c = cfg.critic
-    return derive(CriticUpdateConfig, (c, "critic"), (c.model, "critic.model"),
-                  given={"rollout_n": (cfg.actor_rollout_ref.rollout.n, f"{ROLLOUT}.n")})
+    return derive(
+        CriticUpdateConfig,
+        (c, "critic"),
+        (c.model, "critic.model"),
+        given={"rollout_n": (cfg.actor_rollout_ref.rollout.n, f"{ROLLOUT}.n")},
+    )
 
 
 def sampling_params(cfg: TrainConfig) -> tuple[SamplingParams, SamplingParams]:
@@ -86,8 +103,11 @@ def sampling_params(cfg: TrainConfig) -> tuple[SamplingParams, SamplingParams]:
     r = cfg.actor_rollout_ref.rollout
     width = (cfg.data.max_response_length, "data.max_response_length")
     train = derive(SamplingParams, (r, ROLLOUT), given={"max_response_length": width})
-    val = derive(SamplingParams, (r.val_kwargs, f"{ROLLOUT}.val_kwargs"),
-                 given={"max_response_length": width, "seed": (r.seed, f"{ROLLOUT}.seed")})
+    val = derive(
+        SamplingParams,
+        (r.val_kwargs, f"{ROLLOUT}.val_kwargs"),
+        given={"max_response_length": width, "seed": (r.seed, f"{ROLLOUT}.seed")},
+    )
     return train, val
 
 
@@ -96,8 +116,11 @@ def multi_turn_settings(cfg: TrainConfig) -> MultiTurnSettings:
     from ..rollout.episode import MultiTurnSettings  # here: the config checks import this module, torch-free
 
     r = cfg.actor_rollout_ref.rollout
-    return derive(MultiTurnSettings, (r.multi_turn, f"{ROLLOUT}.multi_turn"),
-                  given={"num_workers": (r.agent.num_workers, f"{ROLLOUT}.agent.num_workers")})
+    return derive(
+        MultiTurnSettings,
+        (r.multi_turn, f"{ROLLOUT}.multi_turn"),
+        given={"num_workers": (r.agent.num_workers, f"{ROLLOUT}.agent.num_workers")},
+    )
 
 
 def lora_settings(cfg: TrainConfig) -> LoraSettings:
@@ -106,9 +129,15 @@ def lora_settings(cfg: TrainConfig) -> LoraSettings:
     m, prefix = cfg.actor_rollout_ref.model, f"{ARR}.model"
     targets = m.target_modules if isinstance(m.target_modules, str) else list(m.target_modules or ())
     excluded = list(m.exclude_modules) if m.exclude_modules is not None else None
-    return derive(LoraSettings, (m, prefix), given={"target_modules": (targets, f"{prefix}.target_modules"),
-                                                    "exclude_modules": (excluded, f"{prefix}.exclude_modules"),
-                                                    "prefix": (f"{prefix}.", prefix)})
+    return derive(
+        LoraSettings,
+        (m, prefix),
+        given={
+            "target_modules": (targets, f"{prefix}.target_modules"),
+            "exclude_modules": (excluded, f"{prefix}.exclude_modules"),
+            "prefix": (f"{prefix}.", prefix),
+        },
+    )
 
 
 def dp_strategy(cfg: TrainConfig) -> str:
@@ -151,5 +180,10 @@ def gen_batch_size(cfg: TrainConfig) -> int:
 
 def reward_manager_of(cfg: TrainConfig):
     """The run's reward manager (``rewards.dapo.RewardManager``) from verl's keys, checked."""
-    return reward_manager(cfg.reward.reward_manager.name, cfg.reward_model.reward_manager, cfg.reward.reward_kwargs,
-                          cfg.reward_model.reward_kwargs, cfg.data.max_response_length)
+    return reward_manager(
+        cfg.reward.reward_manager.name,
+        cfg.reward_model.reward_manager,
+        cfg.reward.reward_kwargs,
+        cfg.reward_model.reward_kwargs,
+        cfg.data.max_response_length,
+    )

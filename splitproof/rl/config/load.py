@@ -16,26 +16,33 @@ Every key the user sets is classified by ``verl_keys.classify`` before anything 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable, Iterable
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from ...loss_config import ConfigError
 from . import verl_keys
-from .schema import BUILTIN_MODEL, TrainConfig, schema_keys
 from .check import normalize, problems
 from .derive import CRITIC_ESTIMATORS
 from .origins import Origins, own_data_items, recipe_for_data, run_notices
 from .paths import blocking_message, missing_paths
+from .schema import BUILTIN_MODEL, TrainConfig, schema_keys
 
 RECIPES = {BUILTIN_MODEL: "charlm.yaml"}
 MODEL_PATH = "actor_rollout_ref.model.path"
 
-_TYPE_WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", list: "a list",
-               dict: "a mapping"}
+_TYPE_WORDS = {
+    int: "an integer",
+    float: "a number",
+    bool: "true or false",
+    str: "a string",
+    list: "a list",
+    dict: "a mapping",
+}
 
 Items = list[tuple[str, Any]]
 
@@ -62,12 +69,13 @@ BUILTIN_CONFIG = "builtin://"
 
 def _builtin_config(path: str):
     """A config shipped in ``splitproof/recipes`` (``builtin://charlm-dapo``), read as YAML."""
-    name = path[len(BUILTIN_CONFIG):]
+    name = path[len(BUILTIN_CONFIG) :]
     folder = resources.files("splitproof.recipes")
     shipped = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
     if name not in shipped:
-        raise ConfigError("--config", f"no built-in config {path!r}; shipped: "
-                                      f"{', '.join(BUILTIN_CONFIG + n for n in shipped)}")
+        raise ConfigError(
+            "--config", f"no built-in config {path!r}; shipped: {', '.join(BUILTIN_CONFIG + n for n in shipped)}"
+        )
     return OmegaConf.create(folder.joinpath(f"{name}.yaml").read_text(encoding="utf-8"))
 
 
@@ -238,8 +246,13 @@ def setting_origins(config_file: str | None, overrides: Iterable[str] = ()) -> O
     return _layers(config_file, overrides)[1]
 
 
-def load_train_config(config_file: str | None, overrides: Iterable[str] = (), *,
-                      on_notice: Callable[[str], None] | None = None, check_paths: bool = False) -> TrainConfig:
+def load_train_config(
+    config_file: str | None,
+    overrides: Iterable[str] = (),
+    *,
+    on_notice: Callable[[str], None] | None = None,
+    check_paths: bool = False,
+) -> TrainConfig:
     """The resolved, normalized and validated config; ``ConfigError`` names the offending dotted key (and
     the origin of any value it names that the user did not set: the recipe, or verl's default).
 
@@ -252,7 +265,7 @@ def load_train_config(config_file: str | None, overrides: Iterable[str] = (), *,
         cfg = normalize(_resolve(_merge(layers), layers))
         _validate(cfg, check_paths)
     except ConfigError as e:  # one line: every problem, each value the user did not set with its origin
-        raise ConfigError(e.field, origins.annotate(str(e)[len(e.field) + 2:], e.field)) from None
+        raise ConfigError(e.field, origins.annotate(str(e)[len(e.field) + 2 :], e.field)) from None
     for message in notices + run_notices(cfg, origins):
         (on_notice or _print_notice)(message)
     return cfg
@@ -261,8 +274,7 @@ def load_train_config(config_file: str | None, overrides: Iterable[str] = (), *,
 def _validate(cfg: TrainConfig, check_paths: bool) -> None:
     """One ``ConfigError`` naming every problem ``check.problems`` finds, after the files and folders that
     do not exist (they block the rest: ``paths.missing_paths``)."""
-    found = (missing_paths(cfg) if check_paths else []) + [(e.field, str(e)[len(e.field) + 2:])
-                                                           for e in problems(cfg)]
+    found = (missing_paths(cfg) if check_paths else []) + [(e.field, str(e)[len(e.field) + 2 :]) for e in problems(cfg)]
     if found:
         raise ConfigError(*blocking_message(found))
 

@@ -33,18 +33,24 @@ OURS = "splitproof's default (verl's differs)"
 OWN_DATA = "set for your own data"
 BUILTIN_DATA = "builtin://"
 # the recipe's keys that belong to its task rather than to its model: they apply to built-in tasks only
-TASK_KEYS = ("data.train_files", "data.val_files", "data.train_batch_size", "data.max_prompt_length",
-             "data.max_response_length", "actor_rollout_ref.actor.ppo_mini_batch_size",
-             "trainer.total_training_steps")
+TASK_KEYS = (
+    "data.train_files",
+    "data.val_files",
+    "data.train_batch_size",
+    "data.max_prompt_length",
+    "data.max_response_length",
+    "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "trainer.total_training_steps",
+)
 OWN_DATA_LAYER = {"data.val_files": None}  # with your own data: no held-out split unless you name one
 
 Items = list[tuple[str, Any]]
 # keys of the schema (verl's) that splitproof reads but that change nothing here: a notice when set
 SCHEMA_NO_EFFECT = {
     "data.validation_shuffle": "validation runs every held-out prompt, and their samples and metrics do not "
-                               "depend on the order they run in",
+    "depend on the order they run in",
     "data.val_batch_size": "validation generates in chunks of actor_rollout_ref.rollout.max_num_seqs sequences, "
-                           "and its results do not depend on the chunks",
+    "and its results do not depend on the chunks",
 }
 
 
@@ -60,14 +66,17 @@ def recipe_for_data(recipe: Items, user: dict) -> tuple[Items, list[str]]:
     if not recipe or is_builtin_data(user.get("data.train_files")):
         return recipe, []
     kept = [(k, v) for k, v in recipe if k not in TASK_KEYS]
-    dropped = [k for k, _ in recipe if k in TASK_KEYS and k not in user and k not in OWN_DATA_LAYER
-               and k != "data.train_files"]
+    dropped = [
+        k for k, _ in recipe if k in TASK_KEYS and k not in user and k not in OWN_DATA_LAYER and k != "data.train_files"
+    ]
     if not dropped:
         return kept, []
     defaults = _schema_defaults()
     shown = ", ".join(f"{k}={_show(defaults.get(k))}" for k in dropped)
-    return kept, [f"data.train_files is your own data, so the built-in model's recipe (tuned for its built-in "
-                  f"task) leaves its data and batch keys to verl's defaults: {shown}; set any of them to choose"]
+    return kept, [
+        f"data.train_files is your own data, so the built-in model's recipe (tuned for its built-in "
+        f"task) leaves its data and batch keys to verl's defaults: {shown}; set any of them to choose"
+    ]
 
 
 def own_data_items(user: dict) -> tuple[Items, list[str]]:
@@ -77,7 +86,8 @@ def own_data_items(user: dict) -> tuple[Items, list[str]]:
         return [], []
     return list(OWN_DATA_LAYER.items()), [
         "data.val_files=null: data.train_files is your own data, so the built-in task's held-out split (the "
-        "default data.val_files) is not evaluated; set data.val_files to evaluate held-out prompts"]
+        "default data.val_files) is not evaluated; set data.val_files to evaluate held-out prompts"
+    ]
 
 
 @dataclass
@@ -122,14 +132,18 @@ def run_notices(cfg, origins: Origins) -> list[str]:
     epochs_set = origins.user.get("trainer.total_epochs", _schema_defaults()["trainer.total_epochs"])
     if epochs_set != _schema_defaults()["trainer.total_epochs"] and trainer.total_training_steps is not None:
         _, origin = origins.of("trainer.total_training_steps")
-        notices.append(f"trainer.total_epochs={trainer.total_epochs} (yours) has no effect: "
-                       f"trainer.total_training_steps={trainer.total_training_steps} ({origin}) sets the run's "
-                       "length, as in verl; set trainer.total_training_steps=null to count epochs")
+        notices.append(
+            f"trainer.total_epochs={trainer.total_epochs} (yours) has no effect: "
+            f"trainer.total_training_steps={trainer.total_training_steps} ({origin}) sets the run's "
+            "length, as in verl; set trainer.total_training_steps=null to count epochs"
+        )
     estimator, origin = origins.of("algorithm.adv_estimator")
     if origin == DEFAULT and cfg.algorithm.adv_estimator == "gae" and cfg.critic.enable is not False:
-        notices.append(f"algorithm.adv_estimator=gae is verl's default (a model you bring gets verl's defaults): "
-                       f"a critic (critic.model.path={cfg.critic.model.path}) is trained beside the policy (PPO); "
-                       "set algorithm.adv_estimator=grpo (or another estimator) for a run without one")
+        notices.append(
+            f"algorithm.adv_estimator=gae is verl's default (a model you bring gets verl's defaults): "
+            f"a critic (critic.model.path={cfg.critic.model.path}) is trained beside the policy (PPO); "
+            "set algorithm.adv_estimator=grpo (or another estimator) for a run without one"
+        )
     for key, reason in SCHEMA_NO_EFFECT.items():
         value = origins.user.get(key, _schema_defaults()[key])
         if value != _schema_defaults()[key]:

@@ -51,8 +51,10 @@ def missing_paths(cfg: TrainConfig) -> list[tuple[str, str]]:
                 if problem:
                     problems.append((key, problem))
     model = cfg.actor_rollout_ref.model
-    folders = [("actor_rollout_ref.model.path", model.path), ("actor_rollout_ref.model.tokenizer_path",
-                                                             model.tokenizer_path)]
+    folders = [
+        ("actor_rollout_ref.model.path", model.path),
+        ("actor_rollout_ref.model.tokenizer_path", model.tokenizer_path),
+    ]
     if critic_enabled(cfg):
         folders.append(("critic.model.path", cfg.critic.model.path))
     for key, path in folders:

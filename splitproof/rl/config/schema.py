@@ -13,7 +13,7 @@ import inspect
 import re
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
-from functools import lru_cache
+from functools import cache
 from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Optional
 
@@ -32,7 +32,9 @@ class DataConfig:
     max_response_length: int = 512  # generated tokens per response, at most
     train_batch_size: int = 1024  # prompts per training step
     val_batch_size: Optional[int] = None  # no effect (a notice): validation runs in max_num_seqs chunks
-    gen_batch_size: Optional[int] = None  # prompts per generation round of dynamic sampling (speed only); null: train_batch_size
+    gen_batch_size: Optional[int] = (
+        None  # prompts per generation round of dynamic sampling (speed only); null: train_batch_size
+    )
     shuffle: bool = True  # a new prompt order every epoch, from (data.seed, epoch)
     validation_shuffle: bool = False  # no effect (a notice): validation runs every held-out prompt
     seed: Optional[int] = None  # null -> 1, as verl's sampler does
@@ -225,8 +227,12 @@ class AlgorithmConfig:
 class CriticModelConfig:
     path: Optional[str] = II("actor_rollout_ref.model.path")  # ours: the actor's model (verl: a 7B checkpoint path)
     trust_remote_code: bool = False  # run the critic model directory's own Python code (off unless asked)
-    use_remove_padding: bool = II("actor_rollout_ref.model.use_remove_padding")  # ours: the actor's (verl: on); packing (speed only)
-    enable_gradient_checkpointing: bool = II("actor_rollout_ref.model.enable_gradient_checkpointing")  # ours: the actor's (verl: on)
+    use_remove_padding: bool = II(
+        "actor_rollout_ref.model.use_remove_padding"
+    )  # ours: the actor's (verl: on); packing (speed only)
+    enable_gradient_checkpointing: bool = II(
+        "actor_rollout_ref.model.enable_gradient_checkpointing"
+    )  # ours: the actor's (verl: on)
 
 
 @dataclass
@@ -240,16 +246,22 @@ class CriticConfig:
     enable: Optional[bool] = None  # null: on exactly when adv_estimator is gae
     ppo_mini_batch_size: int = II("actor_rollout_ref.actor.ppo_mini_batch_size")  # prompts per critic optimizer step
     ppo_micro_batch_size_per_gpu: Optional[int] = None  # memory only (null: whole shard)
-    use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")  # micro-batches by a token budget (memory only)
+    use_dynamic_bsz: bool = II(
+        "actor_rollout_ref.actor.use_dynamic_bsz"
+    )  # micro-batches by a token budget (memory only)
     ppo_max_token_len_per_gpu: int = 32768  # the update's token budget
     forward_max_token_len_per_gpu: int = II("critic.ppo_max_token_len_per_gpu")  # the values pass's token budget
-    forward_micro_batch_size_per_gpu: Optional[int] = II("critic.ppo_micro_batch_size_per_gpu")  # sequences per values forward (memory only)
+    forward_micro_batch_size_per_gpu: Optional[int] = II(
+        "critic.ppo_micro_batch_size_per_gpu"
+    )  # sequences per values forward (memory only)
     ppo_epochs: int = II("actor_rollout_ref.actor.ppo_epochs")  # passes over each rollout batch
     shuffle: bool = II("actor_rollout_ref.actor.shuffle")  # shuffle the minibatches (seeded by data_loader_seed)
     data_loader_seed: int = 42  # the critic's minibatch-shuffle seed
     cliprange_value: float = 0.5  # value clip: V_old +- cliprange_value
     loss_agg_mode: str = II("actor_rollout_ref.actor.loss_agg_mode")  # the value loss's aggregation
-    loss_scale_factor: Optional[float] = II("actor_rollout_ref.actor.loss_scale_factor")  # seq-mean-token-sum-norm's divisor
+    loss_scale_factor: Optional[float] = II(
+        "actor_rollout_ref.actor.loss_scale_factor"
+    )  # seq-mean-token-sum-norm's divisor
     grad_clip: float = 1.0  # gradient-norm clip (optim.clip_grad is the same threshold)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     model: CriticModelConfig = field(default_factory=CriticModelConfig)
@@ -272,24 +284,30 @@ class TrainerConfig:
     test_freq: int = -1  # evaluate every N steps and at the last step; -1: only before training
     default_local_dir: str = "checkpoints/${trainer.project_name}/${trainer.experiment_name}"  # outputs
     max_actor_ckpt_to_keep: Optional[int] = None  # null: keep every checkpoint
-    critic_warmup: int = 0  # the actor is updated from step max(1, critic_warmup) on (verl's rule); the critic every step
+    critic_warmup: int = (
+        0  # the actor is updated from step max(1, critic_warmup) on (verl's rule); the critic every step
+    )
     device: str = "cpu"  # ours: cpu, the only device (verl: cuda); cuda is refused
     seed: int = 0  # ours: the model-initialisation and global RNG seed
-    rollout_data_dir: Optional[str] = None  # a folder: each step's samples as <step>.jsonl (input, output, gts, score, step, extras)
+    rollout_data_dir: Optional[str] = (
+        None  # a folder: each step's samples as <step>.jsonl (input, output, gts, score, step, extras)
+    )
     validation_data_dir: Optional[str] = None  # a folder: each evaluation's samples as <step>.jsonl
     cpu_threads: Optional[int] = 1  # ours: torch's CPU threads per process (null: torch's, one per core); speed only
 
 
 @dataclass
 class AsyncTrainingConfig:
-    staleness_steps: int = 0  # ours: k; step s trains on rollouts generated by the policy of step s - k in a rollout process (0: synchronous; verl's one_step_off_policy: 1)
+    staleness_steps: int = 0  # ours: k; rollouts come from the policy k steps back (0: synchronous; one-step-off: 1)
 
 
 @dataclass
 class RewardFunctionConfig:
     path: Optional[str] = None  # a file, file://PATH or pkg://package.module
     name: Optional[str] = None  # null: compute_score
-    reward_kwargs: Dict[str, Any] = field(default_factory=dict)  # keyword arguments added to every call (they win over the call's own, as in verl)
+    reward_kwargs: Dict[str, Any] = field(
+        default_factory=dict
+    )  # keyword arguments added to every call (they win over the call's own, as in verl)
 
 
 @dataclass
@@ -302,9 +320,12 @@ class RewardConfig:
     """verl 0.9.1 also reads the reward function from ``reward.custom_reward_function``."""
 
     custom_reward_function: RewardFunctionConfig = field(
-        default_factory=lambda: RewardFunctionConfig(name="compute_score"))
+        default_factory=lambda: RewardFunctionConfig(name="compute_score")
+    )
     reward_manager: RewardManagerConfig = field(default_factory=RewardManagerConfig)
-    reward_kwargs: Dict[str, Any] = field(default_factory=dict)  # dapo: overlong_buffer_cfg.{enable,len,penalty_factor,log}, max_resp_len
+    reward_kwargs: Dict[str, Any] = field(
+        default_factory=dict
+    )  # dapo: overlong_buffer_cfg.{enable,len,penalty_factor,log}, max_resp_len
 
 
 @dataclass
@@ -364,13 +385,13 @@ def _walk(cls, prefix: str):
             yield KeyInfo(key, base, optional or base is Any)
 
 
-@lru_cache(maxsize=None)
+@cache
 def schema_keys(cls=TrainConfig) -> Mapping[str, KeyInfo]:
     """Every leaf key of the schema, dotted (``data.train_batch_size``), with its type (read-only)."""
     return MappingProxyType({info.key: info for info in _walk(cls, "")})
 
 
-@lru_cache(maxsize=None)
+@cache
 def schema_sections(cls=TrainConfig) -> frozenset[str]:
     """Every inner node of the schema, dotted (``actor_rollout_ref.actor.optim``)."""
     sections = set()

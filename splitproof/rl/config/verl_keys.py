@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+from collections.abc import Mapping
 from functools import lru_cache
-from typing import Mapping
 from importlib import resources
 
 from .schema import schema_keys, schema_sections
@@ -75,7 +75,7 @@ NO_EFFECT: dict[str, str] = {
     "actor_rollout_ref.rollout.mode": "sync or async rollout workers",
     "actor_rollout_ref.rollout.scheduling_policy": "inference-engine scheduling",
     "actor_rollout_ref.rollout.logprobs_mode": "an inference engine's log-prob mode (the hf rollout keeps "
-                                               "log-probs of the temperature-scaled distribution)",
+    "log-probs of the temperature-scaled distribution)",
     "actor_rollout_ref.rollout.skip_tokenizer_init": "inference-engine start-up",
     "actor_rollout_ref.rollout.checkpoint_engine.*": "weight synchronisation",
     "actor_rollout_ref.rollout.trace.*": "rollout tracing",
@@ -143,8 +143,9 @@ SAME_AS_OURS: dict[str, object] = {
 # more to say after "verl key X is not supported by splitproof"
 HINTS: dict[str, str] = {
     "actor_rollout_ref.actor.ppo_micro_batch_size": "use actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size":
-        "use actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": (
+        "use actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu"
+    ),
     "actor_rollout_ref.ref.log_prob_micro_batch_size": "use actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
     "critic.ppo_micro_batch_size": "use critic.ppo_micro_batch_size_per_gpu",
     "critic.forward_micro_batch_size": "use critic.forward_micro_batch_size_per_gpu",
@@ -153,14 +154,17 @@ HINTS: dict[str, str] = {
     "critic.model.lora_rank": "LoRA is supported for the actor (actor_rollout_ref.model.lora_rank)",
     "actor_rollout_ref.model.lora.rank": "Megatron's LoRA section: use actor_rollout_ref.model.lora_rank",
     "reward_model.enable": "model-based rewards are not supported; name a reward function in custom_reward_function",
-    "reward.reward_model.enable":
-        "model-based rewards are not supported; name a reward function in custom_reward_function",
+    "reward.reward_model.enable": (
+        "model-based rewards are not supported; name a reward function in custom_reward_function"
+    ),
     "algorithm.rollout_correction.rollout_rs": "rejection sampling is not supported yet",
 }
 
 # Hydra's own top-level keys (a Hydra composition file is not a resolved config)
 HYDRA_KEYS = {
-    "defaults": "Hydra defaults lists are not supported; pass a resolved config (e.g. verl's _generated_ppo_trainer.yaml)",
+    "defaults": (
+        "Hydra defaults lists are not supported; pass a resolved config (e.g. verl's _generated_ppo_trainer.yaml)"
+    ),
     "hydra": "Hydra's own settings have no meaning here",
 }
 

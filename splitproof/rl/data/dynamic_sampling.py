@@ -7,7 +7,8 @@ epoch)``. Its state is a position (epoch, cursor), saved in checkpoints.
 Step s. The candidates are the stream's prompts from its position on, c_1, c_2, ...; candidate c_i is
 generated with n samples keyed (seed, s, uid, j) in the training sampling stream, or in stream 16 + k
 for its k-th repeat, k the number of earlier occurrences of its uid among c_1..c_{i-1} (k = 0 unless the
-step's candidates run into a later epoch that holds the prompt again). Its group is *eligible* when the filter metric is not the same for all n samples (with n = 1,
+step's candidates run into a later epoch that holds the prompt again). Its group is *eligible* when the filter metric
+is not the same for all n samples (with n = 1,
 always, as verl). The kept set is the first B = ``data.train_batch_size`` eligible candidates in stream
 order; the step *consumes* c_1..c_m, c_m the B-th eligible one, and the stream moves past them.
 Ineligible groups among them are dropped (for that pass over the data, as verl drops them).
@@ -30,7 +31,6 @@ from dataclasses import dataclass
 
 from ..rewards.scored import Rewards, ScoredSamples
 from .prompts import prompt_order
-
 
 # filter metrics that are the sequence's score (the reward manager's, before any KL in the reward)
 SCORE_METRICS = ("reward", "seq_reward", "seq_final_reward")
@@ -74,18 +74,27 @@ class PromptStream:
         self.epoch += epochs
 
     def state_dict(self) -> dict:
-        return {"kind": "stream", "epoch": self.epoch, "cursor": self.cursor, "num_rows": self.num_rows,
-                "seed": self.seed, "shuffle": self.shuffle}
+        return {
+            "kind": "stream",
+            "epoch": self.epoch,
+            "cursor": self.cursor,
+            "num_rows": self.num_rows,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``; the dataset size, seed and shuffle must be the same."""
         if state.get("kind") != "stream":
-            raise ValueError("PromptStream: the checkpoint holds a batch sampler's position, not a stream's "
-                             "(algorithm.filter_groups.enable differs from the saved run)")
+            raise ValueError(
+                "PromptStream: the checkpoint holds a batch sampler's position, not a stream's "
+                "(algorithm.filter_groups.enable differs from the saved run)"
+            )
         for key in ("num_rows", "seed", "shuffle"):
             if state[key] != getattr(self, key):
-                raise ValueError(f"PromptStream: the saved {key}={state[key]!r} differs from this run's "
-                                 f"{getattr(self, key)!r}")
+                raise ValueError(
+                    f"PromptStream: the saved {key}={state[key]!r} differs from this run's {getattr(self, key)!r}"
+                )
         epoch, cursor = int(state["epoch"]), int(state["cursor"])
         if epoch < 0 or not 0 <= cursor < self.num_rows:
             raise ValueError(f"PromptStream: invalid saved position epoch={epoch} cursor={cursor}")
@@ -133,8 +142,14 @@ class Selection:
         return len(self.consumed_uids)
 
 
-def select_groups(stream: PromptStream, batch_size: int, gen_batch_size: int, max_rounds: int,
-                  generate_round: Callable[[list[int], list[int]], Round], metric: str) -> Selection:
+def select_groups(
+    stream: PromptStream,
+    batch_size: int,
+    gen_batch_size: int,
+    max_rounds: int,
+    generate_round: Callable[[list[int], list[int]], Round],
+    metric: str,
+) -> Selection:
     """Run rounds until ``batch_size`` candidates are eligible; ``generate_round(uids, occurrences)``
     generates and scores the candidates of one round. Advances ``stream`` past the consumed candidates.
     ``max_rounds`` <= 0: no bound (verl's rule); reaching it is a ``FilterError``."""
@@ -146,15 +161,18 @@ def select_groups(stream: PromptStream, batch_size: int, gen_batch_size: int, ma
                 f"algorithm.filter_groups.max_num_gen_batches={max_rounds} generation rounds of "
                 f"data.gen_batch_size={gen_batch_size} prompts kept {len(kept)} of the {batch_size} groups a step "
                 f"needs (groups whose {metric!r} differs between samples); raise max_num_gen_batches (0: no "
-                "bound) or use easier data")
+                "bound) or use easier data"
+            )
         uids = stream.peek(generated, gen_batch_size)
         counts = occurrences(stream.peek(0, generated + gen_batch_size))
         result = generate_round(uids, counts[generated:])
         rounds += 1
         for i, (group, values) in enumerate(zip(result.groups, result.metric_values)):
             if any(isinstance(v, float) and math.isnan(v) for v in values):
-                raise FilterError(f"algorithm.filter_groups.metric={metric!r}: the reward function gave no "
-                                  f"value for a sample of prompt uid {uids[i]}")
+                raise FilterError(
+                    f"algorithm.filter_groups.metric={metric!r}: the reward function gave no "
+                    f"value for a sample of prompt uid {uids[i]}"
+                )
             if len(kept) < batch_size and is_eligible(values):
                 kept.append(group)
                 positions.append(generated + i)
@@ -164,25 +182,37 @@ def select_groups(stream: PromptStream, batch_size: int, gen_batch_size: int, ma
     return Selection(groups=kept, positions=positions, consumed_uids=consumed, generated=generated, rounds=rounds)
 
 
-def filtered_batch(stream: PromptStream, *, batch_size: int, gen_batch_size: int, max_rounds: int, metric: str,
-                   n: int, rows: int, generate_scored: Callable) -> ScoredSamples:
+def filtered_batch(
+    stream: PromptStream,
+    *,
+    batch_size: int,
+    gen_batch_size: int,
+    max_rounds: int,
+    metric: str,
+    n: int,
+    rows: int,
+    generate_scored: Callable,
+) -> ScoredSamples:
     """Generation rounds of ``gen_batch_size`` prompts until ``batch_size`` groups are eligible: the kept
     groups flattened in stream order (their uids, each sample's group id, the consumed uids, and the
     step's ``train/`` and ``training/filter_groups/`` metrics).
 
     ``generate_scored(uids, repeats)`` -> (samples, rewards [len(uids) · n]): one round's ``n`` scored
     samples of each candidate, in candidate order. ``metric``: a score metric or an extra key."""
+
     def generate_round(uids: list[int], repeats: list[int]) -> Round:
         samples, rewards = generate_scored(uids, repeats)
         values = rewards.scores.tolist() if metric in SCORE_METRICS else rewards.extra.get(metric)
         if values is None:
-            raise FilterError(f"algorithm.filter_groups.metric={metric!r}: the reward function returned no such "
-                              f"value (it returned: {', '.join(sorted(rewards.extra)) or 'a number only'})")
+            raise FilterError(
+                f"algorithm.filter_groups.metric={metric!r}: the reward function returned no such "
+                f"value (it returned: {', '.join(sorted(rewards.extra)) or 'a number only'})"
+            )
         groups = []
         for g, (uid, k) in enumerate(zip(uids, repeats)):
             part = slice(g * n, (g + 1) * n)
             groups.append((samples[part], rewards.rows(part), uid + k * rows))
-        return Round(groups, [values[g * n:(g + 1) * n] for g in range(len(uids))])
+        return Round(groups, [values[g * n : (g + 1) * n] for g in range(len(uids))])
 
     selection = select_groups(stream, batch_size, gen_batch_size, max_rounds, generate_round, metric)
     groups = selection.groups
@@ -192,7 +222,10 @@ def filtered_batch(stream: PromptStream, *, batch_size: int, gen_batch_size: int
         uids=[group[0][0].uid for group in groups],
         group_ids=[group[2] for group in groups for _ in range(n)],
         consumed=selection.consumed_uids,
-        metrics={"train/num_gen_batches": float(selection.rounds),
-                 "training/filter_groups/evicted_samples": float((selection.consumed - len(groups)) * n),
-                 "training/filter_groups/consumed_prompts": float(selection.consumed),
-                 "training/filter_groups/returned_prompts": float(selection.generated - selection.consumed)})
+        metrics={
+            "train/num_gen_batches": float(selection.rounds),
+            "training/filter_groups/evicted_samples": float((selection.consumed - len(groups)) * n),
+            "training/filter_groups/consumed_prompts": float(selection.consumed),
+            "training/filter_groups/returned_prompts": float(selection.generated - selection.consumed),
+        },
+    )

@@ -58,8 +58,7 @@ class PromptRecord:
 class PromptDataset(Sequence):
     """The records of ``load_prompts``, indexed by uid, with where each row came from."""
 
-    def __init__(self, records: list[PromptRecord], origins: list[tuple[str, int]], prompt_key: str,
-                 dropped: int = 0):
+    def __init__(self, records: list[PromptRecord], origins: list[tuple[str, int]], prompt_key: str, dropped: int = 0):
         self._records = records
         self._origins = origins
         self.prompt_key = prompt_key
@@ -224,9 +223,11 @@ def load_prompts(
         kept_origins.append((name, r))
     if not records:
         longest, where = max(dropped)
-        raise DataError(f"{', '.join(_file_list(files))}: every prompt is longer than max_prompt_length="
-                        f"{max_prompt_length} (data.filter_overlong_prompts=true left out {len(dropped)}; the longest: "
-                        f"{longest} tokens, {where})")
+        raise DataError(
+            f"{', '.join(_file_list(files))}: every prompt is longer than max_prompt_length="
+            f"{max_prompt_length} (data.filter_overlong_prompts=true left out {len(dropped)}; the longest: "
+            f"{longest} tokens, {where})"
+        )
     return PromptDataset(records, kept_origins, prompt_key, dropped=len(dropped))
 
 
@@ -235,8 +236,10 @@ def overlong_notice(dataset: PromptDataset, files_key: str, max_prompt_length: i
     if not dataset.dropped:
         return None
     total = len(dataset) + dataset.dropped
-    return (f"data.filter_overlong_prompts=true: left out {dataset.dropped} of {total} prompts of {files_key} "
-            f"longer than data.max_prompt_length={max_prompt_length} tokens; {len(dataset)} remain")
+    return (
+        f"data.filter_overlong_prompts=true: left out {dataset.dropped} of {total} prompts of {files_key} "
+        f"longer than data.max_prompt_length={max_prompt_length} tokens; {len(dataset)} remain"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -317,4 +320,3 @@ class PromptSampler:
         if epoch < 0 or not 0 <= cursor <= self.batches_per_epoch * self.batch_size or cursor % self.batch_size:
             raise ValueError(f"PromptSampler: invalid saved position epoch={epoch} cursor={cursor}")
         self.epoch, self.cursor = epoch, cursor
-

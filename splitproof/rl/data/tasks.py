@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import hashlib
 import string
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 from urllib.parse import parse_qsl, urlsplit
 
 SCHEME = "builtin://"

@@ -14,21 +14,29 @@ the update, aggregated over the critic's whole minibatch, so its split never cha
 
 from __future__ import annotations
 
-from ..config.schema import TrainConfig
 from ..config.derive import critic_strategy, to_critic_update_config
+from ..config.schema import TrainConfig
 from .learner import Learner, no_grad_split, wrap_for_ranks
-from .policy import MODEL_DTYPES, load_value_model
 from .optim import make_optimizer, make_scheduler
+from .policy import MODEL_DTYPES, load_value_model
 
 
 def build_critic(cfg: TrainConfig, *, world_size: int, total_steps: int, vocab_size: int | None = None) -> Learner:
     """The critic from ``critic.model.path`` with its optimizer and schedule (``critic.*`` keys)."""
     c = cfg.critic
-    model = load_value_model(c.model, dtype=MODEL_DTYPES[c.fsdp.model_dtype], seed=cfg.trainer.seed,
-                             vocab_size=vocab_size)
+    model = load_value_model(
+        c.model, dtype=MODEL_DTYPES[c.fsdp.model_dtype], seed=cfg.trainer.seed, vocab_size=vocab_size
+    )
     model, inference_copy = wrap_for_ranks(model, critic_strategy(cfg) if world_size > 1 else "", world_size)
     optimizer = make_optimizer(model, c.optim)
     scheduler = make_scheduler(optimizer, c.optim, total_steps)
     split = no_grad_split(c.forward_micro_batch_size_per_gpu, c.use_dynamic_bsz, c.forward_max_token_len_per_gpu)
-    return Learner(kind="critic", model=model, optimizer=optimizer, scheduler=scheduler,
-                   update_config=to_critic_update_config(cfg), no_grad_split=split, inference_copy=inference_copy)
+    return Learner(
+        kind="critic",
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        update_config=to_critic_update_config(cfg),
+        no_grad_split=split,
+        inference_copy=inference_copy,
+    )

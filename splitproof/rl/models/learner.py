@@ -57,8 +57,14 @@ class Learner:
         actor = self.kind == "actor"
         engine_update, summarize = (update_policy, actor_metrics) if actor else (update_critic, critic_metrics)
         self.model.train()
-        results = engine_update(self.model, self.optimizer, batch, self.update_config, collective=collective,
-                                first_optimizer_step=self.optimizer_steps)
+        results = engine_update(
+            self.model,
+            self.optimizer,
+            batch,
+            self.update_config,
+            collective=collective,
+            first_optimizer_step=self.optimizer_steps,
+        )
         self.optimizer_steps += len(results)
         lr = self.optimizer.param_groups[0]["lr"]
         self.scheduler.step()

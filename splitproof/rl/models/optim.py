@@ -36,8 +36,9 @@ def warmup_steps(optim, total_steps: int) -> int:
     return int(optim.lr_warmup_steps_ratio * total_steps)
 
 
-def lr_multiplier(kind: str, step: int, *, warmup: int, total: int, min_lr_ratio: float = 0.0,
-                  num_cycles: float = 0.5) -> float:
+def lr_multiplier(
+    kind: str, step: int, *, warmup: int, total: int, min_lr_ratio: float = 0.0, num_cycles: float = 0.5
+) -> float:
     if kind == "constant":
         return step / max(1, warmup) if step < warmup else 1.0
     if kind == "cosine":
@@ -54,5 +55,9 @@ def make_scheduler(optimizer: torch.optim.Optimizer, optim, total_steps: int) ->
     total = optim.total_training_steps if optim.total_training_steps and optim.total_training_steps > 0 else total_steps
     warmup = warmup_steps(optim, total)
     lr_multiplier(kind, 0, warmup=warmup, total=total)  # refuse an unknown kind now, not at the first step
-    return LambdaLR(optimizer, lambda s: lr_multiplier(kind, s, warmup=warmup, total=total,
-                                                       min_lr_ratio=optim.min_lr_ratio, num_cycles=optim.num_cycles))
+    return LambdaLR(
+        optimizer,
+        lambda s: lr_multiplier(
+            kind, s, warmup=warmup, total=total, min_lr_ratio=optim.min_lr_ratio, num_cycles=optim.num_cycles
+        ),
+    )

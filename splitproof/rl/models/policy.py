@@ -11,8 +11,8 @@ import os
 import torch
 from torch import nn
 
-from ...loss_config import ConfigError
 from ...hf_models import load_causal_lm, unwrap
+from ...loss_config import ConfigError
 from ..config.schema import BUILTIN_MODEL
 
 MODEL_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
@@ -38,8 +38,9 @@ def load_tokenizer(model_cfg):
     path = model_cfg.tokenizer_path or model_directory(model_cfg.path)
     if model_cfg.tokenizer_path and not os.path.isdir(os.path.expanduser(path)):
         raise ConfigError("actor_rollout_ref.model.tokenizer_path", f"{path!r} is not a local directory")
-    tokenizer = AutoTokenizer.from_pretrained(os.path.expanduser(path), local_files_only=True,
-                                              trust_remote_code=model_cfg.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(
+        os.path.expanduser(path), local_files_only=True, trust_remote_code=model_cfg.trust_remote_code
+    )
     if model_cfg.custom_chat_template:
         tokenizer.chat_template = model_cfg.custom_chat_template
     if tokenizer.eos_token_id is None:
@@ -59,8 +60,9 @@ def load_value_model(model_cfg, *, dtype: torch.dtype, seed: int, vocab_size: in
     from ...value_model import value_model_from_pretrained
 
     key = "critic.model.path"
-    model = value_model_from_pretrained(model_directory(model_cfg.path, key), dtype=dtype, seed=seed,
-                                        trust_remote_code=model_cfg.trust_remote_code)
+    model = value_model_from_pretrained(
+        model_directory(model_cfg.path, key), dtype=dtype, seed=seed, trust_remote_code=model_cfg.trust_remote_code
+    )
     return _prepared(model, model_cfg, vocab_size, key)
 
 

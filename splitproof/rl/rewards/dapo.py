@@ -12,7 +12,8 @@ buffer length L, penalty factor f and M = ``max_resp_len``:
 
 zero up to M - L tokens, then falling linearly to -f at M. The reward is score + overlong_reward.
 The ``dapo`` manager's extra values, as verl's: ``acc`` = the score when the reward function returns a
-number (or, as the built-in rules do, a number with the ``pred`` it compared), and with ``log``: ``overlong_reward`` and ``overlong`` (1.0 when the penalty is negative).
+number (or, as the built-in rules do, a number with the ``pred`` it compared), and with ``log``: ``overlong_reward``
+and ``overlong`` (1.0 when the penalty is negative).
 verl computes the penalty in float32 (a tensor length); here it is float64.
 """
 
@@ -99,8 +100,10 @@ def apply_manager(manager: RewardManager, rewards: Rewards, lengths: list[int]) 
 
 def _merged_kwargs(reward_kwargs: dict, legacy_kwargs: dict) -> tuple[dict, str]:
     if reward_kwargs and legacy_kwargs and reward_kwargs != legacy_kwargs:
-        raise ConfigError("reward_model.reward_kwargs",
-                          "differs from reward.reward_kwargs; verl maps one onto the other: set one of them")
+        raise ConfigError(
+            "reward_model.reward_kwargs",
+            "differs from reward.reward_kwargs; verl maps one onto the other: set one of them",
+        )
     if legacy_kwargs:
         return dict(legacy_kwargs), "reward_model.reward_kwargs"
     return dict(reward_kwargs), "reward.reward_kwargs"
@@ -108,12 +111,17 @@ def _merged_kwargs(reward_kwargs: dict, legacy_kwargs: dict) -> tuple[dict, str]
 
 def _manager_name(name: str, legacy: str | None) -> tuple[str, str]:
     if legacy is not None and name not in ("naive", legacy):
-        raise ConfigError("reward_model.reward_manager",
-                          f"is {legacy!r} while reward.reward_manager.name is {name!r}; set one of them")
-    chosen, key = (legacy, "reward_model.reward_manager") if legacy is not None else (name, "reward.reward_manager.name")
+        raise ConfigError(
+            "reward_model.reward_manager",
+            f"is {legacy!r} while reward.reward_manager.name is {name!r}; set one of them",
+        )
+    chosen, key = (
+        (legacy, "reward_model.reward_manager") if legacy is not None else (name, "reward.reward_manager.name")
+    )
     if chosen not in MANAGERS:
-        raise ConfigError(key, f"reward manager {chosen!r} is not implemented by splitproof; expected one of "
-                               f"{', '.join(MANAGERS)}")
+        raise ConfigError(
+            key, f"reward manager {chosen!r} is not implemented by splitproof; expected one of {', '.join(MANAGERS)}"
+        )
     return chosen, key
 
 
@@ -124,16 +132,18 @@ def _number(value, key: str, *, integer: bool = False):
     return value
 
 
-def reward_manager(name: str, legacy_name: str | None, reward_kwargs: dict, legacy_kwargs: dict,
-                   max_response_length: int) -> RewardManager:
+def reward_manager(
+    name: str, legacy_name: str | None, reward_kwargs: dict, legacy_kwargs: dict, max_response_length: int
+) -> RewardManager:
     """The run's reward manager from verl's keys (both spellings); a ``ConfigError`` names the key of any
     manager we do not implement, kwargs it would ignore, or an overlong buffer that cannot work."""
     chosen, name_key = _manager_name(name, legacy_name)
     kwargs, prefix = _merged_kwargs(reward_kwargs or {}, legacy_kwargs or {})
     for key in kwargs:
         if key not in KWARG_KEYS:
-            raise ConfigError(f"{prefix}.{key}", f"unknown reward-manager argument; the dapo manager reads "
-                                                 f"{', '.join(KWARG_KEYS)}")
+            raise ConfigError(
+                f"{prefix}.{key}", f"unknown reward-manager argument; the dapo manager reads {', '.join(KWARG_KEYS)}"
+            )
     if chosen == "naive":
         if kwargs:
             raise ConfigError(prefix, f"is read only by the dapo reward manager, but {name_key} is 'naive'")
@@ -143,7 +153,9 @@ def reward_manager(name: str, legacy_name: str | None, reward_kwargs: dict, lega
         raise ConfigError(f"{prefix}.overlong_buffer_cfg", f"must be a mapping, got {cfg!r}")
     for key in cfg:
         if key not in OVERLONG_KEYS:
-            raise ConfigError(f"{prefix}.overlong_buffer_cfg.{key}", f"unknown key; expected {', '.join(OVERLONG_KEYS)}")
+            raise ConfigError(
+                f"{prefix}.overlong_buffer_cfg.{key}", f"unknown key; expected {', '.join(OVERLONG_KEYS)}"
+            )
     if not cfg.get("enable", False):
         return RewardManager("dapo")
     where = f"{prefix}.overlong_buffer_cfg"
@@ -151,15 +163,25 @@ def reward_manager(name: str, legacy_name: str | None, reward_kwargs: dict, lega
     factor = _number(cfg.get("penalty_factor"), f"{where}.penalty_factor")
     max_len = kwargs.get("max_resp_len")
     if max_len is None:
-        raise ConfigError(f"{prefix}.max_resp_len", "must be set when the overlong buffer is enabled (verl: the "
-                                                    f"response length the buffer ends at, e.g. {max_response_length})")
+        raise ConfigError(
+            f"{prefix}.max_resp_len",
+            "must be set when the overlong buffer is enabled (verl: the "
+            f"response length the buffer ends at, e.g. {max_response_length})",
+        )
     max_len = _number(max_len, f"{prefix}.max_resp_len", integer=True)
     if length <= 0:
         raise ConfigError(f"{where}.len", f"must be > 0 when the overlong buffer is enabled, got {length}")
     if length > max_len:
         raise ConfigError(f"{where}.len", f"{length} is longer than {prefix}.max_resp_len ({max_len})")
     if length > max_response_length:
-        raise ConfigError(f"{where}.len", f"{length} is longer than data.max_response_length ({max_response_length}):"
-                                          " no response could be penalised as the buffer says")
-    return RewardManager("dapo", OverlongBuffer(length=length, penalty_factor=float(factor), max_resp_len=max_len,
-                                                log=bool(cfg.get("log", False))))
+        raise ConfigError(
+            f"{where}.len",
+            f"{length} is longer than data.max_response_length ({max_response_length}):"
+            " no response could be penalised as the buffer says",
+        )
+    return RewardManager(
+        "dapo",
+        OverlongBuffer(
+            length=length, penalty_factor=float(factor), max_resp_len=max_len, log=bool(cfg.get("log", False))
+        ),
+    )

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from ...loss_config import ConfigError
 from ..data.dynamic_sampling import SCORE_METRICS
-from .scored import Rewards
 from .dapo import RewardManager, apply_manager
 from .functions import RewardError, score
+from .scored import Rewards
 
 
 @dataclass(frozen=True)
@@ -43,12 +43,16 @@ def check_filter_metric(metric: str, manager: RewardManager, reward_fn, dataset,
     try:
         names = reward_extra_names(manager, reward_fn, dataset, tokenizer)
     except RewardError as err:
-        warnings.warn(f"algorithm.filter_groups.metric={metric!r}: cannot check it before training, the reward "
-                      f"function failed on an empty response ({err}); it is checked at the first generation round",
-                      stacklevel=2)
+        warnings.warn(
+            f"algorithm.filter_groups.metric={metric!r}: cannot check it before training, the reward "
+            f"function failed on an empty response ({err}); it is checked at the first generation round",
+            stacklevel=2,
+        )
         return
     if metric not in names:
         offered = ", ".join(sorted(set(SCORE_METRICS) | names))
-        raise ConfigError("algorithm.filter_groups.metric",
-                          f"{metric!r} is not produced by the reward function (with reward manager "
-                          f"{manager.name!r}); it offers: {offered}")
+        raise ConfigError(
+            "algorithm.filter_groups.metric",
+            f"{metric!r} is not produced by the reward function (with reward manager "
+            f"{manager.name!r}); it offers: {offered}",
+        )

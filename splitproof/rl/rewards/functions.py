@@ -29,9 +29,10 @@ import numbers
 import os
 import sys
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -203,6 +204,7 @@ def _check_verl_signature(fn: Callable, label: str, reward_kwargs: dict) -> None
 
 def _rule_function(rule: Callable[[str, Any], float], answer: Callable[[str], str | None] | None) -> Callable:
     """verl's ``compute_score`` of a rule: the score, with the answer it compared as ``pred`` when known."""
+
     def compute_score(data_source, solution_str, ground_truth, extra_info=None):
         if answer is None:
             return rule(solution_str, ground_truth)
@@ -220,8 +222,11 @@ def default_reward_for(data_source: str) -> RewardFunction:
             f"{what} no built-in reward rule; name a reward function (custom_reward_function.path and .name) "
             f"or use a data_source with a rule: {', '.join(rules.RULES)}"
         )
-    return RewardFunction(fn=_rule_function(rule, rules.ANSWERS.get(data_source)),
-                          name=f"built-in rule for {data_source!r}", convention="verl")
+    return RewardFunction(
+        fn=_rule_function(rule, rules.ANSWERS.get(data_source)),
+        name=f"built-in rule for {data_source!r}",
+        convention="verl",
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -434,19 +439,3 @@ def score(
     keys = dict.fromkeys(k for extra in extras for k in extra)
     extra = {k: [e.get(k, math.nan) for e in extras] for k in keys}
     return RewardResult(scores=torch.tensor(values, dtype=torch.float64), extra=extra, responses=texts)
-
-
-def token_level_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """verl's ``token_level_scores``: each sequence's score on its last response token, zero elsewhere."""
-    mask = response_mask.bool()
-    if mask.dim() != 2 or scores.shape != mask.shape[:1]:
-        shapes = f"scores {tuple(scores.shape)} do not fit response_mask {tuple(mask.shape)}"
-        raise ValueError(f"token_level_scores: {shapes}")
-    empty = (~mask.any(dim=1)).nonzero().flatten().tolist()
-    if empty:
-        raise ValueError(f"token_level_scores: sequence {empty[0]} has no response token to hold its score")
-    positions = torch.arange(mask.shape[1]).expand_as(mask)
-    last = torch.where(mask, positions, -1).amax(dim=1)
-    out = torch.zeros(mask.shape, dtype=scores.dtype)
-    out[torch.arange(mask.shape[0]), last] = scores
-    return out

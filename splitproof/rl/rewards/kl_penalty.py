@@ -31,15 +31,27 @@ _PREFIX = "algorithm.kl_ctrl."
 
 def check_kl_control(config: KLControlConfig) -> KLControlConfig:
     """``config`` (verl's ``algorithm.kl_ctrl``: same keys, same defaults), or a ``ConfigError`` naming the key."""
-    require(config.type in KL_CTRL_TYPES, _PREFIX + "type",
-           f"unknown {config.type!r}; expected one of {', '.join(KL_CTRL_TYPES)}")
-    require(is_finite_number(config.kl_coef) and config.kl_coef >= 0, _PREFIX + "kl_coef",
-           f"must be a finite number >= 0, got {config.kl_coef!r}")
+    require(
+        config.type in KL_CTRL_TYPES,
+        _PREFIX + "type",
+        f"unknown {config.type!r}; expected one of {', '.join(KL_CTRL_TYPES)}",
+    )
+    require(
+        is_finite_number(config.kl_coef) and config.kl_coef >= 0,
+        _PREFIX + "kl_coef",
+        f"must be a finite number >= 0, got {config.kl_coef!r}",
+    )
     if config.type == "adaptive":
-        require(isinstance(config.horizon, int) and not isinstance(config.horizon, bool) and config.horizon > 0,
-               _PREFIX + "horizon", f"must be an int > 0, got {config.horizon!r}")
-        require(is_finite_number(config.target_kl) and config.target_kl > 0, _PREFIX + "target_kl",
-               f"must be > 0, got {config.target_kl!r}")
+        require(
+            isinstance(config.horizon, int) and not isinstance(config.horizon, bool) and config.horizon > 0,
+            _PREFIX + "horizon",
+            f"must be an int > 0, got {config.horizon!r}",
+        )
+        require(
+            is_finite_number(config.target_kl) and config.target_kl > 0,
+            _PREFIX + "target_kl",
+            f"must be > 0, got {config.target_kl!r}",
+        )
     return config
 
 
@@ -52,16 +64,26 @@ class _KLController:
         return {"type": self.type, "value": self.value}
 
     def load_state_dict(self, state: Mapping) -> None:
-        require(state.get("type") == self.type, "kl_ctrl state",
-               f"is for a {state.get('type')!r} controller, this one is {self.type!r}")
-        require(is_finite_number(state.get("value")), "kl_ctrl state", f"value must be a finite number, got {state.get('value')!r}")
+        require(
+            state.get("type") == self.type,
+            "kl_ctrl state",
+            f"is for a {state.get('type')!r} controller, this one is {self.type!r}",
+        )
+        require(
+            is_finite_number(state.get("value")),
+            "kl_ctrl state",
+            f"value must be a finite number, got {state.get('value')!r}",
+        )
         self.value = float(state["value"])
 
     @staticmethod
     def _check_update(current_kl: float, n_steps: int) -> None:
         require(is_finite_number(current_kl), "current_kl", f"must be a finite number, got {current_kl!r}")
-        require(isinstance(n_steps, int) and not isinstance(n_steps, bool) and n_steps >= 0, "n_steps",
-               f"must be an int >= 0, got {n_steps!r}")
+        require(
+            isinstance(n_steps, int) and not isinstance(n_steps, bool) and n_steps >= 0,
+            "n_steps",
+            f"must be an int >= 0, got {n_steps!r}",
+        )
 
 
 class FixedKLController(_KLController):
@@ -121,25 +143,38 @@ def kl_penalty_kind(kl_penalty: str) -> str:
     """The per-token estimator of ``algorithm.kl_penalty`` (a '+' suffix only changes gradients, none here)."""
     field = "algorithm.kl_penalty"
     if kl_penalty == "full":
-        raise ConfigError(field, "'full' needs both policies' whole vocabulary distributions, which the reward "
-                                 f"stage does not keep; use one of {', '.join(KL_TYPES)}")
+        raise ConfigError(
+            field,
+            "'full' needs both policies' whole vocabulary distributions, which the reward "
+            f"stage does not keep; use one of {', '.join(KL_TYPES)}",
+        )
     base = kl_penalty[:-1] if isinstance(kl_penalty, str) and kl_penalty.endswith("+") else kl_penalty
-    require(base in KL_TYPES, field, f"unknown {kl_penalty!r}; expected one of {', '.join(KL_TYPES)} (optionally with '+')")
+    require(
+        base in KL_TYPES, field, f"unknown {kl_penalty!r}; expected one of {', '.join(KL_TYPES)} (optionally with '+')"
+    )
     return base
 
 
 def _float64(name: str, value, shape: tuple[int, ...], valid: Tensor) -> Tensor:
     if not isinstance(value, Tensor) or not value.is_floating_point() or tuple(value.shape) != shape:
-        raise BatchError(name, f"must be a floating-point tensor of shape {list(shape)}, got "
-                               f"{getattr(value, 'dtype', type(value).__name__)} {list(getattr(value, 'shape', []))}")
+        raise BatchError(
+            name,
+            f"must be a floating-point tensor of shape {list(shape)}, got "
+            f"{getattr(value, 'dtype', type(value).__name__)} {list(getattr(value, 'shape', []))}",
+        )
     copy = value.detach().to(device="cpu", dtype=torch.float64)
     check_finite_on(name, copy, valid)
     return copy
 
 
-def apply_kl_penalty(token_level_scores: Tensor, old_log_probs: Tensor, ref_log_probs: Tensor,
-                     response_mask: Tensor, kl_ctrl: FixedKLController | AdaptiveKLController,
-                     kl_penalty: str = "kl") -> tuple[Tensor, dict[str, float]]:
+def apply_kl_penalty(
+    token_level_scores: Tensor,
+    old_log_probs: Tensor,
+    ref_log_probs: Tensor,
+    response_mask: Tensor,
+    kl_ctrl: FixedKLController | AdaptiveKLController,
+    kl_penalty: str = "kl",
+) -> tuple[Tensor, dict[str, float]]:
     """Token-level rewards with the KL penalty, and verl's metrics; updates ``kl_ctrl`` once (n_steps = B).
 
     ``old_log_probs`` are the actor's log-probs of the responses before the update (verl's

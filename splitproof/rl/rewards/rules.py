@@ -104,7 +104,7 @@ MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "Hugging
 # data_source → rule(response, ground_truth). verl's names for the sets it scores by rule, then ours.
 RULES = {
     "openai/gsm8k": gsm8k_score,
-    **{source: math_verify_score for source in MATH_SOURCES},
+    **dict.fromkeys(MATH_SOURCES, math_verify_score),
     **tasks.SCORES,
     "exact_match": exact_match,
     "last_number": last_number_match,

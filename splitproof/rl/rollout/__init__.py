@@ -5,4 +5,12 @@ the rollout policy and the policy that recomputes the old log-probs (``correctio
 from .assemble import samples_to_tokens
 from .hf import HFRollout, RolloutError, Sample, SamplingParams, requests_for, samples_to_batch
 
-__all__ = ["HFRollout", "RolloutError", "Sample", "SamplingParams", "requests_for", "samples_to_batch", "samples_to_tokens"]
+__all__ = [
+    "HFRollout",
+    "RolloutError",
+    "Sample",
+    "SamplingParams",
+    "requests_for",
+    "samples_to_batch",
+    "samples_to_tokens",
+]

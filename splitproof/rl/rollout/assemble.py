@@ -25,8 +25,9 @@ def token_masks(samples: Sequence) -> list | None:
     return None
 
 
-def samples_to_tokens(samples: Sequence, *, response_width: int, pad_token_id: int,
-                      dtype: torch.dtype = torch.float32) -> tuple[TokenBatch, Tensor]:
+def samples_to_tokens(
+    samples: Sequence, *, response_width: int, pad_token_id: int, dtype: torch.dtype = torch.float32
+) -> tuple[TokenBatch, Tensor]:
     """The samples' token layout (``samples[i]`` becomes row i; bool masks) and their rollout log-probs
     [B, response_width] in ``dtype`` (0 on padding); a sample that does not fit is named."""
     for sample in samples:
@@ -36,10 +37,15 @@ def samples_to_tokens(samples: Sequence, *, response_width: int, pad_token_id: i
             raise ValueError(f"{where} has {t} response tokens > max_response_length {response_width}")
         if len(sample.log_probs) != t:
             raise ValueError(f"{where} has {len(sample.log_probs)} log-probs for {t} response tokens")
-    tokens = TokenBatch.from_sequences([s.prompt_ids for s in samples], [s.response_ids for s in samples],
-                                       response_mask=token_masks(samples), response_width=response_width,
-                                       pad_token_id=pad_token_id)
+    tokens = TokenBatch.from_sequences(
+        [s.prompt_ids for s in samples],
+        [s.response_ids for s in samples],
+        response_mask=token_masks(samples),
+        response_width=response_width,
+        pad_token_id=pad_token_id,
+    )
     tokens.attention_mask, tokens.response_mask = tokens.attention_mask.bool(), tokens.response_mask.bool()
-    log_probs = pad_per_token("log_probs", [s.log_probs for s in samples], [len(s.response_ids) for s in samples],
-                              response_width, dtype)
+    log_probs = pad_per_token(
+        "log_probs", [s.log_probs for s in samples], [len(s.response_ids) for s in samples], response_width, dtype
+    )
     return tokens, log_probs

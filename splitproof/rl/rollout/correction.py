@@ -119,8 +119,9 @@ def _weights(m: _Mismatch, level: str, threshold: float) -> Tensor:
     return _raw_weights(m, level).clamp(max=threshold)
 
 
-def rollout_is_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, level: str,
-                       threshold: float) -> Tensor:
+def rollout_is_weights(
+    old_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor, level: str, threshold: float
+) -> Tensor:
     """Truncated importance weights [B, T] in ``old_log_probs``' dtype, detached, 0 on padding.
 
     token: w_t = min(exp(clip₂₀(δ_t)), C); sequence: w_t = min(exp(clip₂₀(Σ_s δ_s)), C) for every valid t;
@@ -130,8 +131,14 @@ def rollout_is_weights(old_log_probs: Tensor, rollout_log_probs: Tensor, respons
     return m.tokens.to_batch(_weights(m, level, threshold)).to(old_log_probs.device, old_log_probs.dtype)
 
 
-def is_metrics(weights: Tensor, old_log_probs: Tensor, rollout_log_probs: Tensor, response_mask: Tensor,
-               level: str, threshold: float) -> dict[str, float]:
+def is_metrics(
+    weights: Tensor,
+    old_log_probs: Tensor,
+    rollout_log_probs: Tensor,
+    response_mask: Tensor,
+    level: str,
+    threshold: float,
+) -> dict[str, float]:
     """verl's IS-weight statistics (names without the ``rollout_corr/`` prefix) of truncated ``weights``.
 
     ``rollout_is_mean`` = token mean w̄ of w; ``_std`` = its population std over tokens;
@@ -165,15 +172,17 @@ def _is_metrics(m: _Mismatch, w: Tensor, level: str, threshold: float) -> dict[s
     out["rollout_is_eff_sample_size"] = 1.0 / tokens.mean((w / mean) ** 2)
     seq = tokens.row_means(w)
     raw_seq = _clipped_exp(sums) if level == "sequence" else tokens.row_means(raw)  # a row's untruncated mean
-    out.update({
-        "rollout_is_seq_mean": _mean(seq),
-        "rollout_is_seq_std": _sample_std(seq),
-        "rollout_is_seq_max": float(seq.max()),
-        "rollout_is_seq_min": float(seq.min()),
-        "rollout_is_seq_max_deviation": float((seq - 1.0).abs().max()),
-        "rollout_is_seq_fraction_high": _share(raw_seq > threshold),
-        "rollout_is_seq_fraction_low": _share(raw_seq < low),
-    })
+    out.update(
+        {
+            "rollout_is_seq_mean": _mean(seq),
+            "rollout_is_seq_std": _sample_std(seq),
+            "rollout_is_seq_max": float(seq.max()),
+            "rollout_is_seq_min": float(seq.min()),
+            "rollout_is_seq_max_deviation": float((seq - 1.0).abs().max()),
+            "rollout_is_seq_fraction_high": _share(raw_seq > threshold),
+            "rollout_is_seq_fraction_low": _share(raw_seq < low),
+        }
+    )
     return out
 
 
@@ -218,8 +227,9 @@ def _offpolicy_metrics(m: _Mismatch) -> dict[str, float]:
     }
 
 
-def rollout_correction(config, old_log_probs: Tensor, rollout_log_probs: Tensor | None,
-                       response_mask: Tensor) -> tuple[Tensor | None, dict[str, float]]:
+def rollout_correction(
+    config, old_log_probs: Tensor, rollout_log_probs: Tensor | None, response_mask: Tensor
+) -> tuple[Tensor | None, dict[str, float]]:
     """The step's rollout correction: ``(rollout_is_weights or None, rollout_corr/ metrics)``.
 
     As verl's trainer: nothing without the rollout's log-probs or in bypass mode (the old log-probs *are*

@@ -76,30 +76,53 @@ class EpisodeRollout:
     def max_num_seqs(self) -> int:
         return self.rollout.max_num_seqs
 
-    def generate(self, requests: Sequence[Request], params: SamplingParams, *, step: int,
-                 stream: int = 0) -> list[Episode]:
+    def generate(
+        self, requests: Sequence[Request], params: SamplingParams, *, step: int, stream: int = 0
+    ) -> list[Episode]:
         s = self.settings
         budget = params.max_response_length
-        episodes = [Episode(uid=int(uid), sample_index=int(j), prompt_ids=[int(t) for t in ids], response_ids=[],
-                            log_probs=[], finished=False) for uid, j, ids in requests]
-        runner = ToolRunner(self.tools, workers=s.num_workers, timeout=s.tool_timeout,
-                            max_length=s.max_tool_response_length, truncate_side=s.tool_response_truncate_side)
+        episodes = [
+            Episode(
+                uid=int(uid),
+                sample_index=int(j),
+                prompt_ids=[int(t) for t in ids],
+                response_ids=[],
+                log_probs=[],
+                finished=False,
+            )
+            for uid, j, ids in requests
+        ]
+        runner = ToolRunner(
+            self.tools,
+            workers=s.num_workers,
+            timeout=s.tool_timeout,
+            max_length=s.max_tool_response_length,
+            truncate_side=s.tool_response_truncate_side,
+        )
         try:
             live, rounds = list(range(len(episodes))), 0
             while live:
                 pending: dict[int, list] = {}  # episode -> its running calls (episodes that go on)
                 for start in range(0, len(live), self.max_num_seqs):
-                    chunk = [episodes[i] for i in live[start:start + self.max_num_seqs]]
+                    chunk = [episodes[i] for i in live[start : start + self.max_num_seqs]]
                     turns = self.rollout.generate(
-                        [(e.uid, e.sample_index, e.prompt_ids + e.response_ids) for e in chunk], params, step=step,
-                        stream=stream, positions=[len(e.response_ids) for e in chunk],
-                        budgets=[budget - len(e.response_ids) for e in chunk])
-                    for i, episode, turn in zip(live[start:start + self.max_num_seqs], chunk, turns):
+                        [(e.uid, e.sample_index, e.prompt_ids + e.response_ids) for e in chunk],
+                        params,
+                        step=step,
+                        stream=stream,
+                        positions=[len(e.response_ids) for e in chunk],
+                        budgets=[budget - len(e.response_ids) for e in chunk],
+                    )
+                    for i, episode, turn in zip(live[start : start + self.max_num_seqs], chunk, turns):
                         calls = self._model_turn(episode, turn, budget)
                         if calls:
                             pending[i] = [runner.submit(c) for c in calls]
-                live = [i for i in live if i in pending  # canonical order: episode, then call
-                        and self._tool_turn(episodes[i], [runner.result(h) for h in pending[i]], budget)]
+                live = [
+                    i
+                    for i in live
+                    if i in pending  # canonical order: episode, then call
+                    and self._tool_turn(episodes[i], [runner.result(h) for h in pending[i]], budget)
+                ]
                 rounds += 1
                 pause_point(f"step{step}:stream{stream}:tools{rounds}")  # a kill test stops here mid-episode
         finally:
@@ -123,7 +146,7 @@ class EpisodeRollout:
         calls, malformed = self.format.parse(turn.response_ids)
         episode.malformed_calls += malformed
         episode.dropped_calls += max(len(calls) - s.max_parallel_calls, 0)
-        return calls[:s.max_parallel_calls]
+        return calls[: s.max_parallel_calls]
 
     def _tool_turn(self, episode: Episode, results: list, budget: int) -> bool:
         """Append the responses of a turn's calls; whether the episode goes on."""
@@ -152,7 +175,9 @@ def episode_metrics(samples: Sequence) -> dict[str, float]:
     calls = sum(e.tool_calls for e in samples)
     failures = sum(e.tool_errors + e.tool_timeouts for e in samples)
     return {
-        "num_turns/min": float(min(turns)), "num_turns/max": float(max(turns)), "num_turns/mean": sum(turns) / n,
+        "num_turns/min": float(min(turns)),
+        "num_turns/max": float(max(turns)),
+        "num_turns/mean": sum(turns) / n,
         "multi_turn/tool_calls/mean": calls / n,
         "multi_turn/tool_failures/mean": failures / n,
         "multi_turn/tool_failure_ratio": failures / calls if calls else 0.0,

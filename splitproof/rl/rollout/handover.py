@@ -21,8 +21,13 @@ def aliases(weights: dict[str, torch.Tensor]) -> dict[str, str]:
     for name, tensor in weights.items():
         if tensor.numel() == 0:
             continue
-        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tensor.stride(),
-               tensor.dtype)
+        key = (
+            tensor.untyped_storage().data_ptr(),
+            tensor.storage_offset(),
+            tuple(tensor.shape),
+            tensor.stride(),
+            tensor.dtype,
+        )
         if key in first:
             repeats[name] = first[key]
         else:

@@ -34,10 +34,10 @@ import torch
 from torch import Tensor, nn
 
 from splitproof.batch import RolloutBatch
-from splitproof.loss_config import ConfigError
 from splitproof.engine.logprobs import logits_of, param_dtype, takes_logits_to_keep
 from splitproof.engine.row_invariant import row_invariant
 from splitproof.hf_models import base_model_of, unwrap, vocab_size_of
+from splitproof.loss_config import ConfigError
 from splitproof.rl.rollout.assemble import token_masks
 from splitproof.rl.rollout.sampling import sample_tokens, shift_keys, stream_keys, stream_uniforms
 from splitproof.rl.stop import decode_point
@@ -51,8 +51,9 @@ Request = tuple[int, int, Sequence[int]]
 class RolloutError(ValueError):
     """A bad generation request: names the field and the request (position, uid, sample index)."""
 
-    def __init__(self, field: str, message: str, position: int | None = None, uid: int | None = None,
-                 index: int | None = None):
+    def __init__(
+        self, field: str, message: str, position: int | None = None, uid: int | None = None, index: int | None = None
+    ):
         where = f" (requests[{position}], uid {uid}, sample {index})" if position is not None else ""
         super().__init__(f"{field}{where}: {message}")
         self.field, self.position, self.uid, self.index = field, position, uid, index
@@ -75,7 +76,7 @@ class SamplingParams:
     def greedy(self) -> bool:
         return not self.do_sample or self.temperature == 0
 
-    def validate(self) -> "SamplingParams":
+    def validate(self) -> SamplingParams:
         def integer(name: str, low: int) -> None:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= _INT64_MAX:
@@ -86,8 +87,11 @@ class SamplingParams:
         integer("seed", 0)
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < -1:
             raise ConfigError("top_k", f"must be -1 (off), 0 (off) or a positive integer, got {self.top_k!r}")
-        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0 \
-                or self.temperature == float("inf"):
+        if (
+            not isinstance(self.temperature, (int, float))
+            or not self.temperature >= 0
+            or self.temperature == float("inf")
+        ):
             raise ConfigError("temperature", f"must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise ConfigError("top_p", f"must be in (0, 1], got {self.top_p!r}")
@@ -178,8 +182,16 @@ class HFRollout:
     cost, never the tokens.
     """
 
-    def __init__(self, model: nn.Module, *, eos_token_ids: int | Iterable[int] | None, pad_token_id: int | None,
-                 max_num_seqs: int = 256, pad_multiple: int = 16, min_rows: int = 16):
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        eos_token_ids: int | Iterable[int] | None,
+        pad_token_id: int | None,
+        max_num_seqs: int = 256,
+        pad_multiple: int = 16,
+        min_rows: int = 16,
+    ):
         for name, value in (("max_num_seqs", max_num_seqs), ("pad_multiple", pad_multiple), ("min_rows", min_rows)):
             if not _is_int(value) or value < 1:
                 raise ConfigError(name, f"must be a positive integer, got {value!r}")
@@ -212,21 +224,34 @@ class HFRollout:
             if j >= params.n:
                 raise RolloutError("sample index", f"must be < n = {params.n}", pos, uid, j)
             if (uid, j) in seen:
-                raise RolloutError("requests", f"duplicate (uid, sample index): also requests[{seen[uid, j]}]",
-                                   pos, uid, j)
+                raise RolloutError(
+                    "requests", f"duplicate (uid, sample index): also requests[{seen[uid, j]}]", pos, uid, j
+                )
             seen[uid, j] = pos
             if len(ids) == 0:
                 raise RolloutError("prompt_ids", "empty prompt", pos, uid, j)
             bad = _first_bad_token(ids, self.vocab_size)
             if bad is not None:
-                raise RolloutError("prompt_ids", f"token id {bad[0]!r} outside the model's vocabulary "
-                                   f"[0, {self.vocab_size})", pos, uid, j)
+                raise RolloutError(
+                    "prompt_ids",
+                    f"token id {bad[0]!r} outside the model's vocabulary [0, {self.vocab_size})",
+                    pos,
+                    uid,
+                    j,
+                )
 
     # ------------------------------------------------------------------------------------ generation
 
-    def generate(self, requests: Sequence[Request], params: SamplingParams, *, step: int,
-                 stream: int = 0, positions: Sequence[int] | None = None,
-                 budgets: Sequence[int] | None = None) -> list[Sample]:
+    def generate(
+        self,
+        requests: Sequence[Request],
+        params: SamplingParams,
+        *,
+        step: int,
+        stream: int = 0,
+        positions: Sequence[int] | None = None,
+        budgets: Sequence[int] | None = None,
+    ) -> list[Sample]:
         """One :class:`Sample` per request, in request order.
 
         ``positions`` (default 0): where each request's first new token sits in its stream, so token t
@@ -236,7 +261,9 @@ class HFRollout:
         positions = [0] * len(requests) if positions is None else [int(p) for p in positions]
         budgets = [params.max_response_length] * len(requests) if budgets is None else [int(b) for b in budgets]
         if len(positions) != len(requests) or len(budgets) != len(requests):
-            raise RolloutError("requests", f"{len(requests)} requests, {len(positions)} positions, {len(budgets)} budgets")
+            raise RolloutError(
+                "requests", f"{len(requests)} requests, {len(positions)} positions, {len(budgets)} budgets"
+            )
         if any(not 1 <= b <= params.max_response_length for b in budgets) or any(p < 0 for p in positions):
             raise RolloutError("budgets", f"need 1 <= budget <= {params.max_response_length} and position >= 0")
         for name, value in (("step", step), ("stream", stream)):
@@ -251,16 +278,25 @@ class HFRollout:
             with torch.no_grad(), row_invariant(model):  # fixed-row products: engine.row_invariant
                 for start in range(0, len(requests), self.max_num_seqs):
                     chunk = slice(start, start + self.max_num_seqs)
-                    samples.extend(self._generate_chunk(model, requests[chunk], params, step, stream,
-                                                        positions[chunk], budgets[chunk]))
+                    samples.extend(
+                        self._generate_chunk(
+                            model, requests[chunk], params, step, stream, positions[chunk], budgets[chunk]
+                        )
+                    )
         finally:
             model.train(was_training)
         return samples
 
     def _sample(self, logits: Tensor, uniforms: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor]:
         """The next token of each row (one uniform each) and its log-prob: ``splitproof.rl.rollout.sampling``'s rule."""
-        return sample_tokens(logits, uniforms, temperature=params.temperature, top_k=params.top_k,
-                             top_p=params.top_p, greedy=params.greedy)
+        return sample_tokens(
+            logits,
+            uniforms,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            greedy=params.greedy,
+        )
 
     def _prefill_inputs(self, prompts: list[Sequence[int]], device: torch.device) -> tuple[Tensor, Tensor]:
         width = max(canonical_prompt_width(len(p), self.pad_multiple) for p in prompts)
@@ -270,24 +306,31 @@ class HFRollout:
         mask = (torch.arange(width) >= width - lengths.unsqueeze(1)).long()
         return ids.to(device), mask.to(device)
 
-    def _generate_chunk(self, model: nn.Module, chunk: Sequence[Request], params: SamplingParams, step: int,
-                        stream: int, positions: Sequence[int], budgets: Sequence[int]) -> list[Sample]:
+    def _generate_chunk(
+        self,
+        model: nn.Module,
+        chunk: Sequence[Request],
+        params: SamplingParams,
+        step: int,
+        stream: int,
+        positions: Sequence[int],
+        budgets: Sequence[int],
+    ) -> list[Sample]:
         device = next(model.parameters()).device
         real = len(chunk)
         rows = max(real, self.min_rows)
         prompts = [[int(t) for t in ids] for _, _, ids in chunk]
         ids, mask = self._prefill_inputs(prompts + [prompts[0]] * (rows - real), device)
-        keys = stream_keys(params.seed, stream, step, torch.tensor([int(u) for u, _, _ in chunk], device=device),
-                           torch.tensor([int(j) for _, j, _ in chunk], device=device))
-        keys = shift_keys(keys, torch.tensor(positions, dtype=torch.long, device=device))
-        uniforms = stream_uniforms(keys, params.max_response_length)  # [real, T]: token t of row r
+        uniforms = _chunk_uniforms(chunk, params, step, stream, positions, device)  # [real, T]: token t of row r
         prompt_lengths = torch.tensor([len(p) for p in prompts], device=device)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
         budget = torch.tensor(list(budgets) + [1] * (rows - real), dtype=torch.long, device=device)
         T = params.max_response_length
 
         # Batch position p holds chunk row row_of[p]; `live` marks real, unfinished rows (fillers are dead).
-        row_of = torch.cat([torch.arange(real, device=device), torch.zeros(rows - real, dtype=torch.long, device=device)])
+        row_of = torch.cat(
+            [torch.arange(real, device=device), torch.zeros(rows - real, dtype=torch.long, device=device)]
+        )
         live = torch.arange(rows, device=device) < real
         responses = torch.zeros(real, T, dtype=torch.long, device=device)
         log_probs = torch.zeros(real, T, dtype=_log_prob_dtype(model), device=device)
@@ -296,8 +339,13 @@ class HFRollout:
 
         cache_kw = _cache_keyword(model)
         kwargs = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
-        out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-                    use_cache=True, **kwargs)
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            use_cache=True,
+            **kwargs,
+        )
         for t in range(T):
             decode_point()  # a Ctrl-C abandons the step here (splitproof.rl.stop)
             tokens, lp = self._sample(logits_of(out)[:, -1], uniforms[row_of, t], params)
@@ -321,18 +369,56 @@ class HFRollout:
                 live = torch.arange(target, device=device) < n_live
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
             positions = (prompt_lengths[row_of] + t).unsqueeze(1)
-            out = model(input_ids=tokens.unsqueeze(1), attention_mask=mask, position_ids=positions, use_cache=True,
-                        **{cache_kw: cache})
+            out = model(
+                input_ids=tokens.unsqueeze(1),
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **{cache_kw: cache},
+            )
 
-        responses, log_probs = responses.cpu().tolist(), log_probs.cpu().tolist()  # one conversion each
-        lengths, finished = lengths.tolist(), finished.tolist()
-        return [Sample(uid=int(uid), sample_index=int(j), prompt_ids=list(p), response_ids=responses[r][:lengths[r]],
-                       log_probs=log_probs[r][:lengths[r]], finished=finished[r])
-                for r, ((uid, j, _), p) in enumerate(zip(chunk, prompts))]
+        return _chunk_samples(chunk, prompts, responses, log_probs, lengths, finished)
 
 
-def samples_to_batch(samples: Sequence[Sample], *, pad_token_id: int = 0, dtype: torch.dtype | None = None,
-                     device: torch.device | str = "cpu") -> RolloutBatch:
+def _chunk_uniforms(
+    chunk: Sequence[Request], params: SamplingParams, step: int, stream: int, positions, device
+) -> Tensor:
+    """The uniforms of a chunk's rows, ``[rows, T]``: each request's counter-based stream from its first token."""
+    keys = stream_keys(
+        params.seed,
+        stream,
+        step,
+        torch.tensor([int(u) for u, _, _ in chunk], device=device),
+        torch.tensor([int(j) for _, j, _ in chunk], device=device),
+    )
+    keys = shift_keys(keys, torch.tensor(positions, dtype=torch.long, device=device))
+    return stream_uniforms(keys, params.max_response_length)
+
+
+def _chunk_samples(chunk: Sequence[Request], prompts, responses, log_probs, lengths, finished) -> list[Sample]:
+    """A chunk's generated rows (tensors) as ``Sample``s, in the chunk's order, each cut to its length."""
+    responses, log_probs = responses.cpu().tolist(), log_probs.cpu().tolist()  # one conversion each
+    lengths, finished = lengths.tolist(), finished.tolist()
+    return [
+        Sample(
+            uid=int(uid),
+            sample_index=int(j),
+            prompt_ids=list(p),
+            response_ids=responses[r][: lengths[r]],
+            log_probs=log_probs[r][: lengths[r]],
+            finished=finished[r],
+        )
+        for r, ((uid, j, _), p) in enumerate(zip(chunk, prompts))
+    ]
+
+
+def samples_to_batch(
+    samples: Sequence[Sample],
+    *,
+    pad_token_id: int = 0,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str = "cpu",
+) -> RolloutBatch:
     """The samples as a :class:`splitproof.RolloutBatch` (``RolloutBatch.from_sequences``), one row each in
     the given order: prompts left-padded and responses right-padded with ``pad_token_id`` to the longest
     response (at least one column), ``response_mask`` = the generated tokens (EOS included; a multi-turn
@@ -341,8 +427,15 @@ def samples_to_batch(samples: Sequence[Sample], *, pad_token_id: int = 0, dtype:
     if not samples:
         raise RolloutError("samples", "no samples to batch")
     width = max(max(len(s.response_ids) for s in samples), 1)
-    batch = RolloutBatch.from_sequences([s.prompt_ids for s in samples], [s.response_ids for s in samples],
-                                       [s.log_probs for s in samples], [0.0] * len(samples),
-                                       response_mask=token_masks(samples), pad_token_id=pad_token_id,
-                                       dtype=dtype or torch.float64, device=device, response_width=width)
+    batch = RolloutBatch.from_sequences(
+        [s.prompt_ids for s in samples],
+        [s.response_ids for s in samples],
+        [s.log_probs for s in samples],
+        [0.0] * len(samples),
+        response_mask=token_masks(samples),
+        pad_token_id=pad_token_id,
+        dtype=dtype or torch.float64,
+        device=device,
+        response_width=width,
+    )
     return replace(batch, attention_mask=batch.attention_mask.bool(), response_mask=batch.response_mask.bool())

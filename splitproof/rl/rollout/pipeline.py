@@ -5,7 +5,8 @@ policy of step s − k — the weights after step v = max(0, s − 1 − k), "ve
 process (``rollout.worker``) with its own copy of the policy, while the trainer runs steps s − k .. s − 1.
 Right after step v's update the trainer copies its weights into a shared-memory buffer (tied weights
 once, ``rollout.handover``) and asks for batch v + 1 + k; the rollout process copies them out and
-generates that batch (its prompts drawn from the sampler then). Which weights generate a batch is a function of its step alone, never of timing: a
+generates that batch (its prompts drawn from the sampler then). Which weights generate a batch is a function of its
+step alone, never of timing: a
 buffer is overwritten only after the rollout process said it has loaded the version it held.
 
 The first k + 1 batches come from the initial weights (version 0). Sampling keys are the synchronous
@@ -90,14 +91,19 @@ def check_resumable(state: dict | None, start_step: int, total_steps: int, stale
         return
     key = "async_training.staleness_steps"
     if state is None:
-        raise ConfigError(key, f"the checkpoint at step {start_step} holds no in-flight rollouts (written with "
-                               "staleness_steps=0): a pipelined run cannot continue from it")
+        raise ConfigError(
+            key,
+            f"the checkpoint at step {start_step} holds no in-flight rollouts (written with "
+            "staleness_steps=0): a pipelined run cannot continue from it",
+        )
     held = {batch["step"] for batch in state["batches"]}
     missing = [s for s in range(start_step + 1, min(start_step + 1 + staleness, total_steps) + 1) if s not in held]
     if missing:  # generated from weights before start_step, which the checkpoint does not hold
-        raise ConfigError("trainer.total_training_steps",
-                          f"the checkpoint at step {start_step} ended its pipelined run; batch {missing[0]} would "
-                          "need weights it does not hold: a pipelined run cannot be extended past its last step")
+        raise ConfigError(
+            "trainer.total_training_steps",
+            f"the checkpoint at step {start_step} ended its pipelined run; batch {missing[0]} would "
+            "need weights it does not hold: a pipelined run cannot be extended past its last step",
+        )
 
 
 def batch_version(step: int, staleness: int) -> int:
@@ -125,14 +131,25 @@ class RolloutPipeline:
         from ..models.policy import generation_eos_ids
 
         cfg = parts.config
-        spec = WorkerSpec(model_config=cfg.actor_rollout_ref.model, dtype=next(model.parameters()).dtype,
-                          vocab_size=len(parts.tokenizer),
-                          eos_token_ids=list(generation_eos_ids(model, parts.tokenizer)),
-                          pad_token_id=parts.pad_token_id, max_num_seqs=cfg.actor_rollout_ref.rollout.max_num_seqs,
-                          threads=ROLLOUT_THREADS, parent_pid=os.getpid(), rank=self.collective.rank, tied=tied,
-                          lora=lora_settings(cfg) if parts.lora else None)
-        self.process = ctx.Process(target=rollout_process, args=(spec, self._buffers, self._requests, self._results),
-                                   name=f"splitproof-rollout-rank{self.collective.rank}", daemon=True)
+        spec = WorkerSpec(
+            model_config=cfg.actor_rollout_ref.model,
+            dtype=next(model.parameters()).dtype,
+            vocab_size=len(parts.tokenizer),
+            eos_token_ids=list(generation_eos_ids(model, parts.tokenizer)),
+            pad_token_id=parts.pad_token_id,
+            max_num_seqs=cfg.actor_rollout_ref.rollout.max_num_seqs,
+            threads=ROLLOUT_THREADS,
+            parent_pid=os.getpid(),
+            rank=self.collective.rank,
+            tied=tied,
+            lora=lora_settings(cfg) if parts.lora else None,
+        )
+        self.process = ctx.Process(
+            target=rollout_process,
+            args=(spec, self._buffers, self._requests, self._results),
+            name=f"splitproof-rollout-rank{self.collective.rank}",
+            daemon=True,
+        )
         self.process.start()
 
     # ------------------------------------------------------------------------------ the trainer's calls
@@ -172,8 +189,11 @@ class RolloutPipeline:
         """The lag: ``rollout/param_version`` v (the weights after step v generated the batch),
         ``rollout/staleness`` = the updates between v and the policy that trains on it; ``training/epoch``
         of the batch's prompts."""
-        return {"training/epoch": float(batch.epoch), "rollout/param_version": float(batch.version),
-                "rollout/staleness": float(batch.step - 1 - batch.version)}
+        return {
+            "training/epoch": float(batch.epoch),
+            "rollout/param_version": float(batch.version),
+            "rollout/staleness": float(batch.step - 1 - batch.version),
+        }
 
     def state_dict(self) -> dict:
         """The in-flight batches, each waited for and gathered (every rank calls this, in step order)."""
@@ -235,7 +255,8 @@ class RolloutPipeline:
                 if not self.process.is_alive():
                     raise RolloutProcessDied(
                         f"the rollout process {self.process.name} (pid {self.process.pid}) died with exit code "
-                        f"{self.process.exitcode} while the trainer waited for the rollouts of step {step}") from None
+                        f"{self.process.exitcode} while the trainer waited for the rollouts of step {step}"
+                    ) from None
                 continue
             kind, at = message[0], message[1]
             if kind == "loaded":
@@ -243,5 +264,6 @@ class RolloutPipeline:
             elif kind == "done":
                 self._done[at] = (message[2], message[3])
             else:
-                raise RolloutProcessError(f"the rollout process {self.process.name} failed generating the rollouts "
-                                          f"of step {at}: {message[2]}")
+                raise RolloutProcessError(
+                    f"the rollout process {self.process.name} failed generating the rollouts of step {at}: {message[2]}"
+                )

@@ -38,7 +38,7 @@ GAMMA = 0x9E3779B97F4A7C15
 _GAMMA = _int64(GAMMA)
 _MIX1 = _int64(0xBF58476D1CE4E5B9)
 _MIX2 = _int64(0x94D049BB133111EB)
-_UNIT = 2.0 ** -52
+_UNIT = 2.0**-52
 
 
 def _shift_right(x: Tensor, bits: int) -> Tensor:
@@ -99,6 +99,7 @@ def stream_uniforms(keys: Tensor, count: int) -> Tensor:
 
 # ------------------------------------------------------------------------------------------ the rule
 
+
 def top_k_mask(z: Tensor, k: int) -> Tensor:
     """Bool [R, V]: exactly the ``k`` largest entries of each row, ties at the boundary to the lower id."""
     kth = torch.topk(z, k, dim=-1).values[..., -1:]
@@ -122,7 +123,7 @@ def top_p_mask(weights: Tensor, p: float) -> Tensor:
 
 
 CDF_BLOCK = 128
-_BELOW_ONE = 1.0 - 2.0 ** -53  # the largest uniform; u · x < x for every positive float64 x
+_BELOW_ONE = 1.0 - 2.0**-53  # the largest uniform; u · x < x for every positive float64 x
 
 
 def _first_above(cdf: Tensor, target: Tensor) -> Tensor:
@@ -150,8 +151,9 @@ def inverse_cdf(weights: Tensor, uniforms: Tensor) -> Tensor:
     block = _first_above(outer, target).unsqueeze(-1)  # a block of positive mass
     before = torch.nn.functional.pad(outer[:, :-1], (1, 0)).gather(-1, block).squeeze(-1)
     share = ((target - before) / mass.gather(-1, block).squeeze(-1)).clamp(max=_BELOW_ONE)
-    inner = torch.cumsum(blocks.gather(1, block.unsqueeze(-1).expand(-1, 1, CDF_BLOCK)).squeeze(1),
-                         dim=-1, dtype=torch.float64)
+    inner = torch.cumsum(
+        blocks.gather(1, block.unsqueeze(-1).expand(-1, 1, CDF_BLOCK)).squeeze(1), dim=-1, dtype=torch.float64
+    )
     return block.squeeze(-1) * CDF_BLOCK + _first_above(inner, share * inner[:, -1])
 
 
@@ -179,8 +181,15 @@ def truncated_weights(z: Tensor, log_probs: Tensor, top_k: int, top_p: float) ->
     return weights
 
 
-def sample_tokens(logits: Tensor, uniforms: Tensor, *, temperature: float = 1.0, top_k: int = -1,
-                  top_p: float = 1.0, greedy: bool = False) -> tuple[Tensor, Tensor]:
+def sample_tokens(
+    logits: Tensor,
+    uniforms: Tensor,
+    *,
+    temperature: float = 1.0,
+    top_k: int = -1,
+    top_p: float = 1.0,
+    greedy: bool = False,
+) -> tuple[Tensor, Tensor]:
     """``(tokens [R], log_probs [R])`` for logits [R, V] and one uniform per row (ignored when greedy).
 
     ``log_probs`` are ``log_softmax(logits / T)`` at the token, before top-k / top-p (see

@@ -48,8 +48,9 @@ class HermesFormat:
         """The ids the chat template puts after an assistant turn's EOS for these tool messages and the
         next generation prompt (the separator after the EOS included)."""
         before = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _MARK}]
-        full = self.tokenizer.apply_chat_template(before + [{"role": "tool", "content": t} for t in texts],
-                                                  add_generation_prompt=True, tokenize=False)
+        full = self.tokenizer.apply_chat_template(
+            before + [{"role": "tool", "content": t} for t in texts], add_generation_prompt=True, tokenize=False
+        )
         end = full.index(_MARK) + len(_MARK)
         eos = self.tokenizer.eos_token or ""
         if eos and full.startswith(eos, end):
@@ -75,7 +76,7 @@ class SimpleFormat:
         for (param, spec), value in zip(properties.items(), values):
             args[param] = _convert(value, spec.get("type"))
         if len(values) > len(properties):  # too many: the call fails with the tool's own TypeError
-            args.update({f"_extra_{i}": v for i, v in enumerate(values[len(properties):])})
+            args.update({f"_extra_{i}": v for i, v in enumerate(values[len(properties) :])})
         return [ToolCall(name, json.dumps(args, ensure_ascii=False))], 0
 
     def render(self, texts: list[str]) -> list[int]:
@@ -104,13 +105,18 @@ def check_tool_template(format_name: str, tokenizer, tools: dict[str, Tool], mod
     ``actor_rollout_ref.model``, where it comes from) and the role when the template refuses it."""
     if format_name != "hermes" or not tools:
         return
-    template = ("actor_rollout_ref.model.custom_chat_template" if model_cfg.custom_chat_template
-                else f"the tokenizer of {model_cfg.tokenizer_path or model_cfg.path}")
+    template = (
+        "actor_rollout_ref.model.custom_chat_template"
+        if model_cfg.custom_chat_template
+        else f"the tokenizer of {model_cfg.tokenizer_path or model_cfg.path}"
+    )
     try:
         HermesFormat(tokenizer, tools).render(["probe"])
     except Exception as e:  # jinja2's TemplateError, a template without the role, ...
-        raise ConfigError(f"{KEY}.format", f"format=hermes renders tool responses as messages of role 'tool', "
-                                           f"but the chat template ({template}) refuses them "
-                                           f"({type(e).__name__}: {e}); use a template with a 'tool' role "
-                                           f"(actor_rollout_ref.model.custom_chat_template) or format=simple") \
-            from None
+        raise ConfigError(
+            f"{KEY}.format",
+            f"format=hermes renders tool responses as messages of role 'tool', "
+            f"but the chat template ({template}) refuses them "
+            f"({type(e).__name__}: {e}); use a template with a 'tool' role "
+            f"(actor_rollout_ref.model.custom_chat_template) or format=simple",
+        ) from None

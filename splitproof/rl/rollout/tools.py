@@ -1,6 +1,7 @@
 """Tools a multi-turn episode can call, in the conventions users already have.
 
-- ``function_tool_path``: a Python file (or ``pkg://package.module``); each public function defined in it (name not starting with
+- ``function_tool_path``: a Python file (or ``pkg://package.module``); each public function defined in it (name not
+starting with
   ``_``), sync or ``async``, is a tool. Its JSON schema is derived from its type hints and Google-style
   docstring by ``transformers.utils.get_json_schema`` (what TRL's ``tools=`` and verl use), so every
   parameter needs a type hint and a line under ``Args:``.
@@ -30,9 +31,10 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ...loss_config import ConfigError
 
@@ -67,6 +69,7 @@ class ToolResult:
 
 # ------------------------------------------------------------------------------------------ loading
 
+
 def _run_maybe_async(fn: Callable, *args, **kwargs) -> Any:
     result = fn(*args, **kwargs)
     return asyncio.run(result) if inspect.isawaitable(result) else result
@@ -91,7 +94,7 @@ def _import_file(path: str, where: str):
     """The module of a file path (``file://`` optional) or of ``pkg://package.module``."""
     if path.startswith("pkg://"):
         try:
-            return importlib.import_module(path[len("pkg://"):])
+            return importlib.import_module(path[len("pkg://") :])
         except Exception as e:
             raise ConfigError(where, f"{path} failed to import: {type(e).__name__}: {e}") from None
     file = Path(path.removeprefix("file://")).expanduser()
@@ -113,8 +116,11 @@ def load_function_tools(path: str) -> list[Tool]:
     """Every public function defined in the file ``path``, as a tool (sorted by name)."""
     where = f"{KEY}.function_tool_path"
     module = _import_file(path, where)
-    functions = [obj for name, obj in sorted(vars(module).items())
-                 if not name.startswith("_") and inspect.isfunction(obj) and obj.__module__ == module.__name__]
+    functions = [
+        obj
+        for name, obj in sorted(vars(module).items())
+        if not name.startswith("_") and inspect.isfunction(obj) and obj.__module__ == module.__name__
+    ]
     if not functions:
         raise ConfigError(where, f"{path} defines no public function")
     return [function_tool(fn, where) for fn in functions]
@@ -129,8 +135,9 @@ def _resolve(class_name: str, where: str):
         try:
             module = importlib.import_module(module_name)
         except Exception as e:
-            raise ConfigError(where, f"unknown class {class_name!r}: cannot import {module_name!r} "
-                                     f"({type(e).__name__}: {e})") from None
+            raise ConfigError(
+                where, f"unknown class {class_name!r}: cannot import {module_name!r} ({type(e).__name__}: {e})"
+            ) from None
     if not attr or not hasattr(module, attr):
         raise ConfigError(where, f"unknown class {class_name!r}: {attr!r} not found")
     return getattr(module, attr)
@@ -141,8 +148,9 @@ def _class_tool(cls, config: dict, schema: dict | None, where: str) -> Tool:
     try:
         instance = cls(config=config, tool_schema=schema)
     except Exception as e:
-        raise ConfigError(where, f"{cls.__name__}(config=..., tool_schema=...) failed: {type(e).__name__}: {e}") \
-            from None
+        raise ConfigError(
+            where, f"{cls.__name__}(config=..., tool_schema=...) failed: {type(e).__name__}: {e}"
+        ) from None
     if not callable(getattr(instance, "execute", None)):
         raise ConfigError(where, f"{cls.__name__} has no execute method")
     schema = schema or getattr(instance, "tool_schema", None)
@@ -202,8 +210,9 @@ def load_tool_config(path: str) -> list[Tool]:
 
 def load_tools(function_tool_path: str | None, tool_config_path: str | None) -> dict[str, Tool]:
     """The configured tools by name (``ConfigError`` for a duplicate name)."""
-    tools = (load_function_tools(function_tool_path) if function_tool_path else []) + \
-        (load_tool_config(tool_config_path) if tool_config_path else [])
+    tools = (load_function_tools(function_tool_path) if function_tool_path else []) + (
+        load_tool_config(tool_config_path) if tool_config_path else []
+    )
     by_name: dict[str, Tool] = {}
     for tool in tools:
         if tool.name in by_name:
@@ -213,6 +222,7 @@ def load_tools(function_tool_path: str | None, tool_config_path: str | None) -> 
 
 
 # ------------------------------------------------------------------------------------------ calling
+
 
 def result_text(result: Any) -> str:
     """A tool's result as text: str as is, ``.text`` (verl's ToolResponse), else JSON, else ``str()``."""
@@ -278,8 +288,15 @@ class ToolRunner:
     and whichever result is awaited. Which call finishes first never matters: the episode reads results
     in its own order."""
 
-    def __init__(self, tools: dict[str, Tool], *, workers: int, timeout: float | None = None,
-                 max_length: int = 256, truncate_side: str = "middle"):
+    def __init__(
+        self,
+        tools: dict[str, Tool],
+        *,
+        workers: int,
+        timeout: float | None = None,
+        max_length: int = 256,
+        truncate_side: str = "middle",
+    ):
         self.tools, self.timeout = tools, timeout
         self.max_length, self.truncate_side = max_length, truncate_side
         self._lock = threading.Condition()

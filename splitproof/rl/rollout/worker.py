@@ -82,8 +82,9 @@ def rollout_process(spec: WorkerSpec, buffers: list, requests, results) -> None:
     model.eval()
     tie(model, spec.tied)  # the trainer's ties, whatever the loaded model had
     params = model.state_dict()
-    rollout = HFRollout(model, eos_token_ids=spec.eos_token_ids, pad_token_id=spec.pad_token_id,
-                        max_num_seqs=spec.max_num_seqs)
+    rollout = HFRollout(
+        model, eos_token_ids=spec.eos_token_ids, pad_token_id=spec.pad_token_id, max_num_seqs=spec.max_num_seqs
+    )
     version = None
     while True:
         try:

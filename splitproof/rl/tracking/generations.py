@@ -18,14 +18,19 @@ from pathlib import Path
 from ..rewards.functions import ground_truth_of
 
 
-def generation_rows(tokenizer, dataset, samples, scores: list[float], extra: dict[str, list[float]],
-                    step: int) -> list[dict]:
+def generation_rows(
+    tokenizer, dataset, samples, scores: list[float], extra: dict[str, list[float]], step: int
+) -> list[dict]:
     rows = []
     for i, sample in enumerate(samples):
         record = dataset[sample.uid]
-        row = {"input": tokenizer.decode(list(sample.prompt_ids), skip_special_tokens=True),
-               "output": tokenizer.decode(list(sample.response_ids), skip_special_tokens=True),
-               "gts": ground_truth_of(record.columns), "score": scores[i], "step": step}
+        row = {
+            "input": tokenizer.decode(list(sample.prompt_ids), skip_special_tokens=True),
+            "output": tokenizer.decode(list(sample.response_ids), skip_special_tokens=True),
+            "gts": ground_truth_of(record.columns),
+            "score": scores[i],
+            "step": step,
+        }
         for name, values in extra.items():
             if name not in row and not math.isnan(values[i]):
                 row[name] = values[i]

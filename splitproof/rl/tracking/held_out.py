@@ -113,8 +113,9 @@ def _section(var: str, core: str, name: str, n: int) -> str:
 UNKNOWN_SOURCE = "unknown"  # verl's data source for rows without one
 
 
-def validation_metrics(sources: list[str], uids: list[int], scores: list[float],
-                       extra: dict[str, list[float]]) -> dict[str, float]:
+def validation_metrics(
+    sources: list[str], uids: list[int], scores: list[float], extra: dict[str, list[float]]
+) -> dict[str, float]:
     """verl's ``val-core/`` and ``val-aux/`` metrics (module docstring) of samples listed with their data
     source and prompt uid; ``extra`` holds the reward function's extra values, one per sample."""
     variables = {"reward": scores, **{name: v for name, v in extra.items() if name != "pred"}}

@@ -12,7 +12,9 @@ def budget_hint(samples: Sequence, max_response_length: int, max_tool_response_l
     cut = [e for e in called if not e.finished and e.token_mask and e.token_mask[-1] == 0]
     if not called or len(cut) < len(called):
         return None
-    return (f"every episode with a tool call ({len(cut)}) used up its data.max_response_length={max_response_length} "
-            "tokens on the tool's response: the model never answered after its call; raise "
-            "data.max_response_length, or shorten tool responses (actor_rollout_ref.rollout.multi_turn."
-            f"max_tool_response_length={max_tool_response_length} characters)")
+    return (
+        f"every episode with a tool call ({len(cut)}) used up its data.max_response_length={max_response_length} "
+        "tokens on the tool's response: the model never answered after its call; raise "
+        "data.max_response_length, or shorten tool responses (actor_rollout_ref.rollout.multi_turn."
+        f"max_tool_response_length={max_tool_response_length} characters)"
+    )

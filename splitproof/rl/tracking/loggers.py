@@ -17,8 +17,8 @@ Backends, chosen by name:
 - ``wandb``: ``wandb.init(project=project_name, name=experiment_name, config=..., dir=default_local_dir)``
   (extra ``splitproof[wandb]``; ``WANDB_MODE=offline`` works). Each launch is its own wandb run.
 
-Only rank 0 logs. ``finish`` writes ``{default_local_dir}/curve.png``: training reward and held-out
-score per step (from ``metrics.jsonl`` when resuming with the ``file`` logger, so the curve covers the
+Only rank 0 logs. ``finish`` writes ``{default_local_dir}/curve.png`` (drawn by ``curve``): training reward
+and held-out score per step (from ``metrics.jsonl`` when resuming with the ``file`` logger, so the curve covers the
 whole run).
 """
 
@@ -30,18 +30,18 @@ import math
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any, Mapping
+from typing import IO, Any
 
 from ...loss_config import ConfigError
+from .curve import TRAIN_REWARD, held_out_parts, is_held_out, write_curve
 
 METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "curve.png"
 TENSORBOARD_DIR = "tensorboard"
-TRAIN_REWARD = "critic/score/mean"
 RESPONSE_LENGTH = "response_length/mean"
 STEP_TIME = "timing_s/step"
-MIN_SCORE_SPAN = 0.1  # the curve's score axis spans at least this, times max(1, |score|)
 _OPTIONAL = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "wandb")}
 
 
@@ -52,11 +52,15 @@ def check_backends(loggers) -> None:
         if name in _OPTIONAL:
             module, extra = _OPTIONAL[name]
             if importlib.util.find_spec(module) is None:
-                raise ConfigError("trainer.logger", f"{name!r} needs the {module} package: "
-                                                    f"pip install 'splitproof[{extra}]'")
+                raise ConfigError(
+                    "trainer.logger", f"{name!r} needs the {module} package: pip install 'splitproof[{extra}]'"
+                )
     if "wandb" in loggers and not wandb_can_log():
-        raise ConfigError("trainer.logger", "'wandb' is not logged in: run `wandb login` (or set WANDB_API_KEY), "
-                                            "or log offline with WANDB_MODE=offline")
+        raise ConfigError(
+            "trainer.logger",
+            "'wandb' is not logged in: run `wandb login` (or set WANDB_API_KEY), "
+            "or log offline with WANDB_MODE=offline",
+        )
 
 
 def wandb_can_log(environ: Mapping[str, str] = os.environ) -> bool:
@@ -82,17 +86,6 @@ def wandb_can_log(environ: Mapping[str, str] = os.environ) -> bool:
         if any(word == "machine" and following == host for word, following in zip(words, words[1:])):
             return True
     return False
-
-
-def is_held_out(key: str) -> bool:
-    """The held-out score the console and curve.png show: a ``val-core/<source>/<var>/mean@<n>``."""
-    return key.startswith("val-core/") and "/mean@" in key
-
-
-def held_out_parts(key: str) -> tuple[str, str]:
-    """``(source, "<var>/mean@<n>")`` of a held-out key; the source may itself hold ``/`` (``openai/gsm8k``)."""
-    parts = key.split("/")
-    return "/".join(parts[1:-2]), "/".join(parts[-2:])
 
 
 def _number(key: str, value) -> int | float:
@@ -132,8 +125,9 @@ def _format_duration(seconds: float) -> str:
 class ConsoleProgress:
     """The progress line: one per step, or one rewritten line on a terminal."""
 
-    def __init__(self, total_steps: int, stream: IO[str] | None = None, live: bool | None = None,
-                 header: str | None = None):
+    def __init__(
+        self, total_steps: int, stream: IO[str] | None = None, live: bool | None = None, header: str | None = None
+    ):
         self.total = total_steps
         self.stream = stream or sys.stdout
         self.live = self.stream.isatty() if live is None else live
@@ -255,65 +249,14 @@ class WandbWriter:
         self.run.finish()
 
 
-def write_curve(records: list[dict], path: str | os.PathLike, title: str = "") -> Path | None:
-    """Training reward and held-out score per step as a PNG; None when no record has either."""
-    figure = curve_figure(records, title)
-    if figure is None:
-        return None
-    path = Path(path)
-    figure.savefig(path)
-    return path
-
-
-def curve_figure(records: list[dict], title: str = ""):
-    """The curve's matplotlib ``Figure`` (None when no record has a score): steps on integer ticks, and a
-    score axis at least ``MIN_SCORE_SPAN`` × max(1, |score|) tall, so that a short run's rounding-level
-    wiggles do not fill the plot."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-
-    train = [(r["step"], r[TRAIN_REWARD]) for r in records if TRAIN_REWARD in r]
-    held_out: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    for record in records:
-        for key in sorted(k for k in record if is_held_out(k)):
-            held_out.setdefault(held_out_parts(key), []).append((record["step"], record[key]))
-    if not train and not held_out:
-        return None
-    figure = Figure(figsize=(7, 4), dpi=110)
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    if train:
-        axes.plot(*zip(*train), label="training reward (critic/score/mean)", color="tab:blue", alpha=0.7,
-                  linewidth=1, marker="o" if len(train) == 1 else None)  # a lone point needs a marker
-    colors = ("tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown")
-    for i, ((source, metric), points) in enumerate(held_out.items()):
-        axes.plot(*zip(*points), marker="o", label=f"held-out {source} ({metric})", linewidth=1.5,
-                  color=colors[i % len(colors)])
-    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
-    scores = [v for _, v in train] + [v for points in held_out.values() for _, v in points]
-    finite = [v for v in scores if math.isfinite(v)]
-    if finite:
-        low, high = min(finite), max(finite)
-        least = MIN_SCORE_SPAN * max(1.0, abs(low), abs(high))
-        if high - low < least:
-            middle = (low + high) / 2
-            axes.set_ylim(middle - least / 2, middle + least / 2)
-    axes.set_xlabel("step")
-    axes.set_ylabel("score")
-    axes.set_title(title)
-    axes.grid(alpha=0.3)
-    axes.legend(loc="best", fontsize=8)
-    figure.tight_layout()
-    return figure
-
-
 def start_line(cfg, total_steps: int) -> str:
     """The console's first line: what is trained on what, where, and where the outputs go."""
     files = cfg.data.train_files if isinstance(cfg.data.train_files, list) else [cfg.data.train_files]
-    return (f"splitproof train: model {cfg.actor_rollout_ref.model.path} | data {', '.join(map(str, files))} | "
-            f"{cfg.algorithm.adv_estimator}, {total_steps} steps | device {cfg.trainer.device} | "
-            f"output {cfg.trainer.default_local_dir}")
+    return (
+        f"splitproof train: model {cfg.actor_rollout_ref.model.path} | data {', '.join(map(str, files))} | "
+        f"{cfg.algorithm.adv_estimator}, {total_steps} steps | device {cfg.trainer.device} | "
+        f"output {cfg.trainer.default_local_dir}"
+    )
 
 
 def _default_rank() -> int:
@@ -325,10 +268,22 @@ def _default_rank() -> int:
 class Tracker:
     """``trainer.logger`` backends behind one ``log(metrics, step)`` call per step; rank 0 only."""
 
-    def __init__(self, loggers, *, local_dir: str | os.PathLike, total_steps: int, project_name: str = "splitproof",
-                 experiment_name: str = "default", config: dict | None = None, resume_step: int | None = None,
-                 rank: int | None = None, stream: IO[str] | None = None, live: bool | None = None,
-                 curve: bool = True, header: str | None = None):
+    def __init__(
+        self,
+        loggers,
+        *,
+        local_dir: str | os.PathLike,
+        total_steps: int,
+        project_name: str = "splitproof",
+        experiment_name: str = "default",
+        config: dict | None = None,
+        resume_step: int | None = None,
+        rank: int | None = None,
+        stream: IO[str] | None = None,
+        live: bool | None = None,
+        curve: bool = True,
+        header: str | None = None,
+    ):
         unknown = [name for name in loggers if name not in ("console", "file", "tensorboard", "wandb")]
         if unknown:
             raise ConfigError("trainer.logger", f"unknown logger {unknown[0]!r}")
@@ -352,16 +307,19 @@ class Tracker:
             self.writers.append(jsonl)
             self.outputs.append(jsonl.path)
         if self.console is not None and resume_step is not None:
-            self.console.resume_from(self.history or read_metrics(self.local_dir / METRICS_FILE, up_to_step=resume_step))
+            self.console.resume_from(
+                self.history or read_metrics(self.local_dir / METRICS_FILE, up_to_step=resume_step)
+            )
         if "tensorboard" in loggers:
             self.writers.append(TensorBoardWriter(self.local_dir / TENSORBOARD_DIR, resume_step))
             self.outputs.append(self.local_dir / TENSORBOARD_DIR)
         if "wandb" in loggers:
-            self.writers.append(WandbWriter(project=project_name, name=experiment_name, config=config,
-                                            directory=self.local_dir))
+            self.writers.append(
+                WandbWriter(project=project_name, name=experiment_name, config=config, directory=self.local_dir)
+            )
 
     @classmethod
-    def from_config(cls, cfg, *, total_steps: int, resume_step: int | None = None, **kwargs) -> "Tracker":
+    def from_config(cls, cfg, *, total_steps: int, resume_step: int | None = None, **kwargs) -> Tracker:
         """From a resolved ``TrainConfig`` (``trainer.logger``, ``default_local_dir``, project and experiment).
         With ``trainer.val_only`` only the console shows the evaluation: the run's files (metrics.jsonl,
         TensorBoard, wandb, curve.png) keep the training run's records, as an uninterrupted run left them."""
@@ -369,10 +327,18 @@ class Tracker:
 
         trainer = cfg.trainer
         loggers = [name for name in trainer.logger if name == "console"] if trainer.val_only else trainer.logger
-        return cls(loggers, local_dir=trainer.default_local_dir, total_steps=total_steps,
-                   project_name=trainer.project_name, experiment_name=trainer.experiment_name,
-                   config=config_dict(cfg), resume_step=resume_step, curve=not trainer.val_only,
-                   header=start_line(cfg, total_steps), **kwargs)
+        return cls(
+            loggers,
+            local_dir=trainer.default_local_dir,
+            total_steps=total_steps,
+            project_name=trainer.project_name,
+            experiment_name=trainer.experiment_name,
+            config=config_dict(cfg),
+            resume_step=resume_step,
+            curve=not trainer.val_only,
+            header=start_line(cfg, total_steps),
+            **kwargs,
+        )
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
         """One call per step with all of that step's metrics (evaluation included)."""
@@ -405,7 +371,7 @@ class Tracker:
             self.outputs.append(curve)
         return curve
 
-    def __enter__(self) -> "Tracker":
+    def __enter__(self) -> Tracker:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -20,18 +20,30 @@ def _stats(prefix: str, values: Tensor) -> dict[str, float]:
     values = values.double()
     if values.numel() == 0:
         return {}
-    return {f"{prefix}/mean": float(values.mean()), f"{prefix}/max": float(values.max()),
-            f"{prefix}/min": float(values.min())}
+    return {
+        f"{prefix}/mean": float(values.mean()),
+        f"{prefix}/max": float(values.max()),
+        f"{prefix}/min": float(values.min()),
+    }
 
 
 def _masked_stats(prefix: str, values: Tensor, mask: Tensor) -> dict[str, float]:
     return _stats(prefix, values[mask])
 
 
-def data_metrics(*, token_level_scores: Tensor, token_level_rewards: Tensor, advantages: Tensor,
-                 returns: Tensor, response_mask: Tensor, prompt_lengths: Tensor, max_response_length: int,
-                 max_prompt_length: int, values: Tensor | None = None,
-                 response_lengths: Tensor | None = None) -> dict[str, float]:
+def data_metrics(
+    *,
+    token_level_scores: Tensor,
+    token_level_rewards: Tensor,
+    advantages: Tensor,
+    returns: Tensor,
+    response_mask: Tensor,
+    prompt_lengths: Tensor,
+    max_response_length: int,
+    max_prompt_length: int,
+    values: Tensor | None = None,
+    response_lengths: Tensor | None = None,
+) -> dict[str, float]:
     """verl's ``compute_data_metrics``: sequence scores/rewards, token advantages/returns, lengths.
     ``response_lengths``: every token after the prompt, as verl counts them (default: the masked tokens;
     they differ when a multi-turn response holds tool tokens)."""
@@ -80,8 +92,10 @@ ENGINE_METRICS = {  # engine name -> verl's
 
 
 # the critic update's metrics (the engine reports them under verl's names)
-CRITIC_METRICS = {name: name for name in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean",
-                                          "critic/grad_norm", "critic/step_skipped")}
+CRITIC_METRICS = {
+    name: name
+    for name in ("critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/step_skipped")
+}
 
 
 def step_means(step_metrics: Iterable[dict[str, float]], names: dict[str, str]) -> dict[str, float]:
@@ -121,8 +135,11 @@ class StageTimer:
 
 def throughput_metrics(total_tokens: int, step_seconds: float, world_size: int) -> dict[str, float]:
     """verl's ``perf/*``: tokens (prompt + response) per second per rank."""
-    return {"perf/total_num_tokens": float(total_tokens), "perf/time_per_step": step_seconds,
-            "perf/throughput": total_tokens / max(step_seconds, 1e-12) / world_size}
+    return {
+        "perf/total_num_tokens": float(total_tokens),
+        "perf/time_per_step": step_seconds,
+        "perf/throughput": total_tokens / max(step_seconds, 1e-12) / world_size,
+    }
 
 
 def is_machine_dependent(name: str) -> bool:
