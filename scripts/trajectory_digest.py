@@ -46,7 +46,7 @@ def record(out: Path, overrides: list[str]) -> None:
         steps = {
             str(r["step"]): {k: v for k, v in sorted(r.items()) if not k.startswith(TIMING_PREFIXES)} for r in metrics
         }
-        generations = {p.name: _sha(p.read_bytes()) for p in sorted((run_dir / "generations").glob("*.jsonl"))}
+        generations = {p.name: _rows_digest(p) for p in sorted((run_dir / "generations").glob("*.jsonl"))}
         latest = (run_dir / "latest_checkpointed_iteration.txt").read_text().strip()
         tensors = _tensor_digests(run_dir / f"global_step_{latest}" / "actor")
     out.write_text(
@@ -73,6 +73,14 @@ def _tensor_digests(folder: Path) -> dict[str, str]:
         for name, tensor in sorted(load_file(file).items()):
             out[name] = _sha(tensor.contiguous().view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes())
     return out
+
+
+def _rows_digest(path: Path) -> str:
+    """The sampled text of each row and what it scored (input, output, ground truth, score, step); extra values a
+    reward function adds beside them (e.g. ``pred``) are left out."""
+    keys = ("input", "output", "gts", "score", "step")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return _sha(json.dumps([[row.get(k) for k in keys] for row in rows]).encode())
 
 
 def _sha(data: bytes) -> str:

@@ -9,8 +9,11 @@ effect here are accepted with a notice, "off" values are accepted, anything else
 
 from __future__ import annotations
 
+import ast
 import inspect
-import re
+import io
+import textwrap
+import tokenize
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from functools import cache
@@ -401,16 +404,20 @@ def schema_sections(cls=TrainConfig) -> frozenset[str]:
     return frozenset(sections)
 
 
-_FIELD_LINE = re.compile(r"^\s+(\w+):[^#]*?(?:#\s*(.*))?$")
-
-
 def field_comments(cls) -> dict[str, str]:
-    """The trailing ``# comment`` of each field of a dataclass, from its source."""
+    """The ``# comment`` of each field of a dataclass, from its source: the first comment within the field's
+    statement (after the annotation on its line, or inside the parentheses the formatter wraps a long one in)."""
+    source = textwrap.dedent(inspect.getsource(cls))
+    by_line: dict[int, str] = {}
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            by_line.setdefault(token.start[0], token.string[1:].strip())
     comments: dict[str, str] = {}
-    for line in inspect.getsource(cls).splitlines():
-        match = _FIELD_LINE.match(line)
-        if match and match.group(2):
-            comments[match.group(1)] = match.group(2).strip()
+    for node in ast.parse(source).body[0].body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            found = [by_line[n] for n in range(node.lineno, node.end_lineno + 1) if n in by_line]
+            if found and found[0]:
+                comments[node.target.id] = found[0]
     return comments
 
 

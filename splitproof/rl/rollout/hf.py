@@ -76,7 +76,7 @@ class SamplingParams:
     def greedy(self) -> bool:
         return not self.do_sample or self.temperature == 0
 
-    def validate(self) -> SamplingParams:
+    def check(self) -> SamplingParams:
         def integer(name: str, low: int) -> None:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= _INT64_MAX:
@@ -257,7 +257,7 @@ class HFRollout:
         ``positions`` (default 0): where each request's first new token sits in its stream, so token t
         draws the uniform of position ``positions[r] + t`` (a multi-turn episode continues its stream).
         ``budgets`` (default ``params.max_response_length``): new tokens of each request, at most."""
-        params.validate()
+        params.check()
         positions = [0] * len(requests) if positions is None else [int(p) for p in positions]
         budgets = [params.max_response_length] * len(requests) if budgets is None else [int(b) for b in budgets]
         if len(positions) != len(requests) or len(budgets) != len(requests):
