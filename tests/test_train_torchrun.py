@@ -166,7 +166,8 @@ def test_torchrun_user_mistake_stops_every_rank_with_one_message(model_dir, tmp_
         timeout=300,
     )
     errors = [line for line in done.stderr.splitlines() if line.startswith("splitproof: error:")]
-    assert errors == [f"splitproof: error: {tmp_path}/missing.parquet: prompt file not found"], done.stderr
+    want = f"splitproof: error: data.train_files: {tmp_path}/missing.parquet: prompt file not found"
+    assert errors == [want], done.stderr
     exits = dict(re.findall(r"rank\s+: (\d+) \(local_rank: \d+\)\n\s+exitcode\s+: (-?\d+)", done.stderr))
     # torchrun's report: every rank left with the usage status, except that torchrun may stop the last one
     # (SIGTERM) in the instant between the first rank's exit and its own

@@ -12,6 +12,7 @@ command stops quietly.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -31,13 +32,23 @@ def build_parser() -> OneLineParser:
     return parser
 
 
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """The parsed command line; ``key=value`` overrides may stand on both sides of an option, as Hydra takes
+    them (``train a=1 --config F b=2``): argparse alone stops collecting positionals at the option."""
+    args, rest = parser.parse_known_args(argv)
+    if rest and getattr(args, "overrides", None) is not None and all("=" in a and not a.startswith("-") for a in rest):
+        args.overrides = [*args.overrides, *rest]
+        return args
+    return parser.parse_args(argv)  # argparse's own error for anything else
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``splitproof ARGV...``; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     try:
         try:
-            args = parser.parse_args(argv)
+            args = _parse(parser, argv)
         except SystemExit as exc:  # --help / --version
             code = int(exc.code or 0)
         else:
