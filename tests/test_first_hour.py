@@ -438,18 +438,3 @@ def test_every_problem_the_config_check_sees_is_in_one_line():
     assert message.startswith("data.truncation: ") and "\n" not in message
     for key in ("also actor_rollout_ref.actor.optim.lr: ", "also actor_rollout_ref.rollout.n: "):
         assert key in message, message
-
-
-def test_overrides_on_both_sides_of_an_option_are_all_taken(tmp_path, capsys):
-    """``train a=1 --config F b=2`` as Hydra takes it (argparse alone stops at the option and rejects ``b=2``);
-    anything after it that is not an override is still argparse's usage error."""
-    from splitproof.cli import main
-
-    config = tmp_path / "run.yaml"
-    config.write_text("trainer:\n  total_training_steps: 3\n")
-    code = main(["train", "data.train_batch_size=64", "--config", str(config), "trainer.test_freq=7", "--print-config"])
-    printed = capsys.readouterr().out
-    assert code == 0
-    assert "train_batch_size: 64" in printed and "test_freq: 7" in printed and "total_training_steps: 3" in printed
-    assert main(["train", "data.train_batch_size=64", "--config", str(config), "--no-such-flag"]) == 2
-    assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
