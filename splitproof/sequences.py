@@ -5,7 +5,8 @@ Row i of the batch is sequence i of the lists. Prompts are left-padded and respo
 ``pad_token_id``; the attention mask marks the real tokens of both; per-token values are padded with 0
 (padding is never read). Every list is checked row by row first, so that an error names the field and the
 row (``old_log_probs[3]: 5 values for 6 response tokens``); ``RolloutBatch.from_sequences`` then builds
-the batch and validates the whole contract.
+the batch and validates the whole contract. The layout is built on the host (``HOST``) and moved to a
+device in one copy per field (``from_sequences(device=...)``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import torch
 from torch import Tensor
 
 from .batch_error import BatchError
+
+HOST = torch.device("cpu")  # plain lists become tensors here, whatever device the batch goes to
 
 
 def _rows(name: str, values, count: int | None) -> list:
@@ -32,7 +35,7 @@ def _rows(name: str, values, count: int | None) -> list:
 def _row_tensor(name: str, row, i: int, dtype: torch.dtype | None = None) -> Tensor:
     """One row as a 1-D tensor (a list, tuple, NumPy array or tensor), read in ``dtype`` when given."""
     try:
-        tensor = torch.as_tensor(row, dtype=dtype)
+        tensor = torch.as_tensor(row, dtype=dtype, device=HOST)
     except (TypeError, ValueError, RuntimeError) as exc:
         raise BatchError(f"{name}[{i}]", f"not a list of numbers ({exc})") from None
     if tensor.dim() != 1:
@@ -96,11 +99,11 @@ def _group_ids(values, count: int) -> Tensor:
         if not -(2**63) <= int(g) < 2**63:
             raise BatchError(f"index[{i}]", f"group id {int(g)} does not fit in 64 bits")
         ids.append(int(g))
-    return torch.tensor(ids, dtype=torch.long)
+    return torch.tensor(ids, dtype=torch.long, device=HOST)
 
 
 def _pad(rows: Sequence[Tensor], width: int, fill, dtype: torch.dtype, *, left: bool) -> Tensor:
-    out = torch.full((len(rows), width), fill, dtype=dtype)
+    out = torch.full((len(rows), width), fill, dtype=dtype, device=HOST)
     for i, row in enumerate(rows):
         n = row.numel()
         if n:
@@ -114,7 +117,7 @@ def _pad(rows: Sequence[Tensor], width: int, fill, dtype: torch.dtype, *, left: 
 def checked_masks(response_mask, count: int, lengths: list[int]) -> list[Tensor]:
     """The 0/1 mask of each response (default: every token), as integers."""
     if response_mask is None:
-        return [torch.ones(n, dtype=torch.long) for n in lengths]
+        return [torch.ones(n, dtype=torch.long, device=HOST) for n in lengths]
     masks = _per_token("response_mask", _rows("response_mask", response_mask, count), lengths, torch.float64)
     for i, m in enumerate(masks):
         if not bool(((m == 0) | (m == 1)).all()):
@@ -156,8 +159,8 @@ def pad_tokens(
     with ``pad_token_id``; ``attention_mask`` 1 on the real tokens of both, ``response_mask`` as given."""
     prompt_width = max(p.numel() for p in prompts)
     lengths = [r.numel() for r in responses]
-    real_prompt = [torch.ones(p.numel(), dtype=torch.long) for p in prompts]
-    real_response = [torch.ones(n, dtype=torch.long) for n in lengths]
+    real_prompt = [torch.ones(p.numel(), dtype=torch.long, device=HOST) for p in prompts]
+    real_response = [torch.ones(n, dtype=torch.long, device=HOST) for n in lengths]
     return dict(
         prompts=_pad(prompts, prompt_width, pad_token_id, torch.long, left=True),
         responses=_pad(responses, width, pad_token_id, torch.long, left=False),
@@ -237,10 +240,12 @@ def fields_from_sequences(
 
     width = response_width_of(lengths, response_width)
     if any(isinstance(a, Tensor) for a in adv):  # per token; a number broadcasts over its row
-        adv_rows = [a if isinstance(a, Tensor) else torch.full((n,), a, dtype=dtype) for a, n in zip(adv, lengths)]
+        adv_rows = [
+            a if isinstance(a, Tensor) else torch.full((n,), a, dtype=dtype, device=HOST) for a, n in zip(adv, lengths)
+        ]
         adv_tensor = _pad(adv_rows, width, 0.0, dtype, left=False)
     else:
-        adv_tensor = torch.tensor(adv, dtype=dtype)
+        adv_tensor = torch.tensor(adv, dtype=dtype, device=HOST)
     return dict(
         **pad_tokens(prompts, responses, masks, width, pad_token_id),
         old_log_probs=_pad(old, width, 0.0, dtype, left=False),

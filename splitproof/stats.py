@@ -73,7 +73,7 @@ class MinibatchStats:
         """[N, G, n_g for g in group_keys] (0 for a key this part lacks): what ranks sum."""
         counts = dict(self.group_tokens)
         values = [self.num_tokens, self.num_sequences] + [counts.get(g, 0) for g in group_keys]
-        return torch.tensor(values, dtype=torch.int64)
+        return torch.tensor(values, dtype=torch.int64, device="cpu")  # summed over ranks on the host
 
     @classmethod
     def from_tensor(

@@ -22,6 +22,7 @@ CORE = {
     "value_objective",
     "oracle",
     "collective",
+    "devices",
     "loss_config",
     "hf_models",
     "value_model",

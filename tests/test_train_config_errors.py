@@ -228,9 +228,7 @@ SEMANTIC_ERRORS = [
         "actor_rollout_ref.actor.grad_clip",
         "disagrees",
     ),
-    (["trainer.device=tpu"], "trainer.device", "cpu"),
-    (["trainer.device=cuda"], "trainer.device", "runs on the CPU only"),
-    (["trainer.device=cuda:1"], "trainer.device", "not supported"),
+    (["trainer.device=tpu"], "trainer.device", "must be cpu, cuda or cuda:N"),
     (["data.train_files=[]"], "data.train_files", "at least one"),
     (["custom_reward_function.name=my_fn"], "custom_reward_function.name", "custom_reward_function.path"),
     (
@@ -262,9 +260,12 @@ def test_a_setting_another_decides_gets_a_notice_naming_key_value_and_origin():
     assert load(USER_MODEL, "algorithm.adv_estimator=gae")[1] == []  # chosen: nothing to say
 
 
-def test_cuda_is_refused_and_a_machine_without_it_is_named():
+def test_cuda_on_a_machine_without_it_is_named():
     import torch
 
+    if torch.cuda.is_available():  # tests/test_devices.py fakes a machine without CUDA for the message
+        assert load("trainer.device=cuda")[0].trainer.device == "cuda"
+        return
     with pytest.raises(ConfigError, match="trainer.device") as info:
         load("trainer.device=cuda")
-    assert ("no CUDA device" in str(info.value)) == (not torch.cuda.is_available())
+    assert "no CUDA device" in str(info.value)

@@ -36,7 +36,7 @@ class EstimatorInputs:
 
     def per_row(self, values: list[float]) -> Tensor:
         """One scalar per row, broadcast over the row's valid tokens (0 elsewhere)."""
-        return torch.tensor(values, dtype=torch.float64).reshape(-1, 1) * self.mask
+        return torch.tensor(values, dtype=torch.float64, device=self.mask.device).reshape(-1, 1) * self.mask
 
     def whiten(self, x: Tensor) -> Tensor:
         return masked_whiten(self.name, x, self.mask, self.counts_in)

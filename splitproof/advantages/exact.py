@@ -70,9 +70,9 @@ def masked_whiten(estimator: str, x: Tensor, mask: Tensor, counts_in: torch.dtyp
         raise AdvantageError(
             estimator, f"whitens over the valid tokens of the batch and needs at least 2; response_mask has {n}"
         )
-    count = torch.tensor(float(n), dtype=counts_in)
+    count = torch.tensor(float(n), dtype=counts_in, device="cpu")
     n_hat = float(counts_plus_eps(count, counts_in))
     bessel = float(count / (count - 1))
     mu = math.fsum(valid.tolist()) / n_hat
     var = math.fsum(((valid - mu) ** 2).tolist()) / n_hat * bessel
-    return (x - mu) * torch.tensor(var + 1e-8, dtype=torch.float64).rsqrt()
+    return (x - mu) * torch.tensor(var + 1e-8, dtype=torch.float64, device=x.device).rsqrt()

@@ -22,7 +22,7 @@ def grpo(scores: list[float], groups: list[list[int]], *, epsilon: float, norm_a
     for rows in groups:
         values = [scores[i] for i in rows]
         if len(rows) == 1:
-            mean, divisor = 0.0, float(torch.tensor(1.0) + epsilon)
+            mean, divisor = 0.0, float(torch.tensor(1.0, device="cpu") + epsilon)
         else:
             mean = centred_mean(values)
             divisor = sample_std(values, mean) + epsilon
@@ -88,7 +88,7 @@ def gpg(scores: list[float], groups: list[list[int]], *, f_norm: float) -> list[
     A group of one has mean 0. α is evaluated in PyTorch's default float dtype, as verl does.
     """
     nonzero = sum(1 for r in scores if r != 0.0)
-    alpha = float(len(scores) / torch.tensor(max(nonzero, 1)))
+    alpha = float(len(scores) / torch.tensor(max(nonzero, 1), device="cpu"))
     advantages = [0.0] * len(scores)
     for rows in groups:
         mean = centred_mean([scores[i] for i in rows]) if len(rows) > 1 else 0.0

@@ -33,21 +33,22 @@ def is_fsdp2(model: nn.Module) -> bool:
 
 
 def wrap_model(
-    model: nn.Module, strategy: str, *, device: torch.device | str = "cpu", init_sync: bool = True
+    model: nn.Module, strategy: str, *, device: torch.device | str | None = None, init_sync: bool = True
 ) -> nn.Module:
     """DDP: ``DistributedDataParallel``; FSDP2: ``fully_shard`` each decoder layer, then the root. Either
     way gradients are reduced as a sum (:func:`reduce_gradients_as_sum`).
 
     ``init_sync=False`` skips DDP's broadcast of rank 0's parameters, for ranks that hold the same
     parameters by construction (forked from one process): the broadcast writes every parameter, which
-    would give each forked rank a private copy of pages it could otherwise keep sharing."""
+    would give each forked rank a private copy of pages it could otherwise keep sharing. ``device``: the
+    rank's device (None: where the model's parameters are)."""
     if strategy not in DP_STRATEGIES:
         raise ValueError(f"strategy: unknown {strategy!r}; expected one of {', '.join(DP_STRATEGIES)}")
     if strategy == "none":
         return model
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(f"strategy {strategy!r} needs torch.distributed to be initialised (launch with torchrun)")
-    device = torch.device(device)
+    device = torch.device(device) if device is not None else next(model.parameters()).device
     if strategy == "ddp":
         ids = (
             [device.index if device.index is not None else torch.cuda.current_device()]

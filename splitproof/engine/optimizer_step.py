@@ -12,6 +12,7 @@ the minibatch statistics. Splitting and DP only change how the sum J(ℬ) is com
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, replace
 from typing import Protocol
@@ -126,7 +127,7 @@ def optimizer_step(
         optimizer.zero_grad(set_to_none=True)  # a failed step leaves weights and optimizer state as they were
         raise
     metrics[objective.grad_norm_metric] = grad_norm
-    skipped = not torch.isfinite(torch.tensor(grad_norm))
+    skipped = not math.isfinite(grad_norm)
     if skipped:
         optimizer.zero_grad(set_to_none=True)
         warnings.warn(
@@ -168,7 +169,7 @@ def minibatch_stats(batch: RolloutBatch, plan: MinibatchPlan, index: Tensor | No
 
 def reduce_metrics(sums: dict[str, Tensor], names: list[str], collective) -> dict[str, float]:
     """Sum each metric's shares over ranks; every rank sends the same names (0 for a share it lacks)."""
-    zero = torch.zeros((), dtype=torch.float64)
+    zero = torch.zeros((), dtype=torch.float64, device="cpu")  # the metric sums travel on the host
     packed = collective.sum(torch.stack([sums[n].detach().double().cpu() if n in sums else zero for n in names]))
     return {n: float(v) for n, v in zip(names, packed.tolist())}
 

@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .device_rows import fixed_block_linear
+
 ROWS = 16  # rows per block product (narrow outputs): a multiple of every tile height measured (4 on AVX2)
 TILE = 4  # every product's row count is a multiple of this: MKL's row tile on AVX2
 MIN_ROWS = 16  # fewest rows of a product: below 4 (and at 4 in float32 under MKL_CBWR) another kernel
@@ -83,6 +85,8 @@ def fixed_tile_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> 
 
 def _fixed_forward(module: nn.Linear):
     def forward(x: Tensor) -> Tensor:
+        if x.device.type != "cpu":  # another BLAS: every product one shape (engine.device_rows)
+            return fixed_block_linear(x, module.weight, module.bias)
         return fixed_tile_linear(x, module.weight, module.bias)
 
     return forward

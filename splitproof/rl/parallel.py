@@ -63,9 +63,17 @@ def run_on_share(
 
 def gather_rows(collective, count: int, work: Callable[[range], Tensor]) -> Tensor:
     """Like ``run_on_share`` for a tensor of rows: each rank computes ``work(rows) -> [len(rows), ...]``,
-    the result is the [count, ...] concatenation in row order on every rank."""
-    parts = run_on_share(collective, count, lambda rows: [work(rows).cpu()])
-    return torch.cat(parts, dim=0)
+    the result is the [count, ...] concatenation in row order on every rank, on the device of this rank's
+    part (the shares travel through the host only between ranks)."""
+    mine: list[Tensor] = []
+
+    def share(rows):
+        part = work(rows)
+        mine.append(part)
+        return [part.cpu() if collective.world_size > 1 else part]
+
+    parts = run_on_share(collective, count, share)
+    return torch.cat([p.to(mine[0].device) for p in parts], dim=0)
 
 
 def first_rank_only(collective) -> bool:

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from ..aggregation import token_weights
 from ..collective import default_collective
+from ..devices import this_process_device
 from ..engine import UpdateConfig
 from ..lora import apply_lora
 from ..loss_config import ConfigError
@@ -99,6 +100,7 @@ class Parts:
     total_steps: int
     float_dtype: torch.dtype
     lora: bool = False  # the policy trains a LoRA adapter; its base weights never change
+    device: torch.device = torch.device("cpu")  # trainer.device on this rank: the models and the step's tensors
 
     @property
     def pad_token_id(self) -> int:
@@ -110,7 +112,8 @@ class Parts:
         loss = self.actor.update_config.loss
         stats = MinibatchStats.of(mask, index=index)
         weights = token_weights(mask, loss.loss_agg_mode, stats, loss.loss_scale_factor, torch.float64, index)
-        return float(torch.where(mask, weights * values.double(), torch.zeros((), dtype=torch.float64)).sum())
+        zero = torch.zeros((), dtype=torch.float64, device=mask.device)
+        return float(torch.where(mask, weights * values.double(), zero).sum())
 
 
 def greedy(params: SamplingParams) -> SamplingParams:
@@ -192,13 +195,18 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
 
 
 def build_actor(
-    cfg: TrainConfig, collective, total_steps: int, vocab_size: int, update_config: UpdateConfig
+    cfg: TrainConfig,
+    collective,
+    total_steps: int,
+    vocab_size: int,
+    update_config: UpdateConfig,
+    device: torch.device | str = "cpu",
 ) -> tuple[Learner, ReferencePolicy | None]:
-    """The policy (LoRA-wrapped when ``lora_rank`` > 0) with its optimizer and schedule, and the reference
-    policy when the KL loss or the KL penalty reads it."""
+    """The policy on ``device`` (LoRA-wrapped when ``lora_rank`` > 0) with its optimizer and schedule, and
+    the reference policy when the KL loss or the KL penalty reads it."""
     dtype = MODEL_DTYPES[cfg.actor_rollout_ref.actor.fsdp_config.model_dtype]
     torch.manual_seed(cfg.trainer.seed)
-    policy = load_policy(cfg.actor_rollout_ref.model, dtype=dtype, vocab_size=vocab_size)
+    policy = load_policy(cfg.actor_rollout_ref.model, dtype=dtype, vocab_size=vocab_size, device=device)
     lora = lora_settings(cfg)
     if lora.enabled:  # every rank agrees before any collective: a bad adapter fails on all of them
         policy = _agreed_on(collective, lambda: apply_lora(policy, lora, seed=cfg.trainer.seed))
@@ -253,16 +261,20 @@ def build_generation(cfg: TrainConfig, model, tokenizer, tools: dict[str, Tool])
 
 def build_parts(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None = None) -> Parts:
     """Data, reward and config checks first (``prepare_inputs``, no model loaded yet; pass its result as
-    ``inputs`` when already done), then the models and the optimizers."""
-    collective = collective or default_collective("cpu")
+    ``inputs`` when already done), then the models and the optimizers, on ``trainer.device``
+    (``devices.this_process_device``: under torchrun GPU ``LOCAL_RANK``)."""
+    device = this_process_device(cfg.trainer.device)
+    collective = collective or default_collective(device)
     inputs = inputs or prepare_inputs(cfg)
     dtype = MODEL_DTYPES[cfg.actor_rollout_ref.actor.fsdp_config.model_dtype]
     tokenizer, total = inputs.tokenizer, inputs.total_steps
-    actor, reference = build_actor(cfg, collective, total, len(tokenizer), inputs.update_config)
+    actor, reference = build_actor(cfg, collective, total, len(tokenizer), inputs.update_config, device)
     generation = build_generation(cfg, actor.for_inference(), tokenizer, inputs.tools)
     critic = None
     if critic_enabled(cfg):
-        critic = build_critic(cfg, world_size=collective.world_size, total_steps=total, vocab_size=len(tokenizer))
+        critic = build_critic(
+            cfg, world_size=collective.world_size, total_steps=total, vocab_size=len(tokenizer), device=device
+        )
     kl_ctrl = make_kl_controller(cfg.algorithm.kl_ctrl) if cfg.algorithm.use_kl_in_reward else None
     float_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     return Parts(
@@ -279,6 +291,7 @@ def build_parts(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None =
         total_steps=total,
         float_dtype=float_dtype,
         lora=actor.trainable_only,
+        device=device,
     )
 
 

@@ -114,6 +114,7 @@ def train_step(parts: Parts, step: int, uids: list[int] | None, pipeline=None) -
     seqs, rollout_log_probs = samples_to_tokens(
         samples, response_width=cfg.data.max_response_length, pad_token_id=parts.pad_token_id, dtype=dtype
     )
+    seqs, rollout_log_probs = seqs.to(parts.device), rollout_log_probs.to(parts.device)  # the step's device
     old_log_probs, entropy, ref_log_probs, values = no_grad_passes(parts, seqs, rollout_log_probs, timer)
 
     with timer("adv"):
@@ -124,7 +125,7 @@ def train_step(parts: Parts, step: int, uids: list[int] | None, pipeline=None) -
             seqs.response_mask,
         )
         token_level_scores, token_level_rewards, kl_metrics = token_rewards(
-            parts, rewards.scores.to(dtype), seqs.response_mask, old_log_probs, ref_log_probs
+            parts, rewards.scores.to(parts.device, dtype), seqs.response_mask, old_log_probs, ref_log_probs
         )
         advantages, returns = compute_advantage(
             cfg.algorithm.adv_estimator,
@@ -134,7 +135,7 @@ def train_step(parts: Parts, step: int, uids: list[int] | None, pipeline=None) -
             **advantage_inputs(parts, scored, step, values),
         )
 
-    group_ids = torch.tensor(scored.group_ids, dtype=torch.long)
+    group_ids = torch.tensor(scored.group_ids, dtype=torch.long, device=parts.device)
     batch = update_batch(parts, seqs, old_log_probs, ref_log_probs, advantages, is_weights, group_ids)
     update_metrics = {}
     if parts.critic is not None:
@@ -267,7 +268,9 @@ def advantage_inputs(parts: Parts, scored: ScoredSamples, step: int, values: Ten
         )
         baseline = score_samples(parts.reward, parts.prompts.train, greedy, step, parts.collective).scores
         by_uid = {s.uid: float(b) for s, b in zip(greedy, baseline)}
-        options["reward_baselines"] = torch.tensor([by_uid[s.uid] for s in scored.samples], dtype=parts.float_dtype)
+        options["reward_baselines"] = torch.tensor(
+            [by_uid[s.uid] for s in scored.samples], dtype=parts.float_dtype, device=parts.device
+        )
     if estimator == "gae":
         options["values"] = values
     return options
@@ -389,7 +392,7 @@ def no_grad_rows(model, tokens: TokenLayout, compute, collective, *, channels: i
 
     def work(rows):
         if not len(rows):
-            return torch.zeros(0, channels, tokens.response_width, dtype=dtype)
+            return torch.zeros(0, channels, tokens.response_width, dtype=dtype, device=tokens.responses.device)
         return torch.stack([p.to(dtype) for p in compute(tokens.select(list(rows)))], dim=1)
 
     try:

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ..collective import default_collective
+from ..devices import deterministic, this_process_device
 from ..loss_config import ConfigError
 from .checkpoint.disk import checkpoint_count, part_bytes, size_notice
 from .checkpoint.resume import finished_message, latest_checkpoint
@@ -33,6 +34,7 @@ from .data.prompts import overlong_notice
 from .loop import fit
 from .run import Parts, RunInputs, build_parts, prepare_inputs
 from .stop import stop_points
+from .tracking.curve import can_plot
 from .tracking.hints import budget_hint
 from .tracking.loggers import METRICS_FILE, Tracker, check_backends
 
@@ -174,8 +176,12 @@ def cpu_threads(count: int | None):
 
 
 def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) -> TrainResult:
-    collective = default_collective("cpu")
+    device = this_process_device(cfg.trainer.device)
+    collective = default_collective(device)
     say = on_message or (lambda message: None)
+    settings = deterministic(device)  # before any model or product on the device
+    if settings:
+        say(f"notice: {settings}")
     inputs, point = _agreed(collective, lambda: setup(cfg))
     for files_key, data in (("data.train_files", inputs.train_data), ("data.val_files", inputs.val_data)):
         if data is not None and data.dropped:
@@ -210,6 +216,8 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
         return collective.max_int(wish) > 0
 
     start_step = restored.step
+    if "file" in cfg.trainer.logger and not cfg.trainer.val_only and not can_plot():
+        say("notice: no curve.png: matplotlib is not installed (metrics.jsonl holds every record)")
     tracker = Tracker.from_config(
         cfg, total_steps=parts.total_steps, resume_step=start_step if point is not None else None, stream=console
     )

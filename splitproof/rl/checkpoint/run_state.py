@@ -48,7 +48,7 @@ def resume_point(cfg: TrainConfig, total_steps: int) -> ResumePoint | None:
             f"the run has {total_steps} steps but the checkpoint being resumed ({path}) is at step {step}",
         )
     if cfg.async_training.staleness_steps:  # a pipelined run needs the rollouts in flight at the checkpoint
-        saved = torch.load(path / "trainer_state.pt", weights_only=True)["trainer_state"]
+        saved = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)["trainer_state"]
         check_resumable(saved.get("pipeline"), step, total_steps, cfg.async_training.staleness_steps)
     return ResumePoint(path=path, step=step)
 

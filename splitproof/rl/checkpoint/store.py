@@ -189,7 +189,7 @@ def _weights_only_bytes(payload: dict, what: str) -> bytes:
     torch.save(payload, buffer)
     data = buffer.getvalue()
     try:
-        torch.load(io.BytesIO(data), weights_only=True)
+        torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as e:
         raise TypeError(
             f"{what} must hold only tensors, numbers, strings, None, lists, tuples and dicts "
@@ -389,7 +389,7 @@ def load_checkpoint(
     if not is_complete(path):
         raise FileNotFoundError(f"{path} is not a complete checkpoint")
     rank, world = _rank_world()
-    payload = torch.load(path / "trainer_state.pt", weights_only=True)
+    payload = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
     if payload.get("format") != FORMAT:
         raise ValueError(f"{path}: checkpoint format {payload.get('format')!r}, expected {FORMAT}")
     parts = {"actor": Trainable(model, optimizer, lr_scheduler), **({"critic": critic} if critic else {})}

@@ -237,22 +237,21 @@ def _check_trainer(cfg: TrainConfig) -> None:
     require(bool(trainer.default_local_dir), "trainer.default_local_dir", "must not be empty")
     optional_positive_int(trainer.max_actor_ckpt_to_keep, "trainer.max_actor_ckpt_to_keep")
     optional_positive_int(trainer.cpu_threads, "trainer.cpu_threads")
-    _check_device(trainer.device)
+    _check_device(cfg)
 
 
-def _check_device(device) -> None:
-    """``trainer.device``: cpu. CUDA is refused, not ignored: `splitproof train` has no GPU path yet."""
-    cuda = isinstance(device, str) and (device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()))
-    require(device == "cpu" or cuda, "trainer.device", f"must be cpu, got {device!r}")
-    if cuda:
-        import torch
+def _check_device(cfg: TrainConfig) -> None:
+    """``trainer.device`` names a device this process has (``cuda``: GPU ``LOCAL_RANK``), and it computes in
+    the models' dtypes (``devices.resolve_device``, ``devices.check_dtype``)."""
+    from ...devices import check_dtype, this_process_device
+    from ..models.policy import MODEL_DTYPES
 
-        here = "" if torch.cuda.is_available() else "; this machine has no CUDA device either"
-        fail(
-            "trainer.device",
-            f"{device!r} is not supported: splitproof train runs on the CPU only (the model, "
-            f"its tensors and the process group's gloo backend){here}; set trainer.device=cpu",
-        )
+    device = this_process_device(cfg.trainer.device)
+    check_dtype(
+        device, MODEL_DTYPES[cfg.actor_rollout_ref.actor.fsdp_config.model_dtype], f"{ACTOR}.fsdp_config.model_dtype"
+    )
+    if critic_enabled(cfg):
+        check_dtype(device, MODEL_DTYPES[cfg.critic.fsdp.model_dtype], "critic.fsdp.model_dtype")
 
 
 def _check_reward(cfg: TrainConfig) -> None:

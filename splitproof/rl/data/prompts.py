@@ -257,7 +257,7 @@ def prompt_order(num_rows: int, seed: int, epoch: int, shuffle: bool = True) -> 
     if not shuffle:
         return list(range(num_rows))
     generator = torch.Generator().manual_seed(epoch_seed(seed, epoch))
-    return torch.randperm(num_rows, generator=generator).tolist()
+    return torch.randperm(num_rows, generator=generator, device="cpu").tolist()  # the host: same on every device
 
 
 class PromptSampler:

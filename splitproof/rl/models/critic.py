@@ -14,6 +14,8 @@ the update, aggregated over the critic's whole minibatch, so its split never cha
 
 from __future__ import annotations
 
+import torch
+
 from ..config.derive import critic_strategy, to_critic_update_config
 from ..config.schema import TrainConfig
 from .learner import Learner, no_grad_split, wrap_for_ranks
@@ -21,11 +23,18 @@ from .optim import make_optimizer, make_scheduler
 from .policy import MODEL_DTYPES, load_value_model
 
 
-def build_critic(cfg: TrainConfig, *, world_size: int, total_steps: int, vocab_size: int | None = None) -> Learner:
-    """The critic from ``critic.model.path`` with its optimizer and schedule (``critic.*`` keys)."""
+def build_critic(
+    cfg: TrainConfig,
+    *,
+    world_size: int,
+    total_steps: int,
+    vocab_size: int | None = None,
+    device: torch.device | str = "cpu",
+) -> Learner:
+    """The critic from ``critic.model.path`` on ``device`` with its optimizer and schedule (``critic.*`` keys)."""
     c = cfg.critic
     model = load_value_model(
-        c.model, dtype=MODEL_DTYPES[c.fsdp.model_dtype], seed=cfg.trainer.seed, vocab_size=vocab_size
+        c.model, dtype=MODEL_DTYPES[c.fsdp.model_dtype], seed=cfg.trainer.seed, vocab_size=vocab_size, device=device
     )
     model, inference_copy = wrap_for_ranks(model, critic_strategy(cfg) if world_size > 1 else "", world_size)
     optimizer = make_optimizer(model, c.optim)

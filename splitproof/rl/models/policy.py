@@ -48,20 +48,30 @@ def load_tokenizer(model_cfg):
     return tokenizer
 
 
-def load_policy(model_cfg, *, dtype: torch.dtype, vocab_size: int | None = None) -> nn.Module:
-    """The causal LM in ``dtype``, dropout as its config says, gradient checkpointing if asked."""
-    model = load_causal_lm(model_directory(model_cfg.path), dtype=dtype, trust_remote_code=model_cfg.trust_remote_code)
+def load_policy(
+    model_cfg, *, dtype: torch.dtype, vocab_size: int | None = None, device: torch.device | str = "cpu"
+) -> nn.Module:
+    """The causal LM in ``dtype`` on ``device``, dropout as its config says, gradient checkpointing if asked."""
+    model = load_causal_lm(
+        model_directory(model_cfg.path), dtype=dtype, device=device, trust_remote_code=model_cfg.trust_remote_code
+    )
     return _prepared(model, model_cfg, vocab_size, "actor_rollout_ref.model.path")
 
 
-def load_value_model(model_cfg, *, dtype: torch.dtype, seed: int, vocab_size: int | None = None) -> nn.Module:
+def load_value_model(
+    model_cfg, *, dtype: torch.dtype, seed: int, vocab_size: int | None = None, device: torch.device | str = "cpu"
+) -> nn.Module:
     """The critic: ``critic.model.path``'s architecture with a scalar head (``num_labels=1``, seeded by
-    ``seed``) in ``dtype``, gradient checkpointing if asked."""
+    ``seed``) in ``dtype`` on ``device``, gradient checkpointing if asked."""
     from ...value_model import value_model_from_pretrained
 
     key = "critic.model.path"
     model = value_model_from_pretrained(
-        model_directory(model_cfg.path, key), dtype=dtype, seed=seed, trust_remote_code=model_cfg.trust_remote_code
+        model_directory(model_cfg.path, key),
+        dtype=dtype,
+        seed=seed,
+        device=device,
+        trust_remote_code=model_cfg.trust_remote_code,
     )
     return _prepared(model, model_cfg, vocab_size, key)
 

@@ -95,7 +95,7 @@ def apply_manager(manager: RewardManager, rewards: Rewards, lengths: list[int]) 
             return order[name]
         return added[name]
 
-    return Rewards(torch.tensor(scores, dtype=torch.float64), present_extra(extra, position))
+    return Rewards(torch.tensor(scores, dtype=torch.float64, device="cpu"), present_extra(extra, position))
 
 
 def _merged_kwargs(reward_kwargs: dict, legacy_kwargs: dict) -> tuple[dict, str]:

@@ -438,4 +438,4 @@ def score(
             values.append(value)
     keys = dict.fromkeys(k for extra in extras for k in extra)
     extra = {k: [e.get(k, math.nan) for e in extras] for k in keys}
-    return RewardResult(scores=torch.tensor(values, dtype=torch.float64), extra=extra, responses=texts)
+    return RewardResult(scores=torch.tensor(values, dtype=torch.float64, device="cpu"), extra=extra, responses=texts)

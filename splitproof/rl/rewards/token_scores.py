@@ -15,8 +15,9 @@ def token_level_scores(scores: torch.Tensor, response_mask: torch.Tensor) -> tor
     empty = (~mask.any(dim=1)).nonzero().flatten().tolist()
     if empty:
         raise ValueError(f"token_level_scores: sequence {empty[0]} has no response token to hold its score")
-    positions = torch.arange(mask.shape[1]).expand_as(mask)
+    device = mask.device
+    positions = torch.arange(mask.shape[1], device=device).expand_as(mask)
     last = torch.where(mask, positions, -1).amax(dim=1)
-    out = torch.zeros(mask.shape, dtype=scores.dtype)
-    out[torch.arange(mask.shape[0]), last] = scores
+    out = torch.zeros(mask.shape, dtype=scores.dtype, device=device)
+    out[torch.arange(mask.shape[0], device=device), last] = scores.to(device)
     return out

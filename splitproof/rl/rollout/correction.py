@@ -50,13 +50,13 @@ class _Tokens:
 
     def to_batch(self, flat: Tensor) -> Tensor:
         """Flat values back into [B, T], 0 off the mask."""
-        out = torch.zeros(self.mask.shape, dtype=flat.dtype)
+        out = torch.zeros(self.mask.shape, dtype=flat.dtype, device=self.mask.device)
         out[self.mask] = flat
         return out
 
     def row_sums(self, flat: Tensor) -> Tensor:
         values = flat.tolist()
-        return torch.tensor([math.fsum(values[a:b]) for a, b in self._bounds], dtype=torch.float64)
+        return torch.tensor([math.fsum(values[a:b]) for a, b in self._bounds], dtype=torch.float64, device="cpu")
 
     def row_means(self, flat: Tensor) -> Tensor:
         return self.row_sums(flat) / self.lengths.clamp(min=1).double()

@@ -36,8 +36,9 @@ def aliases(weights: dict[str, torch.Tensor]) -> dict[str, str]:
 
 
 def shared_buffer(weights: dict[str, torch.Tensor], tied: dict[str, str]) -> dict[str, torch.Tensor]:
-    """A shared-memory copy of every weight but the aliases (``tied``)."""
-    return {n: t.detach().clone().share_memory_() for n, t in weights.items() if n not in tied}
+    """A shared-memory copy of every weight but the aliases (``tied``), on the host whatever the weights'
+    device (each process copies them to its own)."""
+    return {n: t.detach().to("cpu", copy=True).share_memory_() for n, t in weights.items() if n not in tied}
 
 
 def tie(model: nn.Module, tied: dict[str, str]) -> None:

@@ -301,10 +301,10 @@ class HFRollout:
     def _prefill_inputs(self, prompts: list[Sequence[int]], device: torch.device) -> tuple[Tensor, Tensor]:
         width = max(canonical_prompt_width(len(p), self.pad_multiple) for p in prompts)
         pad = self._pad_input_id
-        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
-        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-        mask = (torch.arange(width) >= width - lengths.unsqueeze(1)).long()
-        return ids.to(device), mask.to(device)
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long, device=device)
+        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)
+        mask = (torch.arange(width, device=device) >= width - lengths.unsqueeze(1)).long()
+        return ids, mask
 
     def _generate_chunk(
         self,

@@ -143,6 +143,7 @@ class RolloutPipeline:
             rank=self.collective.rank,
             tied=tied,
             lora=lora_settings(cfg) if parts.lora else None,
+            device=str(parts.device),
         )
         self.process = ctx.Process(
             target=rollout_process,

@@ -58,8 +58,8 @@ def _fold(h: Tensor, field: Tensor) -> Tensor:
 
 
 def stream_keys(seed: int, stream: int, step: int, uids: Tensor, sample_indices: Tensor) -> Tensor:
-    """int64 keys [R] of the streams (seed, stream, step, uid_r, j_r), on the device of ``uids``."""
-    uids = torch.as_tensor(uids, dtype=torch.int64)
+    """int64 keys [R] of the streams (seed, stream, step, uid_r, j_r), on the device of ``uids`` (a list: the CPU)."""
+    uids = torch.as_tensor(uids, dtype=torch.int64, device=uids.device if isinstance(uids, Tensor) else "cpu")
     sample_indices = torch.as_tensor(sample_indices, dtype=torch.int64, device=uids.device)
     if uids.shape != sample_indices.shape:
         raise ValueError(f"uids {tuple(uids.shape)} and sample_indices {tuple(sample_indices.shape)} differ in shape")
@@ -105,11 +105,16 @@ def top_k_mask(z: Tensor, k: int) -> Tensor:
     kth = torch.topk(z, k, dim=-1).values[..., -1:]
     above = z > kth
     at = z == kth
-    keep = above | at
-    if bool((keep.sum(dim=-1) > k).any()):  # ties at the boundary in some row: the lower ids take the room
-        room = k - above.sum(dim=-1, keepdim=True)
-        keep = above | (at & (torch.cumsum(at, dim=-1) <= room))
-    return keep
+    if z.device.type == "cpu" and not bool(((above | at).sum(dim=-1) > k).any()):  # no excess ties: the set
+        return above | at
+    return lower_ids_at_boundary(above, at, k)  # on a device always: no host round trip
+
+
+def lower_ids_at_boundary(above: Tensor, at: Tensor, k: int) -> Tensor:
+    """The top-k set from the entries ``above`` the k-th value and those ``at`` it: the lower ids at it take
+    the room left (a row without excess ties keeps all of them)."""
+    room = k - above.sum(dim=-1, keepdim=True)
+    return above | (at & (torch.cumsum(at, dim=-1) <= room))
 
 
 def top_p_mask(weights: Tensor, p: float) -> Tensor:

@@ -62,6 +62,7 @@ class WorkerSpec:
     rank: int
     tied: dict  # alias name -> the name it repeats (tied weights, sent once)
     lora: object = None  # LoraSettings when the policy trains a LoRA adapter: this process holds one too
+    device: str = "cpu"  # the trainer's device: this process has its own model (and CUDA context) there
 
 
 def rollout_process(spec: WorkerSpec, buffers: list, requests, results) -> None:
@@ -73,8 +74,10 @@ def rollout_process(spec: WorkerSpec, buffers: list, requests, results) -> None:
 
     torch.set_num_threads(spec.threads)
     no_progress_bars()
+    from ...devices import deterministic
 
-    model = load_policy(spec.model_config, dtype=spec.dtype, vocab_size=spec.vocab_size)
+    deterministic(spec.device)  # the trainer's settings (its notice said which), in this process too
+    model = load_policy(spec.model_config, dtype=spec.dtype, vocab_size=spec.vocab_size, device=spec.device)
     if spec.lora is not None:  # the same PEFT model as the trainer's; the adapter's values come with version 0
         from ...lora import apply_lora
 

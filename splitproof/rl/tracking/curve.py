@@ -22,6 +22,13 @@ def held_out_parts(key: str) -> tuple[str, str]:
     return "/".join(parts[1:-2]), "/".join(parts[-2:])
 
 
+def can_plot() -> bool:
+    """matplotlib is installed (without it a run writes no curve.png, and says so)."""
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def write_curve(records: list[dict], path: str | os.PathLike, title: str = "") -> Path | None:
     """Training reward and held-out score per step as a PNG; None when no record has either."""
     figure = curve_figure(records, title)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ...loss_config import ConfigError
-from .curve import TRAIN_REWARD, held_out_parts, is_held_out, write_curve
+from .curve import TRAIN_REWARD, can_plot, held_out_parts, is_held_out, write_curve
 
 METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "curve.png"
@@ -335,7 +335,7 @@ class Tracker:
             experiment_name=trainer.experiment_name,
             config=config_dict(cfg),
             resume_step=resume_step,
-            curve=not trainer.val_only,
+            curve=not trainer.val_only and can_plot(),
             header=start_line(cfg, total_steps),
             **kwargs,
         )
