@@ -146,7 +146,7 @@ def init_adapter(model: nn.Module, seed: int) -> None:
         if ADAPTER in layer.lora_A:
             a, b = layer.lora_A[ADAPTER].weight, layer.lora_B[ADAPTER].weight
             bound = 1.0 / math.sqrt(a.shape[1])
-            a.copy_(torch.empty(a.shape, dtype=torch.float64).uniform_(-bound, bound, generator=g))
+            a.copy_(torch.empty(a.shape, dtype=torch.float64, device="cpu").uniform_(-bound, bound, generator=g))
             b.zero_()
         else:
             a, b = layer.lora_embedding_A[ADAPTER], layer.lora_embedding_B[ADAPTER]

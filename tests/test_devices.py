@@ -144,3 +144,15 @@ def test_bf16_on_an_old_gpu_refused_before_any_model_loads(monkeypatch, tmp_path
     out = tmp_path / "out"
     code = main(["train", *train_overrides(model_dir, out, 2, dtype="bf16"), "trainer.device=cuda"])
     assert_usage_error(code, capsys.readouterr().err, ["model_dtype", "compute capability 8.0"], out)
+
+
+def test_diagnose_device_past_the_count_is_one_line(monkeypatch):
+    from splitproof.diagnose.context import ModelError, check_device
+
+    fake_cuda(monkeypatch, 2)
+    check_device("cuda:1")
+    with pytest.raises(ModelError, match=r"^--device cuda:2: this machine has 2 CUDA device\(s\), cuda:0 to cuda:1$"):
+        check_device("cuda:2")
+    fake_cuda(monkeypatch, 0)
+    with pytest.raises(ModelError, match="CUDA is not available"):
+        check_device("cuda")

@@ -132,7 +132,12 @@ def _init_distributed(timeout_s: int, device: str = "cpu") -> None:
 
     global _LEAVE_GROUP
     if not dist.is_initialized():
-        backend = process_group_backend(this_process_device(device))
+        where = this_process_device(device)
+        backend = process_group_backend(where)
+        if where.type == "cuda":  # NCCL's communicator on this rank's GPU
+            import torch
+
+            torch.cuda.set_device(where)
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
         if backend != "gloo":  # monitored_barrier runs on gloo alone
             _LEAVE_GROUP = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))

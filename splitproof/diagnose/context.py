@@ -56,6 +56,9 @@ def check_device(device: str) -> None:
         raise ModelError(f"--device: unknown device {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ModelError(f"--device {device}: CUDA is not available on this machine")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        count = torch.cuda.device_count()
+        raise ModelError(f"--device {device}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
     if dev.type not in ("cpu", "cuda"):
         raise ModelError(f"--device {device}: only cpu and cuda are supported")
 

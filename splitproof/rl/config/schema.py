@@ -290,7 +290,7 @@ class TrainerConfig:
     critic_warmup: int = (
         0  # the actor is updated from step max(1, critic_warmup) on (verl's rule); the critic every step
     )
-    device: str = "cpu"  # ours: cpu, the only device (verl: cuda); cuda is refused
+    device: str = "cpu"  # ours: cpu; cuda (each rank on GPU LOCAL_RANK, NCCL) or cuda:N (verl: cuda); docs/gpu.md
     seed: int = 0  # ours: the model-initialisation and global RNG seed
     rollout_data_dir: Optional[str] = (
         None  # a folder: each step's samples as <step>.jsonl (input, output, gts, score, step, extras)
