@@ -61,9 +61,8 @@ def test_meta_default_device_is_a_real_trap():
             float(made.sum() + torch.ones(3, device="cpu").sum())
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_a_run_makes_no_tensor_on_the_default_device(model_dir, case):
-    cfg = trajectory_config(model_dir, 2, CASES[case])
+def meta_run_matches(cfg):
+    """The run of ``cfg`` with torch's default device ``meta`` equals the ordinary run, bitwise."""
     want = run_trajectory(cfg)
 
     from splitproof.rl.loop import fit
@@ -82,6 +81,19 @@ def test_a_run_makes_no_tensor_on_the_default_device(model_dir, case):
         }
     weights = final_weights(parts.actor.model)
     assert all(torch.equal(weights[k], want["weights"][k]) for k in want["weights"])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_run_makes_no_tensor_on_the_default_device(model_dir, case):
+    meta_run_matches(trajectory_config(model_dir, 2, CASES[case]))
+
+
+def test_a_multi_turn_run_makes_no_tensor_on_the_default_device(model_dir, monkeypatch):
+    from .multiturn_format import digit_calls
+    from .test_multiturn import MULTI_TURN
+
+    digit_calls(monkeypatch)
+    meta_run_matches(trajectory_config(model_dir, 2, MULTI_TURN))
 
 
 def test_a_checkpoint_saves_and_loads_with_no_tensor_on_the_default_device(model_dir, tmp_path):

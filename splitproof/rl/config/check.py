@@ -243,6 +243,8 @@ def _check_trainer(cfg: TrainConfig) -> None:
 def _check_device(cfg: TrainConfig) -> None:
     """``trainer.device`` names a device this process has (``cuda``: GPU ``LOCAL_RANK``), and it computes in
     the models' dtypes (``devices.resolve_device``, ``devices.check_dtype``)."""
+    if cfg.trainer.device == "cpu":  # nothing to check, and no torch to import (a finished run's rerun needs none)
+        return
     from ...devices import check_dtype, this_process_device
     from ..models.policy import MODEL_DTYPES
 
