@@ -156,3 +156,28 @@ def test_diagnose_device_past_the_count_is_one_line(monkeypatch):
     fake_cuda(monkeypatch, 0)
     with pytest.raises(ModelError, match="CUDA is not available"):
         check_device("cuda")
+
+
+def test_torchrun_ranks_join_nccl_on_their_own_gpu(monkeypatch):
+    """`splitproof train` under torchrun with trainer.device=cuda: rank LOCAL_RANK sets its GPU, the default
+    group is NCCL beside gloo, and the exit barrier gets a gloo group of its own (CUDA and the process
+    group faked: what is checked is what the command asks torch for)."""
+    import torch.distributed as dist
+
+    from splitproof.cli import train as train_cli
+
+    fake_cuda(monkeypatch, 2)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    calls = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: calls.append(("set_device", device)))
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, timeout: calls.append(("init", backend)))
+    monkeypatch.setattr(dist, "new_group", lambda backend, timeout: calls.append(("new_group", backend)) or "g")
+    monkeypatch.setattr(train_cli, "LEAVE_GROUP", None)
+    train_cli.init_distributed(60, "cuda")
+    assert calls == [("set_device", torch.device("cuda", 1)), ("init", "cpu:gloo,cuda:nccl"), ("new_group", "gloo")]
+    assert train_cli.LEAVE_GROUP == "g"
+    calls.clear()
+    train_cli.init_distributed(60, "cpu")
+    assert calls == [("init", "gloo")]

@@ -121,7 +121,7 @@ def resume_command(argv: list[str], resume_mode: str) -> str:
     return " ".join([launcher, shlex.join(kept)]).strip()
 
 
-def _init_distributed(timeout_s: int, device: str = "cpu") -> None:
+def init_distributed(timeout_s: int, device: str = "cpu") -> None:
     """The process group under torchrun: gloo on the CPU; NCCL for the GPU's tensors with ``device``
     (``devices.process_group_backend``), plus a gloo group for the barrier at exit."""
     if _world() == 1:  # no torch import for one process: a rerun of a finished run needs none
@@ -130,7 +130,7 @@ def _init_distributed(timeout_s: int, device: str = "cpu") -> None:
 
     from ..devices import process_group_backend, this_process_device
 
-    global _LEAVE_GROUP
+    global LEAVE_GROUP
     if not dist.is_initialized():
         where = this_process_device(device)
         backend = process_group_backend(where)
@@ -140,10 +140,10 @@ def _init_distributed(timeout_s: int, device: str = "cpu") -> None:
             torch.cuda.set_device(where)
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
         if backend != "gloo":  # monitored_barrier runs on gloo alone
-            _LEAVE_GROUP = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+            LEAVE_GROUP = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
 
 
-_LEAVE_GROUP = None  # the gloo group of the exit barrier when the default group is not gloo
+LEAVE_GROUP = None  # the gloo group of the exit barrier when the default group is not gloo
 
 
 def _distributed():
@@ -157,7 +157,7 @@ def _leave_together() -> None:
     dist = _distributed()
     if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         try:
-            dist.monitored_barrier(group=_LEAVE_GROUP, timeout=timedelta(seconds=LEAVE_TIMEOUT_S))
+            dist.monitored_barrier(group=LEAVE_GROUP, timeout=timedelta(seconds=LEAVE_TIMEOUT_S))
         except RuntimeError:
             pass  # a rank is gone: leaving is all that is left to do
 
@@ -199,14 +199,14 @@ def run(args) -> int:
         )
     except ConfigError as e:
         cfg, code = None, EXIT_USAGE
-        _init_distributed(ActorRolloutRefConfig.nccl_timeout)
+        init_distributed(ActorRolloutRefConfig.nccl_timeout)
         _error(str(e))
     else:
         if args.print_config:
             if _rank() == 0:
                 print(dump_config(cfg), end="")
             return EXIT_PASS
-        _init_distributed(cfg.actor_rollout_ref.nccl_timeout, cfg.trainer.device)
+        init_distributed(cfg.actor_rollout_ref.nccl_timeout, cfg.trainer.device)
         code = _train(cfg, argv, lambda message: _with_origins(message, args))
     try:
         _leave_together()
