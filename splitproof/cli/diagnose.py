@@ -206,6 +206,7 @@ def _diagnose(args) -> int:
     import torch
 
     from splitproof.batch import BatchError
+    from splitproof.devices import deterministic
     from splitproof.diagnose import report as rep
     from splitproof.diagnose.context import ModelError, ModelSpec, check_device
     from splitproof.diagnose.diagnosis import Diagnosis
@@ -220,6 +221,9 @@ def _diagnose(args) -> int:
             require_matplotlib()  # fail before running when matplotlib is missing
         check_device(args.device)
         scenarios = _scenarios(args)
+        settings_note = deterministic(args.device)  # the trainer's determinism settings on a GPU
+        if settings_note:
+            print(f"splitproof: notice: {settings_note}", file=sys.stderr)
         threads = args.threads or (1 if not args.model else None)
         if threads:
             torch.set_num_threads(threads)
