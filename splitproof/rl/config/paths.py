@@ -2,8 +2,8 @@
 whatever else is wrong, so it is reported first (with every other missing one, then the other problems).
 
 Checked without reading them (no torch, no data library): the prompt files (``data.train_files``,
-``data.val_files``; ``builtin://`` and ``reasoning-gym://`` tasks need none), the model and tokenizer folders, the critic's model
-folder when the critic is on, and the reward function's file.
+``data.val_files``; ``builtin://`` and ``reasoning-gym://`` tasks need none), the model and tokenizer
+folders, the critic's model folder when the critic is on, and the reward function's file.
 """
 
 from __future__ import annotations
