@@ -226,3 +226,43 @@ def test_a_row_routed_to_no_environment_is_one_line(tmp_path, monkeypatch, capsy
     ]
     words = ["rows.jsonl row 7", "environment='chess'", "lookup"]
     _exit_2_before_any_model(setup, words, tmp_path, monkeypatch, capsys)
+
+
+class MulDigits(tool_format.SimpleFormat):
+    """Every digit d of a turn is a call ``mul(d, d)``."""
+
+    def parse(self, ids):
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return [ToolCall("mul", json.dumps({"a": int(c), "b": int(c)})) for c in text if c.isdigit()], 0
+
+
+def test_an_environment_whose_reset_keeps_the_prompt_gives_the_function_tools_episodes(monkeypatch):
+    """The built-in calculator as a function tool and as an environment (``CalculatorEnv``: reset returns
+    None, ``mul`` a method): the same episodes, token for token, and the same weights after 2 steps."""
+    from .rl_helpers import relative_update_difference
+
+    monkeypatch.setitem(tool_format.FORMATS, "simple", MulDigits)
+    common = [
+        "actor_rollout_ref.model.path=builtin://charlm",
+        "data.train_files=builtin://product/train",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        "actor_rollout_ref.rollout.multi_turn.format=simple",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
+        "data.max_response_length=32",
+    ]
+    tool = run_trajectory(
+        trajectory_config(
+            "builtin://charlm",
+            2,
+            common + ["actor_rollout_ref.rollout.multi_turn.function_tool_path=pkg://splitproof.builtin.calculator"],
+        )
+    )
+    env = run_trajectory(
+        trajectory_config("builtin://charlm", 2, common + [f"{KEY}=splitproof.builtin.calculator:CalculatorEnv"])
+    )
+    view = [[(s.prompt_ids, s.response_ids, s.token_mask, s.tool_calls) for s in step] for step in tool["samples"]]
+    assert view == [
+        [(s.prompt_ids, s.response_ids, s.token_mask, s.tool_calls) for s in step] for step in env["samples"]
+    ]
+    assert sum(s.tool_calls for step in env["samples"] for s in step) > 0
+    assert relative_update_difference(env["weights"], tool["weights"], tool["initial"]) <= 1e-10
