@@ -19,6 +19,8 @@ _jitter = random.Random()  # deliberately unseeded: latency must not matter
 
 class LookupEnv:
     def reset(self, seed: int, **row) -> str:
+        if row.get("environment") == "lookup":  # routed by a mapping: the routing column must not reach reset
+            raise ValueError("the environment column reached reset")
         self.rng = random.Random(seed)
         self.secret = self.rng.randrange(10)
         self.calls = 0

@@ -266,3 +266,31 @@ def test_an_environment_whose_reset_keeps_the_prompt_gives_the_function_tools_ep
     ]
     assert sum(s.tool_calls for step in env["samples"] for s in step) > 0
     assert relative_update_difference(env["weights"], tool["weights"], tool["initial"]) <= 1e-10
+
+
+def test_rows_are_routed_to_their_environment_by_the_environment_column(tmp_path):
+    """``{lookup: LookupEnv, inc: IncrementEnv}``: each episode plays its row's environment with that
+    environment's tools only; the routing column is not passed to reset; each reward under its class."""
+    rows = tmp_path / "rows.jsonl"
+    lines = [{"prompt": f"{i}+{i % 7}=", "environment": ("lookup", "inc")[i % 2]} for i in range(16)]
+    rows.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    factory = f"{{lookup: {ENVS}:LookupEnv, inc: {INCREMENT}:IncrementEnv}}"
+    cfg = trajectory_config(
+        "builtin://charlm",
+        1,
+        overrides(factory)
+        + [f"data.train_files={rows}", "data.max_prompt_length=48"]
+        + ["custom_reward_function.path=null", "custom_reward_function.name=null"],  # the environments' rewards alone
+    )
+    got = run_trajectory(cfg)
+    tokenizer = char_tokenizer()
+    samples, record = got["samples"][0], got["records"][0]
+    labels = {"lookup": "LookupEnv", "inc": "IncrementEnv"}
+    for s in samples:
+        assert s.environment == labels[lines[s.uid]["environment"]] and s.environment_errors == 0
+        prompt = tokenizer.decode(s.prompt_ids)
+        assert prompt.endswith(".") if s.environment == "IncrementEnv" else prompt[-1].isdigit()
+    assert "reward/LookupEnv/mean" in record and "reward/IncrementEnv/mean" in record
+    by_env = {label: [s.environment_reward for s in samples if s.environment == label] for label in labels.values()}
+    assert math.isclose(record["critic/score/mean"], sum(sum(v) for v in by_env.values()) / len(samples))
+    assert {s.environment for s in samples if s.tool_calls} == {"LookupEnv", "IncrementEnv"}
