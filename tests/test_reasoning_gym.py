@@ -25,10 +25,12 @@ def test_not_installed_is_one_line(monkeypatch):
         read_rows("reasoning-gym://chain_sum?size=4")
 
 
-rg = pytest.importorskip("reasoning_gym", reason="the envs extra (pip install 'splitproof[envs]')")
+@pytest.fixture
+def rg():
+    return pytest.importorskip("reasoning_gym", reason="the envs extra (pip install 'splitproof[envs]')")
 
 
-def test_rows_are_the_tasks_items_and_the_reward_its_score_answer():
+def test_rows_are_the_tasks_items_and_the_reward_its_score_answer(rg):
     rows = read_rows(TEXT)
     assert len(rows) == 40 and rows == read_rows(TEXT)
     library = rg.create_dataset(
@@ -51,7 +53,7 @@ def test_rows_are_the_tasks_items_and_the_reward_its_score_answer():
         assert right == {"score": 1.0, "acc": 1.0} and wrong["score"] == library.score_answer("x", entry)
 
 
-def test_chat_prompts_and_answer_tags():
+def test_chat_prompts_and_answer_tags(rg):
     (row,) = read_rows("reasoning-gym://chain_sum?size=1&seed=0")
     assert [m["role"] for m in row["prompt"]] == ["system", "user"]
     assert "<answer>" in row["prompt"][0]["content"]
@@ -61,13 +63,13 @@ def test_chat_prompts_and_answer_tags():
     assert reward(row["data_source"], answer, None, row["extra_info"])["score"] == 0.0  # no tags: no answer
 
 
-def test_an_unknown_task_names_the_close_ones(tmp_path, monkeypatch, capsys):
+def test_an_unknown_task_names_the_close_ones(rg, tmp_path, monkeypatch, capsys):
     setup = ["data.train_files=reasoning-gym://basic_arithmetik?size=8"]
     words = ["basic_arithmetik", "close names: basic_arithmetic"]
     _exit_2_before_any_model(setup, words, tmp_path, monkeypatch, capsys)
 
 
-def test_a_short_run_on_a_task(tmp_path):
+def test_a_short_run_on_a_task(rg, tmp_path):
     out = tmp_path / "out"
     extra = [
         f"data.train_files={TEXT}",
