@@ -294,3 +294,18 @@ def test_rows_are_routed_to_their_environment_by_the_environment_column(tmp_path
     by_env = {label: [s.environment_reward for s in samples if s.environment == label] for label in labels.values()}
     assert math.isclose(record["critic/score/mean"], sum(sum(v) for v in by_env.values()) / len(samples))
     assert {s.environment for s in samples if s.tool_calls} == {"LookupEnv", "IncrementEnv"}
+
+
+def test_a_seed_column_that_reaches_reset_is_a_notice(tmp_path):
+    from splitproof.rl.data.prompts import load_prompts
+    from splitproof.rl.environments.session import EnvironmentSet
+    from splitproof.rl.environments.setup import check_rows
+    from splitproof.rl.environments.trl_factory import load_environments
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"{i}+1=", "seed": i}) + "\n" for i in range(4)))
+    tokenizer = char_tokenizer()
+    data = load_prompts(str(rows), tokenizer, max_prompt_length=16)
+    envs = EnvironmentSet(classes=load_environments(f"{ENVS}:LookupEnv"), tokenizer=tokenizer, max_prompt_length=16)
+    (notice,) = check_rows(envs, data)
+    assert "'seed' column" in notice and "rows.jsonl row 0" in notice and "LookupEnv.reset receives it" in notice

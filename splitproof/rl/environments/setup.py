@@ -42,6 +42,11 @@ def check_rows(environments: EnvironmentSet, dataset) -> list[str]:
         notice, instance, observation = probe_seed(env, dataset[uid].columns, where)
         if notice is not None:
             notices.append(notice)
+        if env.takes_seed and "seed" in dataset[uid].columns:
+            notices.append(
+                f"{KEY}: the rows have a 'seed' column ({where}): {env.label}.reset receives it, not the "
+                "episode's seed (episodes of one row then start alike at every step and sample index)"
+            )
         try:
             environments.prompt_ids(dataset[uid].prompt, observation, env.tools(instance), env.label)
         except ValueError as e:
