@@ -359,6 +359,7 @@ def test_schema_is_verl_tree_plus_documented_additions():
         "custom_reward_function.reward_kwargs",
         "reward.custom_reward_function.reward_kwargs",
         "actor_rollout_ref.rollout.multi_turn.tool_timeout",
+        "actor_rollout_ref.rollout.multi_turn.environment_factory",  # TRL's environment_factory (docs/environments.md)
         # verl's reward managers read these; its scripts add them with +key
         "reward.reward_kwargs",
         "reward_model.reward_kwargs",

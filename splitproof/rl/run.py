@@ -41,6 +41,9 @@ from .config.derive import (
 from .config.schema import TrainConfig
 from .data.dynamic_sampling import PromptStream
 from .data.prompts import PromptDataset, PromptSampler, load_prompts
+from .environments.session import EnvironmentSet
+from .environments.setup import PreparedEnvironments, prepare_environments, schema_tools
+from .environments.trl_factory import load_environments
 from .models.critic import build_critic
 from .models.learner import Learner, ReferencePolicy, no_grad_split, wrap_for_ranks
 from .models.optim import make_optimizer, make_scheduler
@@ -81,6 +84,7 @@ class Reward:
     manager: RewardManager
     tokenizer: Any
     total_steps: int  # the run's steps (a TRL-style function's ``max_steps``)
+    environment_only: bool = False  # the environments' get_reward is the whole score (rl/environments)
 
 
 @dataclass(frozen=True)
@@ -140,6 +144,8 @@ class RunInputs:
     total_steps: int
     tools: dict[str, Tool] = field(default_factory=dict)
     reward_manager: RewardManager = field(default_factory=RewardManager)
+    environments: PreparedEnvironments | None = None  # multi_turn.environment_factory
+    notices: list[str] = field(default_factory=list)
 
 
 def prepare_inputs(cfg: TrainConfig) -> RunInputs:
@@ -150,7 +156,9 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
     tokenizer = load_tokenizer(cfg.actor_rollout_ref.model)
     multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
     tools = load_tools(multi_turn.function_tool_path, multi_turn.tool_config_path) if multi_turn.enable else {}
-    check_tool_template(multi_turn.format, tokenizer, tools, cfg.actor_rollout_ref.model)
+    factory = multi_turn.environment_factory if multi_turn.enable else None
+    classes = load_environments(factory) if factory else {}
+    check_tool_template(multi_turn.format, tokenizer, {**tools, **schema_tools(classes)}, cfg.actor_rollout_ref.model)
     template_kwargs = dict(cfg.data.apply_chat_template_kwargs)
     if tools:  # chat prompts show the tools' schemas, as verl renders them
         template_kwargs.setdefault("tools", [tool.schema for tool in tools.values()])
@@ -171,8 +179,11 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
             _files(cfg.data.val_files), tokenizer, max_samples=cfg.data.val_max_samples, **data_kwargs
         )
     reward_fn = reward_function(cfg)
+    environments = None
+    if factory:
+        environments = prepare_environments(classes, tokenizer, tools, data_kwargs, train_data, val_data, reward_fn)
     for dataset in (train_data, val_data):
-        if dataset is not None:
+        if dataset is not None and not (environments and environments.environment_only):
             check_reward_sources(dataset, reward_fn)
     seed = 1 if cfg.data.seed is None else cfg.data.seed
     manager = reward_manager_of(cfg)
@@ -191,6 +202,8 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
         total_steps=total_training_steps(cfg, len(train_data)),
         tools=tools,
         reward_manager=manager,
+        environments=environments,
+        notices=list(environments.notices) if environments else [],
     )
 
 
@@ -245,7 +258,9 @@ def reference_split(cfg: TrainConfig) -> dict:
     )
 
 
-def build_generation(cfg: TrainConfig, model, tokenizer, tools: dict[str, Tool]) -> Generation:
+def build_generation(
+    cfg: TrainConfig, model, tokenizer, tools: dict[str, Tool], environments: EnvironmentSet | None = None
+) -> Generation:
     """The rollout engine on ``model`` (the actor's inference policy), multi-turn when enabled."""
     engine = HFRollout(
         model,
@@ -254,7 +269,7 @@ def build_generation(cfg: TrainConfig, model, tokenizer, tools: dict[str, Tool])
         max_num_seqs=cfg.actor_rollout_ref.rollout.max_num_seqs,
     )
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:
-        engine = EpisodeRollout(engine, tokenizer, tools, multi_turn_settings(cfg))
+        engine = EpisodeRollout(engine, tokenizer, tools, multi_turn_settings(cfg), environments)
     train, val = sampling_params(cfg)
     return Generation(engine=engine, sampling=train, val_sampling=val)
 
@@ -269,7 +284,10 @@ def build_parts(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None =
     dtype = MODEL_DTYPES[cfg.actor_rollout_ref.actor.fsdp_config.model_dtype]
     tokenizer, total = inputs.tokenizer, inputs.total_steps
     actor, reference = build_actor(cfg, collective, total, len(tokenizer), inputs.update_config, device)
-    generation = build_generation(cfg, actor.for_inference(), tokenizer, inputs.tools)
+    prepared = inputs.environments
+    generation = build_generation(
+        cfg, actor.for_inference(), tokenizer, inputs.tools, prepared.environments if prepared else None
+    )
     critic = None
     if critic_enabled(cfg):
         critic = build_critic(
@@ -286,7 +304,13 @@ def build_parts(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None =
         reference_policy=reference,
         generation=generation,
         prompts=Prompts(train=inputs.train_data, val=inputs.val_data, sampler=inputs.sampler),
-        reward=Reward(fn=inputs.reward_fn, manager=inputs.reward_manager, tokenizer=tokenizer, total_steps=total),
+        reward=Reward(
+            fn=inputs.reward_fn,
+            manager=inputs.reward_manager,
+            tokenizer=tokenizer,
+            total_steps=total,
+            environment_only=bool(prepared and prepared.environment_only),
+        ),
         kl_ctrl=kl_ctrl,
         total_steps=total,
         float_dtype=float_dtype,

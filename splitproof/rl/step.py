@@ -31,10 +31,11 @@ from . import pause
 from .config.derive import gen_batch_size
 from .data.dynamic_sampling import filtered_batch
 from .data.prompts import PromptDataset
+from .environments.rewards import score_with_environments
 from .models.learner import Learner
 from .parallel import gather_rows, run_on_share
 from .rewards.dapo import apply_manager
-from .rewards.functions import RewardError, score
+from .rewards.functions import RewardError
 from .rewards.kl_penalty import apply_kl_penalty
 from .rewards.scored import Rewards, ScoredSamples
 from .rewards.token_scores import token_level_scores as scores_on_last_token
@@ -312,6 +313,18 @@ def generate(
     index), drawn from sampling stream ``stream``; each rank generates a share of them and every rank
     gets them all."""
     requests = [(uid, j, list(dataset[uid].prompt_ids)) for uid in uids for j in range(params.n)]
+    if getattr(engine, "takes_records", False):  # environments reset from each request's row
+        return run_on_share(
+            collective,
+            len(requests),
+            lambda rows: engine.generate(
+                [requests[r] for r in rows],
+                params,
+                step=step,
+                stream=stream,
+                records=[dataset[requests[r][0]] for r in rows],
+            ),
+        )
     return run_on_share(
         collective,
         len(requests),
@@ -328,8 +341,14 @@ def score_samples(reward: Reward, dataset: PromptDataset, samples: list, step: i
 
     def work(rows):
         part = [samples[r] for r in rows]
-        result = score(
-            reward.fn, [dataset[s.uid] for s in part], part, reward.tokenizer, step=step, max_steps=reward.total_steps
+        result = score_with_environments(
+            reward.fn,
+            [dataset[s.uid] for s in part],
+            part,
+            reward.tokenizer,
+            step=step,
+            max_steps=reward.total_steps,
+            environment_only=reward.environment_only,
         )
         return [
             apply_manager(reward.manager, Rewards(result.scores, result.extra), [len(s.response_ids) for s in part])

@@ -186,6 +186,8 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
     for files_key, data in (("data.train_files", inputs.train_data), ("data.val_files", inputs.val_data)):
         if data is not None and data.dropped:
             say(f"notice: {overlong_notice(data, files_key, cfg.data.max_prompt_length)}")
+    for notice in inputs.notices:
+        say(f"notice: {notice}")
     if point is not None and point.step >= inputs.total_steps and not cfg.trainer.val_only:
         say(finished_message(cfg, point.path, point.step))  # no model loaded, no file touched
         return TrainResult(

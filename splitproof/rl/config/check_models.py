@@ -182,9 +182,10 @@ def _check_multi_turn(cfg: TrainConfig) -> None:
     one_of(mt.tool_response_truncate_side, TRUNCATE_SIDES, f"{key}.tool_response_truncate_side")
     one_of(mt.format, TOOL_FORMATS, f"{key}.format", later=("gpt-oss",))
     require(
-        mt.function_tool_path or mt.tool_config_path,
+        mt.function_tool_path or mt.tool_config_path or mt.environment_factory,
         f"{key}.enable",
-        f"multi-turn episodes need a tool: set {key}.function_tool_path or {key}.tool_config_path",
+        f"multi-turn episodes need a tool: set {key}.function_tool_path, {key}.tool_config_path "
+        f"or {key}.environment_factory",
     )
     require(
         mt.tool_timeout is None or (finite(mt.tool_timeout) and mt.tool_timeout > 0),

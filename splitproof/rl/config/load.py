@@ -100,7 +100,7 @@ def flatten(value: Any, prefix: str = "") -> Items:
     """Leaf (dotted key, value) pairs; a mapping-valued schema key stays whole, Hydra's ``_target_`` is dropped."""
     keys = schema_keys()
     info = keys.get(prefix)
-    if isinstance(value, dict) and value and not (info is not None and info.type is dict):
+    if isinstance(value, dict) and value and not (info is not None and info.type in (dict, Any)):
         items: Items = []
         for name, child in value.items():
             if name == "_target_":

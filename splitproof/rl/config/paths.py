@@ -2,8 +2,8 @@
 whatever else is wrong, so it is reported first (with every other missing one, then the other problems).
 
 Checked without reading them (no torch, no data library): the prompt files (``data.train_files``,
-``data.val_files``; ``builtin://`` tasks need none), the model and tokenizer folders, the critic's model
-folder when the critic is on, and the reward function's file.
+``data.val_files``; ``builtin://`` and ``reasoning-gym://`` tasks need none), the model and tokenizer
+folders, the critic's model folder when the critic is on, and the reward function's file.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from .check import critic_enabled
 from .schema import BUILTIN_MODEL, TrainConfig
 
 BUILTIN = "builtin://"
+GENERATED = (BUILTIN, "reasoning-gym://")  # data sources generated, not read from a file
 
 
 def _as_list(value) -> list:
@@ -46,7 +47,7 @@ def missing_paths(cfg: TrainConfig) -> list[tuple[str, str]]:
     problems: list[tuple[str, str]] = []
     for key in ("data.train_files", "data.val_files"):
         for name in _as_list(getattr(cfg.data, key.split(".")[1])):
-            if isinstance(name, str) and name and not name.startswith(BUILTIN):
+            if isinstance(name, str) and name and not name.startswith(GENERATED):
                 problem = _prompt_file_problem(name)
                 if problem:
                     problems.append((key, problem))

@@ -157,6 +157,7 @@ class MultiTurnConfig:
     function_tool_path: Optional[str] = None  # a Python file: its public functions are the tools
     tool_config_path: Optional[str] = None  # verl's tool YAML (tools: - class_name, config, tool_schema)
     tool_timeout: Optional[float] = None  # ours: seconds a tool call may take (null: no limit)
+    environment_factory: Optional[Any] = None  # TRL's: file.py:Name | module:Name | {name: spec, ...}
 
 
 @dataclass

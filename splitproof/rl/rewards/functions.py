@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ..data import reasoning_gym
 from . import rules
 
 CONVENTIONS = ("verl", "trl")
@@ -215,6 +216,8 @@ def _rule_function(rule: Callable[[str, Any], float], answer: Callable[[str], st
 
 def default_reward_for(data_source: str) -> RewardFunction:
     """The built-in rule for a ``data_source`` (verl convention); an unknown one is a ``RewardError``."""
+    if data_source.startswith(reasoning_gym.SOURCE_PREFIX):  # the task's own score_answer
+        return RewardFunction(fn=reasoning_gym.compute_score, name=f"reasoning-gym's {data_source}", convention="verl")
     rule = rules.RULES.get(data_source)
     if rule is None:
         what = f"data_source {data_source!r} has" if data_source else "rows without a data_source have"
@@ -258,7 +261,7 @@ def check_reward_sources(dataset, reward_fn: RewardFunction | None) -> None:
                 default_reward_for(source)
             except RewardError as err:
                 raise RewardError(f"{dataset.origin(uid)}: {err}") from None
-            needs_math_verify = rules.RULES[source] is rules.math_verify_score
+            needs_math_verify = rules.RULES.get(source) is rules.math_verify_score
             if needs_math_verify and not rules.math_verify_available():
                 raise RewardError(
                     f"{dataset.origin(uid)}: data_source {source!r} is scored with math-verify, which is not "

@@ -44,6 +44,9 @@ class Episode(Sample):
     tool_timeouts: int = 0
     malformed_calls: int = 0
     dropped_calls: int = 0
+    environment: str = ""  # the environment's class name (environment_factory), else ""
+    environment_reward: float | None = None  # its get_reward(), when it has one
+    environment_errors: int = 0  # its reset, tools or get_reward raised
 
     @property
     def num_turns(self) -> int:
@@ -68,16 +71,24 @@ class MultiTurnSettings:
 class EpisodeRollout:
     """Multi-turn generation over an :class:`HFRollout`, with the same ``generate`` signature."""
 
-    def __init__(self, rollout: HFRollout, tokenizer, tools: dict[str, Tool], settings: MultiTurnSettings):
+    def __init__(
+        self, rollout: HFRollout, tokenizer, tools: dict[str, Tool], settings: MultiTurnSettings, environments=None
+    ):
         self.rollout, self.tools, self.settings = rollout, tools, settings
+        self.tokenizer, self.environments = tokenizer, environments  # an EnvironmentSet (rl/environments), or None
         self.format = FORMATS[settings.format](tokenizer, tools)
+
+    @property
+    def takes_records(self) -> bool:
+        """Whether ``generate`` needs each request's prompt record (environments reset from the row)."""
+        return self.environments is not None
 
     @property
     def max_num_seqs(self) -> int:
         return self.rollout.max_num_seqs
 
     def generate(
-        self, requests: Sequence[Request], params: SamplingParams, *, step: int, stream: int = 0
+        self, requests: Sequence[Request], params: SamplingParams, *, step: int, stream: int = 0, records=None
     ) -> list[Episode]:
         s = self.settings
         budget = params.max_response_length
@@ -92,6 +103,13 @@ class EpisodeRollout:
             )
             for uid, j, ids in requests
         ]
+        session, formats = None, [self.format] * len(episodes)
+        if self.environments is not None:  # reset in canonical order; each episode its prompt and tools
+            session = self.environments.begin(episodes, records, step=step, stream=stream, seed=params.seed)
+            for i, (episode, start) in enumerate(zip(episodes, session.starts)):
+                episode.prompt_ids = start.prompt_ids
+                if start.tools is not None:
+                    formats[i] = FORMATS[s.format](self.tokenizer, start.tools)
         runner = ToolRunner(
             self.tools,
             workers=s.num_workers,
@@ -114,22 +132,39 @@ class EpisodeRollout:
                         budgets=[budget - len(e.response_ids) for e in chunk],
                     )
                     for i, episode, turn in zip(live[start : start + self.max_num_seqs], chunk, turns):
-                        calls = self._model_turn(episode, turn, budget)
+                        calls = self._model_turn(episode, turn, budget, formats[i])
                         if calls:
-                            pending[i] = [runner.submit(c) for c in calls]
+                            pending[i] = self._submit(runner, calls, session, i)
                 live = [
                     i
                     for i in live
-                    if i in pending  # canonical order: episode, then call
-                    and self._tool_turn(episodes[i], [runner.result(h) for h in pending[i]], budget)
+                    if i in pending and self._after_tools(episodes[i], pending[i], runner, session, i, budget)
                 ]
                 rounds += 1
                 pause_point(f"step{step}:stream{stream}:tools{rounds}")  # a kill test stops here mid-episode
         finally:
             runner.close()
+        if session is not None:
+            session.finish(episodes)
         return episodes
 
-    def _model_turn(self, episode: Episode, turn: Sample, budget: int) -> list:
+    @staticmethod
+    def _submit(runner: ToolRunner, calls: list, session, i: int) -> list:
+        """Start a turn's calls: with an environment on its instance's methods, each after the one before."""
+        if session is None:
+            return [runner.submit(c) for c in calls]
+        handles, tools = [], session.starts[i].tools
+        for call in calls:
+            handles.append(runner.submit(call, tools, after=handles[-1] if handles else None))
+        return handles
+
+    def _after_tools(self, episode: Episode, handles: list, runner: ToolRunner, session, i: int, budget: int) -> bool:
+        """The turn's results in canonical order (episode, then call) appended; whether the episode goes on."""
+        results = [runner.result(h) for h in handles]
+        environment_ok = session is None or session.goes_on(i, [h.call for h in handles], results)
+        return self._tool_turn(episode, results, budget) and environment_ok
+
+    def _model_turn(self, episode: Episode, turn: Sample, budget: int, format) -> list:
         """Append a generated turn; the calls to run (none when the episode ends here)."""
         s = self.settings
         episode.response_ids += turn.response_ids
@@ -143,7 +178,7 @@ class EpisodeRollout:
             return []
         if s.max_user_turns and episode.user_turns >= s.max_user_turns:
             return []
-        calls, malformed = self.format.parse(turn.response_ids)
+        calls, malformed = format.parse(turn.response_ids)
         episode.malformed_calls += malformed
         episode.dropped_calls += max(len(calls) - s.max_parallel_calls, 0)
         return calls[: s.max_parallel_calls]
@@ -165,8 +200,8 @@ class EpisodeRollout:
 
 def episode_metrics(samples: Sequence) -> dict[str, float]:
     """verl's ``num_turns/{min,max,mean}`` and ours under ``multi_turn/``: tool calls per episode, calls
-    that failed (raised or timed out), malformed and dropped calls, and the response length without
-    tool tokens. Empty for single-turn samples."""
+    that failed (raised or timed out), malformed and dropped calls, the response length without tool
+    tokens, and with environments ``environment/errors/mean``. Empty for single-turn samples."""
     if not samples or not isinstance(samples[0], Episode):
         return {}
     n = len(samples)
@@ -174,7 +209,10 @@ def episode_metrics(samples: Sequence) -> dict[str, float]:
     model_tokens = [sum(e.token_mask) for e in samples]
     calls = sum(e.tool_calls for e in samples)
     failures = sum(e.tool_errors + e.tool_timeouts for e in samples)
-    return {
+    environment = {}
+    if any(e.environment for e in samples):  # environment_factory: its reset, tools or get_reward raised
+        environment["environment/errors/mean"] = sum(e.environment_errors for e in samples) / n
+    return environment | {
         "num_turns/min": float(min(turns)),
         "num_turns/max": float(max(turns)),
         "num_turns/mean": sum(turns) / n,

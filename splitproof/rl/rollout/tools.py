@@ -90,7 +90,7 @@ def function_tool(fn: Callable, where: str, schema: dict | None = None) -> Tool:
     return Tool(name=schema["function"]["name"], schema=schema, run=lambda args: _run_maybe_async(fn, **args))
 
 
-def _import_file(path: str, where: str):
+def import_file(path: str, where: str):
     """The module of a file path (``file://`` optional) or of ``pkg://package.module``."""
     if path.startswith("pkg://"):
         try:
@@ -115,7 +115,7 @@ def _import_file(path: str, where: str):
 def load_function_tools(path: str) -> list[Tool]:
     """Every public function defined in the file ``path``, as a tool (sorted by name)."""
     where = f"{KEY}.function_tool_path"
-    module = _import_file(path, where)
+    module = import_file(path, where)
     functions = [
         obj
         for name, obj in sorted(vars(module).items())
@@ -126,10 +126,10 @@ def load_function_tools(path: str) -> list[Tool]:
     return [function_tool(fn, where) for fn in functions]
 
 
-def _resolve(class_name: str, where: str):
+def resolve_object(class_name: str, where: str):
     if ":" in class_name:
         path, _, attr = class_name.rpartition(":")
-        module = _import_file(path, where)
+        module = import_file(path, where)
     else:
         module_name, _, attr = class_name.rpartition(".")
         try:
@@ -197,7 +197,7 @@ def load_tool_config(path: str) -> list[Tool]:
         at = f"{where} ({path}, tools[{i}])"
         if not isinstance(entry, dict) or not isinstance(entry.get("class_name"), str):
             raise ConfigError(at, "each tool needs a class_name")
-        target = _resolve(entry["class_name"], at)
+        target = resolve_object(entry["class_name"], at)
         schema = entry.get("tool_schema")
         if inspect.isclass(target):
             tools.append(_class_tool(target, entry.get("config") or {}, schema, at))
@@ -275,6 +275,8 @@ class Pending:
     """A submitted call: ``started`` when a worker took it (monotonic seconds), ``outcome`` once known."""
 
     call: ToolCall
+    tools: dict[str, Tool] | None = None  # the episode's own tools (an environment's methods); None: the runner's
+    after: Pending | None = None  # a call of the same episode that must finish first (a stateful environment)
     started: float | None = None
     outcome: ToolResult | None = None
 
@@ -312,15 +314,14 @@ class ToolRunner:
     def _work(self) -> None:
         while True:
             with self._lock:
-                while not self._queue and not self._closed:
+                while (pending := self._next_ready()) is None and not self._closed:
                     self._lock.wait()
                 if self._closed:
                     return
-                pending = self._queue.popleft()
                 pending.started = time.monotonic()
                 self._running.add(pending)
                 self._lock.notify_all()  # a waiter now has a deadline to keep
-            outcome = call_tool(self.tools, pending.call)
+            outcome = call_tool(pending.tools if pending.tools is not None else self.tools, pending.call)
             with self._lock:
                 if pending.outcome is not None:  # abandoned: a fresh worker has taken this one's place
                     return
@@ -328,6 +329,14 @@ class ToolRunner:
                 late = self.timeout is not None and time.monotonic() - pending.started > self.timeout
                 pending.outcome = self._timed_out() if late else outcome
                 self._lock.notify_all()
+
+    def _next_ready(self) -> Pending | None:
+        """The first queued call whose ``after`` has finished, taken off the queue (None: none is ready)."""
+        for pending in self._queue:
+            if pending.after is None or pending.after.outcome is not None:
+                self._queue.remove(pending)
+                return pending
+        return None
 
     def _timed_out(self) -> ToolResult:
         return ToolResult(f"{ERROR_PREFIX}timed out after {self.timeout:g} s", "timeout")
@@ -341,20 +350,25 @@ class ToolRunner:
             self._spawn()
         return min((p.started + self.timeout - now for p in self._running), default=None)
 
-    def submit(self, call: ToolCall) -> Pending:
-        pending = Pending(call)
+    def submit(self, call: ToolCall, tools: dict[str, Tool] | None = None, after: Pending | None = None) -> Pending:
+        """Queue ``call`` (run with ``tools`` when given; after ``after`` has finished when given)."""
+        pending = Pending(call, tools, after)
         with self._lock:
             self._queue.append(pending)
             self._lock.notify_all()  # workers and waiters share the condition: wake a worker for sure
         return pending
 
-    def result(self, pending: Pending) -> ToolResult:
+    def wait(self, pending: Pending) -> ToolResult:
+        """Block until ``pending`` has an outcome (keeping every running call's deadline); its full text."""
         with self._lock:
             while pending.outcome is None:
                 wait = self._expire() if self.timeout is not None else None
                 if pending.outcome is None:
                     self._lock.wait(wait)
-            outcome = pending.outcome
+            return pending.outcome
+
+    def result(self, pending: Pending) -> ToolResult:
+        outcome = self.wait(pending)
         return ToolResult(truncate(outcome.text, self.max_length, self.truncate_side), outcome.status)
 
     def close(self) -> None:
