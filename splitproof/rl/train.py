@@ -183,10 +183,7 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
     if settings:
         say(f"notice: {settings}")
     inputs, point = _agreed(collective, lambda: setup(cfg))
-    for files_key, data in (("data.train_files", inputs.train_data), ("data.val_files", inputs.val_data)):
-        if data is not None and data.dropped:
-            say(f"notice: {overlong_notice(data, files_key, cfg.data.max_prompt_length)}")
-    for notice in inputs.notices:
+    for notice in _input_notices(cfg, inputs):
         say(f"notice: {notice}")
     if point is not None and point.step >= inputs.total_steps and not cfg.trainer.val_only:
         say(finished_message(cfg, point.path, point.step))  # no model loaded, no file touched
@@ -257,6 +254,16 @@ def _train(cfg: TrainConfig, *, stop_requested, on_message, console, on_step) ->
         curve=curve,
         outputs=tracker.outputs,
     )
+
+
+def _input_notices(cfg: TrainConfig, inputs) -> list[str]:
+    """The notices of the data and environment checks: dropped overlong prompts, then the inputs' own."""
+    notices = [
+        overlong_notice(data, files_key, cfg.data.max_prompt_length)
+        for files_key, data in (("data.train_files", inputs.train_data), ("data.val_files", inputs.val_data))
+        if data is not None and data.dropped
+    ]
+    return notices + list(inputs.notices)
 
 
 def _with_hints(parts: Parts, on_step, say):
