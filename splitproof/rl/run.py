@@ -37,6 +37,7 @@ from .config.derive import (
 from .config.derive import (
     reward_function as reward_function_setting,
 )
+from .config.reward_models import reward_model_settings
 from .config.schema import TrainConfig
 from .data.dynamic_sampling import PromptStream
 from .data.prompts import PromptDataset, PromptSampler, load_prompts
@@ -46,8 +47,10 @@ from .models.optim import make_optimizer, make_scheduler
 from .models.policy import MODEL_DTYPES, frozen_copy, generation_eos_ids, load_policy, load_tokenizer
 from .rewards.dapo import RewardManager
 from .rewards.filter_metric import check_filter_metric
-from .rewards.functions import check_reward_sources, load_reward_function
+from .rewards.functions import RewardError, check_reward_sources, load_reward_function
 from .rewards.kl_penalty import make_kl_controller
+from .rewards.model_scoring import check_function_takes_score
+from .rewards.reward_model import RewardModelSettings, load_reward_model
 from .rollout.episode import EpisodeRollout
 from .rollout.hf import HFRollout, SamplingParams
 from .rollout.tool_format import check_tool_template
@@ -80,6 +83,8 @@ class Reward:
     manager: RewardManager
     tokenizer: Any
     total_steps: int  # the run's steps (a TRL-style function's ``max_steps``)
+    model: Any = None  # a reward model (rewards/reward_model.py: RewardModel), else None
+    rule_metric: bool = False  # with a reward model and no function: the built-in rule reported as ``acc``
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,8 @@ class RunInputs:
     total_steps: int
     tools: dict[str, Tool] = field(default_factory=dict)
     reward_manager: RewardManager = field(default_factory=RewardManager)
+    reward_model: RewardModelSettings | None = None
+    rule_metric: bool = False
 
 
 def prepare_inputs(cfg: TrainConfig) -> RunInputs:
@@ -168,9 +175,8 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
             _files(cfg.data.val_files), tokenizer, max_samples=cfg.data.val_max_samples, **data_kwargs
         )
     reward_fn = reward_function(cfg)
-    for dataset in (train_data, val_data):
-        if dataset is not None:
-            check_reward_sources(dataset, reward_fn)
+    rm_settings = reward_model_settings(cfg)
+    rule_metric = check_sources(reward_fn, rm_settings, [d for d in (train_data, val_data) if d is not None])
     seed = 1 if cfg.data.seed is None else cfg.data.seed
     manager = reward_manager_of(cfg)
     if cfg.algorithm.filter_groups.enable:
@@ -188,7 +194,29 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
         total_steps=total_training_steps(cfg, len(train_data)),
         tools=tools,
         reward_manager=manager,
+        reward_model=rm_settings,
+        rule_metric=rule_metric,
     )
+
+
+def check_sources(reward_fn, rm_settings: RewardModelSettings | None, datasets) -> bool:
+    """Every row scorable (``check_reward_sources``); with a reward model and no function the rule is
+    optional: True when it scores every row (then reported as ``acc``)."""
+    if rm_settings is None:
+        for dataset in datasets:
+            check_reward_sources(dataset, reward_fn)
+        return False
+    check_function_takes_score(reward_fn)
+    if reward_fn is not None:
+        for dataset in datasets:
+            check_reward_sources(dataset, reward_fn)
+        return False
+    try:
+        for dataset in datasets:
+            check_reward_sources(dataset, None)
+    except RewardError:
+        return False
+    return True
 
 
 def build_actor(
@@ -274,7 +302,14 @@ def build_parts(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None =
         reference_policy=reference,
         generation=generation,
         prompts=Prompts(train=inputs.train_data, val=inputs.val_data, sampler=inputs.sampler),
-        reward=Reward(fn=inputs.reward_fn, manager=inputs.reward_manager, tokenizer=tokenizer, total_steps=total),
+        reward=Reward(
+            fn=inputs.reward_fn,
+            manager=inputs.reward_manager,
+            tokenizer=tokenizer,
+            total_steps=total,
+            model=load_reward_model(inputs.reward_model, tokenizer) if inputs.reward_model else None,
+            rule_metric=inputs.rule_metric,
+        ),
         kl_ctrl=kl_ctrl,
         total_steps=total,
         float_dtype=float_dtype,

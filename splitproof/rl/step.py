@@ -36,6 +36,7 @@ from .parallel import gather_rows, run_on_share
 from .rewards.dapo import apply_manager
 from .rewards.functions import RewardError, score
 from .rewards.kl_penalty import apply_kl_penalty
+from .rewards.model_scoring import score_with_model
 from .rewards.scored import Rewards, ScoredSamples
 from .rewards.token_scores import token_level_scores as scores_on_last_token
 from .rollout.assemble import samples_to_tokens
@@ -175,6 +176,7 @@ def train_step(parts: Parts, step: int, uids: list[int] | None, pipeline=None) -
     metrics.update(kl_metrics)
     metrics.update(corr_metrics)
     metrics.update(reward_extra_metrics(rewards.extra))
+    metrics.update(rewards.stats)
     metrics.update(timer.metrics())
     seconds = time.perf_counter() - start
     metrics["timing_s/step"] = seconds
@@ -325,12 +327,23 @@ def score_samples(reward: Reward, dataset: PromptDataset, samples: list, step: i
 
     def work(rows):
         part = [samples[r] for r in rows]
-        result = score(
-            reward.fn, [dataset[s.uid] for s in part], part, reward.tokenizer, step=step, max_steps=reward.total_steps
-        )
-        return [
-            apply_manager(reward.manager, Rewards(result.scores, result.extra), [len(s.response_ids) for s in part])
-        ]
+        records, stats = [dataset[s.uid] for s in part], {}
+        if reward.model is None:
+            result = score(reward.fn, records, part, reward.tokenizer, step=step, max_steps=reward.total_steps)
+        else:  # a reward model (rewards/model_scoring.py)
+            scored = score_with_model(
+                reward.model,
+                reward.fn,
+                records,
+                part,
+                reward.tokenizer,
+                step=step,
+                max_steps=reward.total_steps,
+                rule_metric=reward.rule_metric,
+            )
+            result, stats = scored.result, scored.seconds
+        rewards = Rewards(result.scores, result.extra, stats)
+        return [apply_manager(reward.manager, rewards, [len(s.response_ids) for s in part])]
 
     return Rewards.concat(run_on_share(collective, len(samples), work, errors=(RewardError,)))
 

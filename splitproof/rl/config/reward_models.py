@@ -1,0 +1,83 @@
+"""The reward model's settings from verl's keys: ``reward.reward_model.*`` (verl 0.9.1) and the older
+``reward_model.*`` spelling (``enable``, ``model.path``, ``model.input_tokenizer``, ``model.trust_remote_code``,
+``micro_batch_size_per_gpu``, ``use_dynamic_bsz``, ``forward_max_token_len_per_gpu``), checked before any
+model is loaded: a key set in both spellings to different values is an error naming both.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ...loss_config import ConfigError
+from ..models.policy import MODEL_DTYPES
+from ..rewards.reward_model import CHAT_TEMPLATES, RewardModelSettings, check_classifier_directory
+from .schema import RewardModelConfig, TrainConfig
+
+NEW, OLD = "reward.reward_model", "reward_model"
+
+
+def _merged(new_key: str, new_value, old_key: str, old_value):
+    """The older spelling's value where it is set (not null), else the new one's; both set and different
+    (the new one off its default) is an error."""
+    if old_value is None:
+        return new_value
+    default = getattr(RewardModelConfig(), new_key.rsplit(".", 1)[-1], None)
+    if new_value != old_value and new_value != default:
+        raise ConfigError(
+            old_key, f"{old_value!r} conflicts with {new_key}={new_value!r}; set the reward model in one spelling"
+        )
+    return old_value
+
+
+def reward_model_enabled(cfg: TrainConfig) -> bool:
+    return bool(_merged(f"{NEW}.enable", cfg.reward.reward_model.enable, f"{OLD}.enable", cfg.reward_model.enable))
+
+
+def reward_model_settings(cfg: TrainConfig) -> RewardModelSettings | None:
+    """The checked settings of the run's reward model, or None when it is off."""
+    if not reward_model_enabled(cfg):
+        return None
+    new, old = cfg.reward.reward_model, cfg.reward_model
+    path = _merged(f"{NEW}.model_path", new.model_path, f"{OLD}.model.path", old.model.path)
+    key = f"{OLD}.model.path" if old.model.path is not None else f"{NEW}.model_path"
+    if not path:
+        raise ConfigError(f"{NEW}.model_path", "the reward model is enabled but no model_path is given")
+    if not os.path.isdir(path):
+        raise ConfigError(key, f"{path!r} is not a local directory (only local checkpoints are loaded)")
+    check_classifier_directory(path, key)
+    template = new.chat_template
+    if old.model.input_tokenizer is not None:  # verl: set when the reward model's chat template differs
+        template = _merged(f"{NEW}.chat_template", new.chat_template, f"{OLD}.model.input_tokenizer", "own")
+    if template not in CHAT_TEMPLATES:
+        raise ConfigError(f"{NEW}.chat_template", f"must be one of {', '.join(CHAT_TEMPLATES)}, got {template!r}")
+    micro = _merged(
+        f"{NEW}.micro_batch_size_per_gpu",
+        new.micro_batch_size_per_gpu,
+        f"{OLD}.micro_batch_size_per_gpu",
+        old.micro_batch_size_per_gpu,
+    )
+    dynamic = _merged(f"{NEW}.use_dynamic_bsz", new.use_dynamic_bsz, f"{OLD}.use_dynamic_bsz", old.use_dynamic_bsz)
+    budget = _merged(
+        f"{NEW}.forward_max_token_len_per_gpu",
+        new.forward_max_token_len_per_gpu,
+        f"{OLD}.forward_max_token_len_per_gpu",
+        old.forward_max_token_len_per_gpu,
+    )
+    if micro is not None and micro < 1:
+        raise ConfigError(f"{NEW}.micro_batch_size_per_gpu", f"must be >= 1 or null, got {micro}")
+    if dynamic and budget < 1:
+        raise ConfigError(f"{NEW}.forward_max_token_len_per_gpu", f"must be >= 1, got {budget}")
+    if new.model_dtype not in MODEL_DTYPES:
+        raise ConfigError(f"{NEW}.model_dtype", f"must be one of {', '.join(MODEL_DTYPES)}, got {new.model_dtype!r}")
+    trust = _merged(
+        f"{NEW}.trust_remote_code", new.trust_remote_code, f"{OLD}.model.trust_remote_code", old.model.trust_remote_code
+    )
+    return RewardModelSettings(
+        path=path,
+        chat_template=template,
+        micro_batch_size=None if dynamic else micro,
+        max_token_len=budget if dynamic else None,
+        dtype=MODEL_DTYPES[new.model_dtype],
+        trust_remote_code=bool(trust),
+        key=key,
+    )
