@@ -48,6 +48,7 @@ from .models.policy import MODEL_DTYPES, frozen_copy, generation_eos_ids, load_p
 from .rewards.dapo import RewardManager
 from .rewards.filter_metric import check_filter_metric
 from .rewards.functions import RewardError, check_reward_sources, load_reward_function
+from .rewards.judge import JudgeSettings, load_judge
 from .rewards.kl_penalty import make_kl_controller
 from .rewards.model_scoring import check_function_takes_score
 from .rewards.reward_model import RewardModelSettings, load_reward_model
@@ -83,7 +84,7 @@ class Reward:
     manager: RewardManager
     tokenizer: Any
     total_steps: int  # the run's steps (a TRL-style function's ``max_steps``)
-    model: Any = None  # a reward model (rewards/reward_model.py: RewardModel), else None
+    model: Any = None  # a reward model (rewards/reward_model.py: RewardModel) or a judge (rewards/judge.py), or None
     rule_metric: bool = False  # with a reward model and no function: the built-in rule reported as ``acc``
 
 
@@ -142,7 +143,7 @@ class RunInputs:
     total_steps: int
     tools: dict[str, Tool] = field(default_factory=dict)
     reward_manager: RewardManager = field(default_factory=RewardManager)
-    reward_model: RewardModelSettings | None = None
+    reward_model: RewardModelSettings | JudgeSettings | None = None
     rule_metric: bool = False
 
 
@@ -199,7 +200,7 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
     )
 
 
-def check_sources(reward_fn, rm_settings: RewardModelSettings | None, datasets) -> bool:
+def check_sources(reward_fn, rm_settings: RewardModelSettings | JudgeSettings | None, datasets) -> bool:
     """Every row scorable (``check_reward_sources``); with a reward model and no function the rule is
     optional: True when it scores every row (then reported as ``acc``)."""
     if rm_settings is None:
@@ -307,7 +308,7 @@ def build_parts(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None =
             manager=inputs.reward_manager,
             tokenizer=tokenizer,
             total_steps=total,
-            model=load_reward_model(inputs.reward_model, tokenizer) if inputs.reward_model else None,
+            model=load_scorer(inputs.reward_model, tokenizer),
             rule_metric=inputs.rule_metric,
         ),
         kl_ctrl=kl_ctrl,
@@ -315,6 +316,15 @@ def build_parts(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None =
         float_dtype=float_dtype,
         lora=actor.trainable_only,
     )
+
+
+def load_scorer(settings, tokenizer):
+    """The run's reward model (``RewardModelSettings``) or judge (``JudgeSettings``), or None."""
+    if settings is None:
+        return None
+    if isinstance(settings, JudgeSettings):
+        return load_judge(settings)
+    return load_reward_model(settings, tokenizer)
 
 
 def _agreed_on(collective, work):

@@ -341,7 +341,7 @@ def score_samples(reward: Reward, dataset: PromptDataset, samples: list, step: i
                 max_steps=reward.total_steps,
                 rule_metric=reward.rule_metric,
             )
-            result, stats = scored.result, scored.seconds
+            result, stats = scored.result, scored.stats
         rewards = Rewards(result.scores, result.extra, stats)
         return [apply_manager(reward.manager, rewards, [len(s.response_ids) for s in part])]
 

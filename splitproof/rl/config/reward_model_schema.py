@@ -4,10 +4,31 @@ model part of verl's older ``reward_model.*`` spelling; fields of ``config.schem
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from omegaconf import II
+
+
+@dataclass
+class JudgeConfig:
+    template: Optional[str] = None  # ours: the judge's question, with {response} (and {prompt}, {ground_truth})
+    parser: str = "score"  # ours: score (the answer's last number) | verdict (its first yes/no: 1.0 / 0.0)
+    failure_score: float = 0.0  # ours: the score of an answer that does not parse (counted in judge/parse_failures)
+
+
+@dataclass
+class JudgeRolloutConfig:
+    """The judge's sampling (verl's ``reward.reward_model.rollout``); its tokens draw from their own stream."""
+
+    name: str = "hf"  # ours: hf, splitproof's rollout engine (verl: ??? , an inference server)
+    temperature: float = 1.0
+    top_k: int = -1
+    top_p: float = 1.0
+    do_sample: bool = True  # false: greedy judging
+    response_length: int = 2048  # the judge's answer, in tokens at most
+    seed: int = 42  # keys the judge's sampling streams
+    max_num_seqs: int = 1024  # questions per judge forward (speed only)
 
 
 @dataclass
@@ -15,13 +36,16 @@ class RewardModelConfig:
     """A reward model scoring the samples (docs/reward-models.md): verl 0.9.1's ``reward.reward_model``."""
 
     enable: bool = False  # score samples with the reward model at model_path
-    model_path: Optional[str] = None  # a local AutoModelForSequenceClassification directory (num_labels=1)
+    model_path: Optional[str] = None  # a local sequence classifier (num_labels=1); a causal LM with kind=judge
     chat_template: str = "policy"  # ours: policy (the samples' own token ids) | own (re-rendered, its chat template)
     micro_batch_size_per_gpu: Optional[int] = None  # ours (verl's older key): sequences per forward; null: whole share
     use_dynamic_bsz: bool = False  # ours (verl's older key): micro-batches by a token budget (memory only)
     forward_max_token_len_per_gpu: int = 32768  # ours (verl's older key): the token budget with use_dynamic_bsz
     model_dtype: str = II("actor_rollout_ref.actor.fsdp_config.model_dtype")  # ours: the actor's
     trust_remote_code: bool = False  # run the model directory's own Python code (off unless asked)
+    kind: str = "classifier"  # ours: classifier (a sequence classifier's score) | judge (a causal LM's parsed answer)
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    rollout: JudgeRolloutConfig = field(default_factory=JudgeRolloutConfig)
 
 
 @dataclass

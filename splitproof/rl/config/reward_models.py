@@ -10,7 +10,9 @@ import os
 
 from ...loss_config import ConfigError
 from ..models.policy import MODEL_DTYPES
+from ..rewards.judge import PARSERS, JudgeSettings, check_causal_lm_directory, check_template
 from ..rewards.reward_model import CHAT_TEMPLATES, RewardModelSettings, check_classifier_directory
+from ..rollout.hf import SamplingParams
 from .schema import RewardModelConfig, TrainConfig
 
 NEW, OLD = "reward.reward_model", "reward_model"
@@ -33,8 +35,8 @@ def reward_model_enabled(cfg: TrainConfig) -> bool:
     return bool(_merged(f"{NEW}.enable", cfg.reward.reward_model.enable, f"{OLD}.enable", cfg.reward_model.enable))
 
 
-def reward_model_settings(cfg: TrainConfig) -> RewardModelSettings | None:
-    """The checked settings of the run's reward model, or None when it is off."""
+def reward_model_settings(cfg: TrainConfig) -> RewardModelSettings | JudgeSettings | None:
+    """The checked settings of the run's reward model or judge (``kind``), or None when it is off."""
     if not reward_model_enabled(cfg):
         return None
     new, old = cfg.reward.reward_model, cfg.reward_model
@@ -44,6 +46,20 @@ def reward_model_settings(cfg: TrainConfig) -> RewardModelSettings | None:
         raise ConfigError(f"{NEW}.model_path", "the reward model is enabled but no model_path is given")
     if not os.path.isdir(path):
         raise ConfigError(key, f"{path!r} is not a local directory (only local checkpoints are loaded)")
+    if new.kind == "judge":
+        return judge_settings(
+            new,
+            path,
+            key,
+            _merged(
+                f"{NEW}.trust_remote_code",
+                new.trust_remote_code,
+                f"{OLD}.model.trust_remote_code",
+                old.model.trust_remote_code,
+            ),
+        )
+    if new.kind != "classifier":
+        raise ConfigError(f"{NEW}.kind", f"must be classifier or judge, got {new.kind!r}")
     check_classifier_directory(path, key)
     template = new.chat_template
     if old.model.input_tokenizer is not None:  # verl: set when the reward model's chat template differs
@@ -80,4 +96,41 @@ def reward_model_settings(cfg: TrainConfig) -> RewardModelSettings | None:
         dtype=MODEL_DTYPES[new.model_dtype],
         trust_remote_code=bool(trust),
         key=key,
+    )
+
+
+def judge_settings(new: RewardModelConfig, path: str, key: str, trust) -> JudgeSettings:
+    """A judge's checked settings: a causal LM, a template with ``{response}``, a parser, its sampling."""
+    check_causal_lm_directory(path, key)
+    judge, rollout = new.judge, new.rollout
+    if judge.template is None:
+        raise ConfigError(f"{NEW}.judge.template", "a judge needs its question: a template with {response}")
+    check_template(judge.template, f"{NEW}.judge.template")
+    if judge.parser not in PARSERS:
+        raise ConfigError(f"{NEW}.judge.parser", f"must be one of {', '.join(PARSERS)}, got {judge.parser!r}")
+    if rollout.name != "hf":
+        raise ConfigError(f"{NEW}.rollout.name", f"the judge runs on splitproof's hf engine, got {rollout.name!r}")
+    sampling = SamplingParams(
+        temperature=rollout.temperature,
+        top_k=rollout.top_k,
+        top_p=rollout.top_p,
+        do_sample=rollout.do_sample,
+        max_response_length=rollout.response_length,
+        seed=rollout.seed,
+    )
+    try:
+        sampling.check()
+    except ConfigError as err:
+        name = {"max_response_length": "response_length"}.get(err.field, err.field)
+        raise ConfigError(f"{NEW}.rollout.{name}", str(err).split(": ", 1)[-1]) from None
+    if rollout.max_num_seqs < 1:
+        raise ConfigError(f"{NEW}.rollout.max_num_seqs", f"must be >= 1, got {rollout.max_num_seqs}")
+    return JudgeSettings(
+        path=path,
+        template=judge.template,
+        parser=judge.parser,
+        failure_score=float(judge.failure_score),
+        sampling=sampling,
+        max_num_seqs=rollout.max_num_seqs,
+        trust_remote_code=bool(trust),
     )

@@ -22,17 +22,19 @@ from dataclasses import dataclass
 import torch
 
 from .functions import RewardError, RewardFunction, RewardResult, response_text, score
+from .judge import Judge, JudgeCall
 from .reward_model import RewardModel
 
 RM_KEYWORD = "rm_score"
+JUDGE_KEYWORD = "judge"  # a reward function that takes it gets each sample's judge (judge.JudgeCall)
 
 
 @dataclass(frozen=True)
 class ModelScored:
-    """A share's reward result and its ``timing_s/`` seconds in the reward model."""
+    """A share's reward result and its stats (``timing_s/reward_model``; a judge's ``judge/*`` counts)."""
 
     result: RewardResult
-    seconds: dict[str, float]
+    stats: dict[str, float]
 
 
 def takes_keyword(fn, name: str) -> bool:
@@ -55,8 +57,24 @@ def check_function_takes_score(reward_fn: RewardFunction | None) -> None:
         )
 
 
+def model_scores(model, records, samples, texts, step: int) -> tuple[list[float], dict[str, float]]:
+    """The reward model's or the judge's score of each sample, and its stats (seconds; a judge's parse
+    failures)."""
+    start = time.perf_counter()
+    stats: dict[str, float] = {}
+    if isinstance(model, Judge):
+        verdicts = model.score(records, samples, texts, step=step) if samples else []
+        values = [v.score for v in verdicts]
+        stats["judge/parse_failures"] = float(sum(not v.parsed for v in verdicts))
+        stats["judge/calls"] = float(len(verdicts))
+    else:
+        values = model.score(records, samples, texts).tolist() if samples else []
+    stats["timing_s/reward_model"] = time.perf_counter() - start
+    return values, stats
+
+
 def score_with_model(
-    model: RewardModel,
+    model: RewardModel | Judge,
     reward_fn: RewardFunction | None,
     records,
     samples,
@@ -66,28 +84,20 @@ def score_with_model(
     max_steps: int,
     rule_metric: bool,
 ) -> ModelScored:
-    """The samples' rewards under the reward model (see the module docstring for how it combines)."""
+    """The samples' rewards under the reward model or judge (see the module docstring for how it combines)."""
     by_uid = {record.uid: record for record in records}
     rows = [by_uid[s.uid] for s in samples]
     texts = [response_text(tokenizer, s) for s in samples]
-    start = time.perf_counter()
-    rm = model.score(rows, samples, texts) if samples else None
-    seconds = {"timing_s/reward_model": time.perf_counter() - start}
-    rm_list = rm.tolist() if rm is not None else []
+    rm_list, stats = model_scores(model, rows, samples, texts, step)
     if reward_fn is not None:
-        result = score(
-            reward_fn,
-            records,
-            samples,
-            tokenizer,
-            step=step,
-            max_steps=max_steps,
-            sample_kwargs=[{RM_KEYWORD: v} for v in rm_list],
-        )
-        return ModelScored(RewardResult(result.scores, {**result.extra, RM_KEYWORD: rm_list}, texts), seconds)
+        more = [{RM_KEYWORD: v} for v in rm_list]
+        if isinstance(model, Judge) and takes_keyword(reward_fn.fn, JUDGE_KEYWORD):
+            for extra, sample in zip(more, samples):
+                extra[JUDGE_KEYWORD] = JudgeCall(model, step, sample.uid, sample.sample_index)
+        result = score(reward_fn, records, samples, tokenizer, step=step, max_steps=max_steps, sample_kwargs=more)
+        return ModelScored(RewardResult(result.scores, {**result.extra, RM_KEYWORD: rm_list}, texts), stats)
     extra: dict[str, list[float]] = {RM_KEYWORD: rm_list}
     if rule_metric:
         rule = score(None, records, samples, tokenizer, step=step, max_steps=max_steps)
         extra = {"acc": rule.scores.tolist(), **rule.extra, RM_KEYWORD: rm_list}
-    scores = rm if rm is not None else torch.zeros(0, dtype=torch.float64)
-    return ModelScored(RewardResult(scores, extra, texts), seconds)
+    return ModelScored(RewardResult(torch.tensor(rm_list, dtype=torch.float64), extra, texts), stats)
