@@ -51,6 +51,7 @@ from .rewards.functions import RewardError, check_reward_sources, load_reward_fu
 from .rewards.judge import JudgeSettings, load_judge
 from .rewards.kl_penalty import make_kl_controller
 from .rewards.model_scoring import check_function_takes_score
+from .rewards.remote_judge import RemoteJudge, RemoteJudgeSettings
 from .rewards.reward_model import RewardModelSettings, load_reward_model
 from .rollout.episode import EpisodeRollout
 from .rollout.hf import HFRollout, SamplingParams
@@ -308,7 +309,7 @@ def build_parts(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None =
             manager=inputs.reward_manager,
             tokenizer=tokenizer,
             total_steps=total,
-            model=load_scorer(inputs.reward_model, tokenizer),
+            model=load_scorer(inputs.reward_model, tokenizer, cfg.trainer.default_local_dir, collective.rank),
             rule_metric=inputs.rule_metric,
         ),
         kl_ctrl=kl_ctrl,
@@ -318,10 +319,13 @@ def build_parts(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None =
     )
 
 
-def load_scorer(settings, tokenizer):
-    """The run's reward model (``RewardModelSettings``) or judge (``JudgeSettings``), or None."""
+def load_scorer(settings, tokenizer, folder: str, rank: int):
+    """The run's reward model (``RewardModelSettings``), judge (``JudgeSettings``) or remote judge, whose
+    calls are recorded in the run folder ``folder``; or None."""
     if settings is None:
         return None
+    if isinstance(settings, RemoteJudgeSettings):
+        return RemoteJudge(settings.judge, settings.remote, folder, rank)
     if isinstance(settings, JudgeSettings):
         return load_judge(settings)
     return load_reward_model(settings, tokenizer)

@@ -32,6 +32,16 @@ class JudgeRolloutConfig:
 
 
 @dataclass
+class RemoteJudgeConfig:
+    url: Optional[str] = None  # ours: an OpenAI-compatible API base, e.g. http://127.0.0.1:8000/v1 (kind=remote)
+    model: str = "judge"  # ours: the model name sent with every request
+    api_key_env: Optional[str] = None  # ours: the environment variable holding the API key (never logged)
+    timeout_s: float = 60.0  # ours: seconds a call may take
+    retries: int = 2  # ours: further attempts of a failed call before the step fails
+    max_concurrent: int = 8  # ours: calls in flight (speed only: answers apply in question order)
+
+
+@dataclass
 class RewardModelConfig:
     """A reward model scoring the samples (docs/reward-models.md): verl 0.9.1's ``reward.reward_model``."""
 
@@ -43,9 +53,10 @@ class RewardModelConfig:
     forward_max_token_len_per_gpu: int = 32768  # ours (verl's older key): the token budget with use_dynamic_bsz
     model_dtype: str = II("actor_rollout_ref.actor.fsdp_config.model_dtype")  # ours: the actor's
     trust_remote_code: bool = False  # run the model directory's own Python code (off unless asked)
-    kind: str = "classifier"  # ours: classifier (a sequence classifier's score) | judge (a causal LM's parsed answer)
+    kind: str = "classifier"  # ours: classifier (a sequence classifier) | judge (a causal LM) | remote (an endpoint)
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     rollout: JudgeRolloutConfig = field(default_factory=JudgeRolloutConfig)
+    remote: RemoteJudgeConfig = field(default_factory=RemoteJudgeConfig)
 
 
 @dataclass

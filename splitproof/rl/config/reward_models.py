@@ -11,6 +11,7 @@ import os
 from ...loss_config import ConfigError
 from ..models.policy import MODEL_DTYPES
 from ..rewards.judge import PARSERS, JudgeSettings, check_causal_lm_directory, check_template
+from ..rewards.remote_judge import RemoteJudgeSettings, RemoteSettings
 from ..rewards.reward_model import CHAT_TEMPLATES, RewardModelSettings, check_classifier_directory
 from ..rollout.hf import SamplingParams
 from .schema import RewardModelConfig, TrainConfig
@@ -35,11 +36,13 @@ def reward_model_enabled(cfg: TrainConfig) -> bool:
     return bool(_merged(f"{NEW}.enable", cfg.reward.reward_model.enable, f"{OLD}.enable", cfg.reward_model.enable))
 
 
-def reward_model_settings(cfg: TrainConfig) -> RewardModelSettings | JudgeSettings | None:
+def reward_model_settings(cfg: TrainConfig) -> RewardModelSettings | JudgeSettings | RemoteJudgeSettings | None:
     """The checked settings of the run's reward model or judge (``kind``), or None when it is off."""
     if not reward_model_enabled(cfg):
         return None
     new, old = cfg.reward.reward_model, cfg.reward_model
+    if new.kind == "remote":
+        return remote_judge_settings(new)
     path = _merged(f"{NEW}.model_path", new.model_path, f"{OLD}.model.path", old.model.path)
     key = f"{OLD}.model.path" if old.model.path is not None else f"{NEW}.model_path"
     if not path:
@@ -59,7 +62,7 @@ def reward_model_settings(cfg: TrainConfig) -> RewardModelSettings | JudgeSettin
             ),
         )
     if new.kind != "classifier":
-        raise ConfigError(f"{NEW}.kind", f"must be classifier or judge, got {new.kind!r}")
+        raise ConfigError(f"{NEW}.kind", f"must be classifier, judge or remote, got {new.kind!r}")
     check_classifier_directory(path, key)
     template = new.chat_template
     if old.model.input_tokenizer is not None:  # verl: set when the reward model's chat template differs
@@ -102,6 +105,37 @@ def reward_model_settings(cfg: TrainConfig) -> RewardModelSettings | JudgeSettin
 def judge_settings(new: RewardModelConfig, path: str, key: str, trust) -> JudgeSettings:
     """A judge's checked settings: a causal LM, a template with ``{response}``, a parser, its sampling."""
     check_causal_lm_directory(path, key)
+    return question_settings(new, path, trust)
+
+
+def remote_judge_settings(new: RewardModelConfig) -> RemoteJudgeSettings:
+    """A remote judge's checked settings: an http(s) URL, the question's settings, the calls' limits."""
+    remote = new.remote
+    if not remote.url or not str(remote.url).startswith(("http://", "https://")):
+        raise ConfigError(
+            f"{NEW}.remote.url", f"an OpenAI-compatible API base (http://HOST:PORT/v1), got {remote.url!r}"
+        )
+    for name in ("retries", "max_concurrent"):
+        low = 0 if name == "retries" else 1
+        if getattr(remote, name) < low:
+            raise ConfigError(f"{NEW}.remote.{name}", f"must be >= {low}, got {getattr(remote, name)}")
+    if not remote.timeout_s > 0:
+        raise ConfigError(f"{NEW}.remote.timeout_s", f"must be > 0, got {remote.timeout_s}")
+    return RemoteJudgeSettings(
+        question_settings(new, str(remote.url), False),
+        RemoteSettings(
+            url=str(remote.url),
+            model=remote.model,
+            api_key_env=remote.api_key_env,
+            timeout_s=float(remote.timeout_s),
+            retries=int(remote.retries),
+            max_concurrent=int(remote.max_concurrent),
+        ),
+    )
+
+
+def question_settings(new: RewardModelConfig, path: str, trust) -> JudgeSettings:
+    """The template, parser and sampling a local or remote judge shares, checked."""
     judge, rollout = new.judge, new.rollout
     if judge.template is None:
         raise ConfigError(f"{NEW}.judge.template", "a judge needs its question: a template with {response}")

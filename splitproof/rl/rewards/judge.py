@@ -118,18 +118,27 @@ class Judge:
             return []
         params = replace(self.settings.sampling, n=max(j for _, j, _ in requests) + 1)  # n: the engine's index bound
         samples = self.engine.generate(requests, params, step=step, stream=JUDGE_STREAM + call)
-        verdicts = []
-        for sample in samples:
-            ids = list(sample.response_ids)[: -1 if sample.finished else None]
-            answer = self.tokenizer.decode(ids, skip_special_tokens=True)
-            value = parse_answer(answer, self.settings.parser)
-            verdicts.append(Verdict(answer, self.settings.failure_score if value is None else value, value is not None))
-        return verdicts
+        answers = [
+            self.tokenizer.decode(list(s.response_ids)[: -1 if s.finished else None], skip_special_tokens=True)
+            for s in samples
+        ]
+        return [verdict_of(answer, self.settings) for answer in answers]
 
     def score(self, records, samples, texts: Sequence[str], *, step: int) -> list:
         """The verdict on every sample under the settings' template (``records[i]``: sample i's prompt)."""
-        questions = [question_text(self.settings.template, r, t) for r, t in zip(records, texts)]
-        return self.ask([(s.uid, s.sample_index) for s in samples], questions, step=step)
+        return judge_samples(self, records, samples, texts, step)
+
+
+def verdict_of(answer: str, settings: JudgeSettings) -> Verdict:
+    """The answer parsed under ``settings.parser``; ``failure_score`` when it states no score."""
+    value = parse_answer(answer, settings.parser)
+    return Verdict(answer, settings.failure_score if value is None else value, value is not None)
+
+
+def judge_samples(judge, records, samples, texts: Sequence[str], step: int) -> list:
+    """``judge.ask`` the settings' template about every sample (``records[i]``: sample i's prompt)."""
+    questions = [question_text(judge.settings.template, r, t) for r, t in zip(records, texts)]
+    return judge.ask([(s.uid, s.sample_index) for s in samples], questions, step=step)
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,12 @@ import torch
 
 from .functions import RewardError, RewardFunction, RewardResult, response_text, score
 from .judge import Judge, JudgeCall
+from .remote_judge import RemoteJudge
 from .reward_model import RewardModel
 
 RM_KEYWORD = "rm_score"
 JUDGE_KEYWORD = "judge"  # a reward function that takes it gets each sample's judge (judge.JudgeCall)
+JUDGES = (Judge, RemoteJudge)
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ def model_scores(model, records, samples, texts, step: int) -> tuple[list[float]
     failures)."""
     start = time.perf_counter()
     stats: dict[str, float] = {}
-    if isinstance(model, Judge):
+    if isinstance(model, JUDGES):
         verdicts = model.score(records, samples, texts, step=step) if samples else []
         values = [v.score for v in verdicts]
         stats["judge/parse_failures"] = float(sum(not v.parsed for v in verdicts))
@@ -74,7 +76,7 @@ def model_scores(model, records, samples, texts, step: int) -> tuple[list[float]
 
 
 def score_with_model(
-    model: RewardModel | Judge,
+    model: RewardModel | Judge | RemoteJudge,
     reward_fn: RewardFunction | None,
     records,
     samples,
@@ -91,7 +93,7 @@ def score_with_model(
     rm_list, stats = model_scores(model, rows, samples, texts, step)
     if reward_fn is not None:
         more = [{RM_KEYWORD: v} for v in rm_list]
-        if isinstance(model, Judge) and takes_keyword(reward_fn.fn, JUDGE_KEYWORD):
+        if isinstance(model, JUDGES) and takes_keyword(reward_fn.fn, JUDGE_KEYWORD):
             for extra, sample in zip(more, samples):
                 extra[JUDGE_KEYWORD] = JudgeCall(model, step, sample.uid, sample.sample_index)
         result = score(reward_fn, records, samples, tokenizer, step=step, max_steps=max_steps, sample_kwargs=more)
