@@ -41,6 +41,7 @@ def reward_model_settings(cfg: TrainConfig) -> RewardModelSettings | JudgeSettin
     if not reward_model_enabled(cfg):
         return None
     new, old = cfg.reward.reward_model, cfg.reward_model
+    check_unused_sections(new)
     if new.kind == "remote":
         return remote_judge_settings(new)
     path = _merged(f"{NEW}.model_path", new.model_path, f"{OLD}.model.path", old.model.path)
@@ -168,3 +169,16 @@ def question_settings(new: RewardModelConfig, path: str, trust) -> JudgeSettings
         max_num_seqs=rollout.max_num_seqs,
         trust_remote_code=bool(trust),
     )
+
+
+SECTIONS = {"judge": ("judge", "remote"), "rollout": ("judge", "remote"), "remote": ("remote",)}
+
+
+def check_unused_sections(new: RewardModelConfig) -> None:
+    """A judge's or endpoint's key set for a kind that does not read it is an error, not ignored."""
+    defaults = RewardModelConfig()
+    for section, kinds in SECTIONS.items():
+        if new.kind not in kinds and getattr(new, section) != getattr(defaults, section):
+            raise ConfigError(
+                f"{NEW}.{section}", f"is read with kind={' or '.join(kinds)}, but {NEW}.kind is {new.kind!r}"
+            )
