@@ -3,9 +3,10 @@ over several seeds, scored on held-out problems by the rule.
 
     python scripts/rm_curve.py --runs runs/rm --seeds 4 [--write] [key=value ...]
 
-Builds the reward model first (``scripts/train_reward_model.py``, into ``RUNS/reward-model``, reused when
-there), then runs the embedded default (``splitproof train``, the built-in model's recipe) with
-``reward.reward_model.enable=true reward.reward_model.model_path=RUNS/reward-model`` and no reward
+Uses the built-in reward model (``splitproof/builtin/addition_rm``; with ``--retrain`` one built by
+``scripts/train_reward_model.py`` into ``RUNS/reward-model``, reused when there), then runs the embedded
+default (``splitproof train``, the built-in model's recipe) with
+``reward.reward_model.enable=true reward.reward_model.model_path=<that model>`` and no reward
 function: the policy learns from the model's score alone, and the built-in rule is reported beside it as
 ``acc`` — held out (``val-core/addition/acc/mean@1``, greedy, 500 problems) and on the training samples
 (``reward/acc/mean``, beside the model's ``reward/rm_score/mean``). Seeds as ``scripts/embedded_curve.py``.
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import embedded_curve
 import train_reward_model
+from splitproof.builtin import addition_reward_model_directory
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- BEGIN learned-reward curve", "<!-- END learned-reward curve -->"
@@ -111,11 +113,14 @@ def main() -> None:
     parser.add_argument("--runs", type=Path, required=True)
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--write", action="store_true")
+    parser.add_argument("--retrain", action="store_true", help="train the reward model into RUNS/reward-model")
     parser.add_argument("overrides", nargs="*", help="key=value for every run")
     args = parser.parse_args()
-    rm_dir = args.runs / "reward-model"
-    if not (rm_dir / "training.json").exists():
-        train_reward_model.main(["--out", str(rm_dir)])
+    rm_dir = Path(addition_reward_model_directory())
+    if args.retrain:
+        rm_dir = args.runs / "reward-model"
+        if not (rm_dir / "training.json").exists():
+            train_reward_model.main(["--out", str(rm_dir)])
     rm_report = json.loads((rm_dir / "training.json").read_text())
     keys = ["reward.reward_model.enable=true", f"reward.reward_model.model_path={rm_dir.resolve()}", *args.overrides]
     held_out, training, timings, metric = {}, {}, {}, None

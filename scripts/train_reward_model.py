@@ -124,10 +124,10 @@ def train(model, inputs, train_pairs, *, steps: int, batch: int, lr: float, seed
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--steps", type=int, default=2400)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--samples", type=int, default=4, help="the built-in model's responses per prompt")
+    parser.add_argument("--samples", type=int, default=8, help="the built-in model's responses per prompt")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

@@ -203,3 +203,18 @@ def test_bad_reward_model_input_is_named(rm_dir, tmp_path):
     )
     assert template.field == "reward.reward_model.chat_template"
     assert error_of("reward.reward_model.enabel=true").field == "reward.reward_model.enabel"
+
+
+def test_the_built_in_reward_model_ranks_the_right_answer_first(dataset):
+    from splitproof.builtin import addition_reward_model_directory
+
+    tokenizer = char_tokenizer()
+    model = load_reward_model(RewardModelSettings(path=addition_reward_model_directory()), tokenizer)
+    better = 0
+    for record in list(dataset)[:12]:
+        truth = str(record.columns["reward_model"]["ground_truth"])
+        wrong = str(int(truth) + 1)
+        seqs = [list(record.prompt_ids) + tokenizer.encode(t, add_special_tokens=False) + [1] for t in (truth, wrong)]
+        right_score, wrong_score = last_token_scores(model.model, seqs, micro_batch_size=2, max_token_len=None).tolist()
+        better += right_score > wrong_score
+    assert better >= 10
