@@ -166,6 +166,15 @@ def test_bad_judge_input_is_named(judge_dir, tmp_path):
         )[0]
     )
     assert (settings.sampling.greedy, settings.sampling.max_response_length, settings.parser) == (True, 9, "score")
+    with pytest.raises(ConfigError, match="is read with kind=classifier"):
+        reward_model_settings(
+            load(
+                *keys[:2],
+                f"{keys[2]}={judge_dir}",
+                "reward.reward_model.judge.template='{response}'",
+                "reward.reward_model.micro_batch_size_per_gpu=2",
+            )[0]
+        )
     with pytest.raises(ConfigError, match="is read with kind=judge or remote"):
         reward_model_settings(
             load(keys[0], f"{keys[2]}={save_tiny_reward_model(tmp_path / 'c')}", "reward.reward_model.rollout.top_k=5")[

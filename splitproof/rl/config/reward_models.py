@@ -171,12 +171,16 @@ def question_settings(new: RewardModelConfig, path: str, trust) -> JudgeSettings
     )
 
 
+CLASSIFIER_KEYS = ("chat_template", "micro_batch_size_per_gpu", "use_dynamic_bsz", "forward_max_token_len_per_gpu")
 SECTIONS = {"judge": ("judge", "remote"), "rollout": ("judge", "remote"), "remote": ("remote",)}
 
 
 def check_unused_sections(new: RewardModelConfig) -> None:
     """A judge's or endpoint's key set for a kind that does not read it is an error, not ignored."""
     defaults = RewardModelConfig()
+    for name in CLASSIFIER_KEYS:
+        if new.kind != "classifier" and getattr(new, name) != getattr(defaults, name):
+            raise ConfigError(f"{NEW}.{name}", f"is read with kind=classifier, but {NEW}.kind is {new.kind!r}")
     for section, kinds in SECTIONS.items():
         if new.kind not in kinds and getattr(new, section) != getattr(defaults, section):
             raise ConfigError(
