@@ -131,12 +131,13 @@ def save_figure(fig, ax, xlabel: str, metric: str, path: Path) -> None:
     plt.close(fig)
 
 
-def write_section(text: str, docs: Path) -> None:
+def write_section(text: str, docs: Path, begin: str = BEGIN, end: str = END) -> None:
+    """Replace what lies between the ``begin`` and ``end`` markers of ``docs`` with ``text``."""
     doc = docs.read_text()
-    pattern = re.compile(re.escape(BEGIN) + r"[^\n]*\n.*?" + re.escape(END), re.S)
+    pattern = re.compile(re.escape(begin) + r"[^\n]*\n.*?" + re.escape(end), re.S)
     if not pattern.search(doc):
-        raise SystemExit(f"{docs}: no embedded-default curve markers")
-    doc = pattern.sub(lambda m: m.group(0).split("\n", 1)[0] + "\n" + text + "\n" + END, doc)
+        raise SystemExit(f"{docs}: no {begin!r} ... {end!r} markers")
+    doc = pattern.sub(lambda m: m.group(0).split("\n", 1)[0] + "\n" + text + "\n" + end, doc)
     docs.write_text(doc)
 
 

@@ -133,7 +133,7 @@ def _data_file(tmp_path, rows, name="rows.jsonl"):
 
 MISTAKES = {
     "unknown key": (["data.train_batch_sise=4"], ["data.train_batch_sise", "data.train_batch_size"]),
-    "unsupported verl key": (["reward_model.enable=true"], ["not supported"]),
+    "unsupported verl key": (["algorithm.use_pf_ppo=true"], ["not supported"]),
     "wrong value": (["actor_rollout_ref.rollout.n=0"], ["actor_rollout_ref.rollout.n", ">= 1"]),
     "wrong type": (["data.train_batch_size=many"], ["data.train_batch_size", "integer"]),
     "minibatch does not divide": (["actor_rollout_ref.actor.ppo_mini_batch_size=3"], ["ppo_mini_batch_size", "divide"]),

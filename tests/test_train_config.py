@@ -363,6 +363,27 @@ def test_schema_is_verl_tree_plus_documented_additions():
         # verl's reward managers read these; its scripts add them with +key
         "reward.reward_kwargs",
         "reward_model.reward_kwargs",
+        # the reward model's (docs/reward-models.md): verl's older reward_model.* keys and our additions
+        "reward.reward_model.chat_template",
+        "reward.reward_model.micro_batch_size_per_gpu",
+        "reward.reward_model.use_dynamic_bsz",
+        "reward.reward_model.forward_max_token_len_per_gpu",
+        "reward.reward_model.model_dtype",
+        "reward.reward_model.trust_remote_code",
+        "reward.reward_model.kind",
+        "reward.reward_model.judge.template",
+        "reward.reward_model.judge.parser",
+        "reward.reward_model.judge.failure_score",
+        "reward.reward_model.remote.url",
+        "reward.reward_model.remote.model",
+        "reward.reward_model.remote.api_key_env",
+        "reward.reward_model.remote.timeout_s",
+        "reward.reward_model.remote.retries",
+        "reward.reward_model.remote.max_concurrent",
+        "reward_model.model.input_tokenizer",
+        "reward_model.micro_batch_size_per_gpu",
+        "reward_model.use_dynamic_bsz",
+        "reward_model.forward_max_token_len_per_gpu",
     }
     for pattern in verl_keys.NO_EFFECT:  # every pattern matches a verl key, none of ours
         assert any(fnmatch.fnmatchcase(k, pattern) for k in verl_keys.verl_keys()), pattern

@@ -33,7 +33,7 @@ def test_unsupported_verl_key_and_off_values():
         "algorithm.pf_ppo.reweight_method=max_min",
         "trainer.critic_warmup=0",
         "actor_rollout_ref.actor.ppo_micro_batch_size=null",
-        "reward_model.enable=False",
+        "reward_model.enable_resource_pool=False",
     )
     assert notices == [] and cfg == load()[0]
     # the critic is such a feature: off under grpo (the recipe's), on under gae unless critic.enable=false

@@ -12,4 +12,11 @@ def charlm_directory() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "charlm")
 
 
-__all__ = ["char_tokenizer", "charlm_directory"]
+def addition_reward_model_directory() -> str:
+    """Path of the built-in reward model for ``builtin://addition``: a one-label sequence classifier with
+    charlm's architecture (``AutoModelForSequenceClassification``), trained from the task's rule by
+    ``scripts/train_reward_model.py`` (docs/reward-models.md)."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "addition_rm")
+
+
+__all__ = ["addition_reward_model_directory", "char_tokenizer", "charlm_directory"]

@@ -38,6 +38,7 @@ from .config.derive import (
 from .config.derive import (
     reward_function as reward_function_setting,
 )
+from .config.reward_models import reward_model_settings
 from .config.schema import TrainConfig
 from .data.dynamic_sampling import PromptStream
 from .data.prompts import PromptDataset, PromptSampler, load_prompts
@@ -50,8 +51,12 @@ from .models.optim import make_optimizer, make_scheduler
 from .models.policy import MODEL_DTYPES, frozen_copy, generation_eos_ids, load_policy, load_tokenizer
 from .rewards.dapo import RewardManager
 from .rewards.filter_metric import check_filter_metric
-from .rewards.functions import check_reward_sources, load_reward_function
+from .rewards.functions import RewardError, check_reward_sources, load_reward_function
+from .rewards.judge import JudgeSettings, load_judge
 from .rewards.kl_penalty import make_kl_controller
+from .rewards.model_scoring import check_function_takes_score
+from .rewards.remote_judge import RemoteJudge, RemoteJudgeSettings
+from .rewards.reward_model import RewardModelSettings, load_reward_model
 from .rollout.episode import EpisodeRollout
 from .rollout.hf import HFRollout, SamplingParams
 from .rollout.tool_format import check_tool_template
@@ -85,6 +90,8 @@ class Reward:
     tokenizer: Any
     total_steps: int  # the run's steps (a TRL-style function's ``max_steps``)
     environment_only: bool = False  # the environments' get_reward is the whole score (rl/environments)
+    model: Any = None  # a reward model (rewards/reward_model.py: RewardModel) or a judge (rewards/judge.py), or None
+    rule_metric: bool = False  # with a reward model and no function: the built-in rule reported as ``acc``
 
 
 @dataclass(frozen=True)
@@ -146,6 +153,8 @@ class RunInputs:
     reward_manager: RewardManager = field(default_factory=RewardManager)
     environments: PreparedEnvironments | None = None  # multi_turn.environment_factory
     notices: list[str] = field(default_factory=list)
+    reward_model: RewardModelSettings | JudgeSettings | None = None
+    rule_metric: bool = False
 
 
 def prepare_inputs(cfg: TrainConfig) -> RunInputs:
@@ -182,9 +191,11 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
     environments = None
     if factory:
         environments = prepare_environments(classes, tokenizer, tools, data_kwargs, train_data, val_data, reward_fn)
-    for dataset in (train_data, val_data):
-        if dataset is not None and not (environments and environments.environment_only):
-            check_reward_sources(dataset, reward_fn)
+    rm_settings = reward_model_settings(cfg)
+    datasets = (
+        [] if environments and environments.environment_only else [d for d in (train_data, val_data) if d is not None]
+    )
+    rule_metric = check_sources(reward_fn, rm_settings, datasets)
     seed = 1 if cfg.data.seed is None else cfg.data.seed
     manager = reward_manager_of(cfg)
     if cfg.algorithm.filter_groups.enable:
@@ -204,7 +215,29 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
         reward_manager=manager,
         environments=environments,
         notices=list(environments.notices) if environments else [],
+        reward_model=rm_settings,
+        rule_metric=rule_metric,
     )
+
+
+def check_sources(reward_fn, rm_settings: RewardModelSettings | JudgeSettings | None, datasets) -> bool:
+    """Every row scorable (``check_reward_sources``); with a reward model and no function the rule is
+    optional: True when it scores every row (then reported as ``acc``)."""
+    if rm_settings is None:
+        for dataset in datasets:
+            check_reward_sources(dataset, reward_fn)
+        return False
+    check_function_takes_score(reward_fn)
+    if reward_fn is not None:
+        for dataset in datasets:
+            check_reward_sources(dataset, reward_fn)
+        return False
+    try:
+        for dataset in datasets:
+            check_reward_sources(dataset, None)
+    except RewardError:
+        return False
+    return True
 
 
 def build_actor(
@@ -310,6 +343,8 @@ def build_parts(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None =
             tokenizer=tokenizer,
             total_steps=total,
             environment_only=bool(prepared and prepared.environment_only),
+            model=load_scorer(inputs.reward_model, tokenizer, cfg.trainer.default_local_dir, collective.rank),
+            rule_metric=inputs.rule_metric,
         ),
         kl_ctrl=kl_ctrl,
         total_steps=total,
@@ -317,6 +352,18 @@ def build_parts(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None =
         lora=actor.trainable_only,
         device=device,
     )
+
+
+def load_scorer(settings, tokenizer, folder: str, rank: int):
+    """The run's reward model (``RewardModelSettings``), judge (``JudgeSettings``) or remote judge, whose
+    calls are recorded in the run folder ``folder``; or None."""
+    if settings is None:
+        return None
+    if isinstance(settings, RemoteJudgeSettings):
+        return RemoteJudge(settings.judge, settings.remote, folder, rank)
+    if isinstance(settings, JudgeSettings):
+        return load_judge(settings)
+    return load_reward_model(settings, tokenizer)
 
 
 def _agreed_on(collective, work):

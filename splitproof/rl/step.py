@@ -37,6 +37,7 @@ from .parallel import gather_rows, run_on_share
 from .rewards.dapo import apply_manager
 from .rewards.functions import RewardError
 from .rewards.kl_penalty import apply_kl_penalty
+from .rewards.model_scoring import score_with_model
 from .rewards.scored import Rewards, ScoredSamples
 from .rewards.token_scores import token_level_scores as scores_on_last_token
 from .rollout.assemble import samples_to_tokens
@@ -177,6 +178,7 @@ def train_step(parts: Parts, step: int, uids: list[int] | None, pipeline=None) -
     metrics.update(kl_metrics)
     metrics.update(corr_metrics)
     metrics.update(reward_extra_metrics(rewards.extra))
+    metrics.update(rewards.stats)
     metrics.update(timer.metrics())
     seconds = time.perf_counter() - start
     metrics["timing_s/step"] = seconds
@@ -341,18 +343,31 @@ def score_samples(reward: Reward, dataset: PromptDataset, samples: list, step: i
 
     def work(rows):
         part = [samples[r] for r in rows]
-        result = score_with_environments(
-            reward.fn,
-            [dataset[s.uid] for s in part],
-            part,
-            reward.tokenizer,
-            step=step,
-            max_steps=reward.total_steps,
-            environment_only=reward.environment_only,
-        )
-        return [
-            apply_manager(reward.manager, Rewards(result.scores, result.extra), [len(s.response_ids) for s in part])
-        ]
+        records, stats = [dataset[s.uid] for s in part], {}
+        if reward.model is None:
+            result = score_with_environments(
+                reward.fn,
+                records,
+                part,
+                reward.tokenizer,
+                step=step,
+                max_steps=reward.total_steps,
+                environment_only=reward.environment_only,
+            )
+        else:  # a reward model (rewards/model_scoring.py)
+            scored = score_with_model(
+                reward.model,
+                reward.fn,
+                records,
+                part,
+                reward.tokenizer,
+                step=step,
+                max_steps=reward.total_steps,
+                rule_metric=reward.rule_metric,
+            )
+            result, stats = scored.result, scored.stats
+        rewards = Rewards(result.scores, result.extra, stats)
+        return [apply_manager(reward.manager, rewards, [len(s.response_ids) for s in part])]
 
     return Rewards.concat(run_on_share(collective, len(samples), work, errors=(RewardError,)))
 

@@ -22,6 +22,8 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from omegaconf import II
 
+from .reward_model_schema import LegacyRewardModelModelConfig, RewardModelConfig
+
 BUILTIN_MODEL = "builtin://charlm"
 
 
@@ -330,6 +332,7 @@ class RewardConfig:
     reward_kwargs: Dict[str, Any] = field(
         default_factory=dict
     )  # dapo: overlong_buffer_cfg.{enable,len,penalty_factor,log}, max_resp_len
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
 
 
 @dataclass
@@ -338,6 +341,11 @@ class LegacyRewardModelConfig:
 
     reward_manager: Optional[str] = None  # null: reward.reward_manager.name
     reward_kwargs: Dict[str, Any] = field(default_factory=dict)  # as reward.reward_kwargs
+    enable: Optional[bool] = None  # null: reward.reward_model.enable
+    model: LegacyRewardModelModelConfig = field(default_factory=LegacyRewardModelModelConfig)
+    micro_batch_size_per_gpu: Optional[int] = None  # null: reward.reward_model.micro_batch_size_per_gpu
+    use_dynamic_bsz: Optional[bool] = None  # null: reward.reward_model.use_dynamic_bsz
+    forward_max_token_len_per_gpu: Optional[int] = None  # null: reward.reward_model.forward_max_token_len_per_gpu
 
 
 @dataclass

@@ -153,10 +153,6 @@ HINTS: dict[str, str] = {
     "trainer.max_critic_ckpt_to_keep": "the critic is saved in each global_step_N: use trainer.max_actor_ckpt_to_keep",
     "critic.model.lora_rank": "LoRA is supported for the actor (actor_rollout_ref.model.lora_rank)",
     "actor_rollout_ref.model.lora.rank": "Megatron's LoRA section: use actor_rollout_ref.model.lora_rank",
-    "reward_model.enable": "model-based rewards are not supported; name a reward function in custom_reward_function",
-    "reward.reward_model.enable": (
-        "model-based rewards are not supported; name a reward function in custom_reward_function"
-    ),
     "algorithm.rollout_correction.rollout_rs": "rejection sampling is not supported yet",
 }
 

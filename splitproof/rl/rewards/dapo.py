@@ -74,7 +74,7 @@ def apply_manager(manager: RewardManager, rewards: Rewards, lengths: list[int]) 
 
     held = present_extra(rewards.extra)
     if manager.name == "naive":
-        return Rewards(rewards.scores, held)
+        return Rewards(rewards.scores, held, rewards.stats)
     count, order = len(rewards), {name: k for k, name in enumerate(held)}
     # a sample whose function returned no extra value but the answer it voted for (``pred``) scores ``acc``
     bare = [all(math.isnan(values[i]) for name, values in held.items() if name != "pred") for i in range(count)]
@@ -95,7 +95,9 @@ def apply_manager(manager: RewardManager, rewards: Rewards, lengths: list[int]) 
             return order[name]
         return added[name]
 
-    return Rewards(torch.tensor(scores, dtype=torch.float64, device="cpu"), present_extra(extra, position))
+    return Rewards(
+        torch.tensor(scores, dtype=torch.float64, device="cpu"), present_extra(extra, position), rewards.stats
+    )
 
 
 def _merged_kwargs(reward_kwargs: dict, legacy_kwargs: dict) -> tuple[dict, str]:

@@ -336,11 +336,12 @@ def _takes_extra_info(fn: Callable) -> bool:
     return "extra_info" in params or _takes_any_keyword(params)
 
 
-def _call_verl(reward_fn: RewardFunction, record, sample: SampleLike, text: str) -> tuple[float, dict]:
+def _call_verl(reward_fn: RewardFunction, record, sample: SampleLike, text: str, more: dict) -> tuple[float, dict]:
     kwargs = {
         "data_source": record.data_source,
         "solution_str": text,
         "ground_truth": ground_truth_of(record.columns),
+        **more,
     }
     if _takes_extra_info(reward_fn.fn):
         kwargs["extra_info"] = dict(record.columns.get("extra_info") or {})
@@ -361,7 +362,7 @@ def _call_verl(reward_fn: RewardFunction, record, sample: SampleLike, text: str)
     return _checked_score(result, reward_fn, sample), {}
 
 
-def _call_trl(reward_fn, records, samples, texts, step: int, max_steps: int) -> list[float]:
+def _call_trl(reward_fn, records, samples, texts, step: int, max_steps: int, more: list[dict]) -> list[float]:
     chat = [not isinstance(r.prompt, str) for r in records]
     columns = {}
     for record in records:
@@ -371,6 +372,7 @@ def _call_trl(reward_fn, records, samples, texts, step: int, max_steps: int) -> 
     kwargs = {key: [r.columns.get(key) for r in records] for key in columns}
     kwargs["completion_ids"] = [list(s.response_ids) for s in samples]
     kwargs["trainer_state"] = TrainerState(global_step=step, max_steps=max_steps)
+    kwargs.update({key: [m[key] for m in more] for key in (more[0] if more else {})})
     completions = [[{"role": "assistant", "content": t}] if c else t for t, c in zip(texts, chat)]
     prompts = [r.prompt for r in records]
     batch = f"a batch of {len(samples)} samples (first: {_where(samples[0])})"
@@ -412,10 +414,12 @@ def score(
     *,
     step: int,
     max_steps: int,
+    sample_kwargs: Sequence[dict] | None = None,
 ) -> RewardResult:
     """Score every sample. ``records`` holds the prompt record of every sample's uid (any order, repeats
     allowed); ``reward_fn`` None uses each row's built-in rule by ``data_source``. Any misbehaviour of the
-    function is a ``RewardError`` naming it and the sample; nothing is returned then."""
+    function is a ``RewardError`` naming it and the sample; nothing is returned then. ``sample_kwargs[i]``:
+    more keyword arguments for sample i (a reward model's ``rm_score``; a list per name for TRL)."""
     by_uid = {record.uid: record for record in records}
     missing = [s for s in samples if s.uid not in by_uid]
     if missing:
@@ -423,8 +427,9 @@ def score(
     rows = [by_uid[s.uid] for s in samples]
     texts = [response_text(tokenizer, s) for s in samples]
     extras: list[dict] = [{} for _ in samples]
+    more = list(sample_kwargs) if sample_kwargs is not None else [{} for _ in samples]
     if reward_fn is not None and reward_fn.convention == "trl":
-        values = _call_trl(reward_fn, rows, samples, texts, step, max_steps) if samples else []
+        values = _call_trl(reward_fn, rows, samples, texts, step, max_steps, more) if samples else []
     else:
         values = []
         rules: dict[str, RewardFunction] = {}
@@ -437,7 +442,7 @@ def score(
                     except RewardError as err:
                         raise RewardError(f"{_where(sample)}: {err}") from None
                 fn = rules[record.data_source]
-            value, extras[i] = _call_verl(fn, record, sample, text)
+            value, extras[i] = _call_verl(fn, record, sample, text, more[i])
             values.append(value)
     keys = dict.fromkeys(k for extra in extras for k in extra)
     extra = {k: [e.get(k, math.nan) for e in extras] for k in keys}

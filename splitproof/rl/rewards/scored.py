@@ -17,24 +17,31 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class Rewards:
-    """Every sample's score (float64 [B]) and extra values ``{name: [B values], NaN where missing}``."""
+    """Every sample's score (float64 [B]) and extra values ``{name: [B values], NaN where missing}``;
+    ``stats``: the scoring's own metrics (``timing_s/...`` seconds, the longest share's; counts, summed)."""
 
     scores: Tensor
     extra: dict[str, list[float]]
+    stats: dict[str, float] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.scores)
 
     def rows(self, part: slice) -> Rewards:
         """The samples ``part`` (every name kept, even one with no number there)."""
-        return Rewards(self.scores[part], {name: values[part] for name, values in self.extra.items()})
+        return Rewards(self.scores[part], {name: values[part] for name, values in self.extra.items()}, self.stats)
 
     @staticmethod
     def concat(parts: Sequence[Rewards]) -> Rewards:
         """The parts one after the other; a name one part lacks is NaN on its samples."""
         names = dict.fromkeys(name for part in parts for name in part.extra)
         extra = {name: [v for part in parts for v in part.extra.get(name, [math.nan] * len(part))] for name in names}
-        return Rewards(torch.cat([part.scores for part in parts]), extra)
+        stats: dict[str, float] = {}
+        for part in parts:
+            for name, value in part.stats.items():
+                merge = max if name.startswith("timing_s/") else (lambda a, b: a + b)
+                stats[name] = merge(stats[name], value) if name in stats else value
+        return Rewards(torch.cat([part.scores for part in parts]), extra, stats)
 
 
 @dataclass
