@@ -19,8 +19,11 @@ log-probs differ by about 1e-6; docs/rollout.md):
   differently; the model's linear layers also run in fixed blocks of rows (``engine.row_invariant``),
   since on AVX2 the rows past the last full tile of 4 round differently at any row count.
 
-Finished sequences stop costing compute: live rows are compacted (``index_select`` of the KV cache)
-whenever that shrinks the decode batch by an eighth or more.
+Cost rules that change no bit (rows are independent): the requests of a chunk with the same prompt (the
+``n`` samples of a prompt) share one prefill row, whose cache and last logits are copied to each of them;
+the KV cache has its room reserved up front (``kv_cache.reserve``: no growth by concatenation); finished
+sequences stop costing compute: live rows are compacted (``index_select`` of the KV cache) whenever that
+shrinks the decode batch by an eighth or more.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from splitproof.engine.row_invariant import row_invariant
 from splitproof.hf_models import base_model_of, unwrap, vocab_size_of
 from splitproof.loss_config import ConfigError
 from splitproof.rl.rollout.assemble import token_masks
+from splitproof.rl.rollout.kv_cache import reserve, select_rows
 from splitproof.rl.rollout.sampling import sample_tokens, shift_keys, stream_keys, stream_uniforms
 from splitproof.rl.stop import decode_point
 
@@ -164,14 +168,6 @@ def _cache_keyword(model: nn.Module) -> str:
 def _cache_of(out):
     cache = getattr(out, "cache", None)
     return cache if cache is not None else out.past_key_values
-
-
-def _select_rows(cache, index: Tensor):
-    """The cache restricted to (and reordered by) the batch rows ``index``."""
-    if hasattr(cache, "reorder_cache"):
-        cache.reorder_cache(index)
-        return cache
-    return tuple(tuple(t.index_select(0, index) for t in layer) for layer in cache)  # legacy tuples
 
 
 class HFRollout:
@@ -306,6 +302,26 @@ class HFRollout:
         mask = (torch.arange(width) >= width - lengths.unsqueeze(1)).long()
         return ids.to(device), mask.to(device)
 
+    def _prefill(self, model: nn.Module, prompts: list[list[int]], rows: int, extra: int, device: torch.device):
+        """``(logits [rows, V], cache, mask)`` after the prompts' prefill; batch row r holds prompt r (rows
+        past the prompts: copies of prompt 0). Each distinct prompt is prefilled once (a row's outputs do not
+        depend on the other rows) and its cache and last logits copied to its rows; the cache has room for
+        ``extra`` more columns (``kv_cache.reserve``)."""
+        distinct: dict[tuple[int, ...], int] = {}
+        source = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        ids, mask = self._prefill_inputs([list(p) for p in distinct], device)
+        kwargs = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
+        out = model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+            use_cache=True,
+            **kwargs,
+        )
+        index = torch.tensor(source + [source[0]] * (rows - len(prompts)), device=device)
+        logits = logits_of(out)[:, -1].index_select(0, index)
+        return logits, reserve(_cache_of(out), extra, index), mask.index_select(0, index)
+
     def _generate_chunk(
         self,
         model: nn.Module,
@@ -320,7 +336,6 @@ class HFRollout:
         real = len(chunk)
         rows = max(real, self.min_rows)
         prompts = [[int(t) for t in ids] for _, _, ids in chunk]
-        ids, mask = self._prefill_inputs(prompts + [prompts[0]] * (rows - real), device)
         uniforms = _chunk_uniforms(chunk, params, step, stream, positions, device)  # [real, T]: token t of row r
         prompt_lengths = torch.tensor([len(p) for p in prompts], device=device)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
@@ -338,17 +353,10 @@ class HFRollout:
         finished = torch.zeros(real, dtype=torch.bool, device=device)
 
         cache_kw = _cache_keyword(model)
-        kwargs = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
-        out = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-            use_cache=True,
-            **kwargs,
-        )
+        logits, cache, mask = self._prefill(model, prompts, rows, max(T - 1, 1), device)
         for t in range(T):
             decode_point()  # a Ctrl-C abandons the step here (splitproof.rl.stop)
-            tokens, lp = self._sample(logits_of(out)[:, -1], uniforms[row_of, t], params)
+            tokens, lp = self._sample(logits, uniforms[row_of, t], params)
             writing = row_of[live]
             responses[writing, t] = tokens[live]
             log_probs[writing, t] = lp[live]
@@ -359,23 +367,22 @@ class HFRollout:
             n_live = int(live.sum())
             if n_live == 0 or t + 1 == T:
                 break
-            cache = _cache_of(out)
             target = max(n_live, self.min_rows)
             if (live.numel() - target) * _COMPACT_SHARE >= live.numel():
                 keep = live.nonzero().squeeze(1)
                 keep = torch.cat([keep, keep[:1].expand(target - n_live)])
-                cache = _select_rows(cache, keep)
+                cache = select_rows(cache, keep)
                 mask, row_of, tokens = mask[keep], row_of[keep], tokens[keep]
                 live = torch.arange(target, device=device) < n_live
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-            positions = (prompt_lengths[row_of] + t).unsqueeze(1)
             out = model(
                 input_ids=tokens.unsqueeze(1),
                 attention_mask=mask,
-                position_ids=positions,
+                position_ids=(prompt_lengths[row_of] + t).unsqueeze(1),
                 use_cache=True,
                 **{cache_kw: cache},
             )
+            cache, logits = _cache_of(out), logits_of(out)[:, -1]
 
         return _chunk_samples(chunk, prompts, responses, log_probs, lengths, finished)
 
