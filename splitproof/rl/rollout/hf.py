@@ -28,7 +28,6 @@ shrinks the decode batch by an eighth or more.
 
 from __future__ import annotations
 
-import inspect
 import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -37,12 +36,13 @@ import torch
 from torch import Tensor, nn
 
 from splitproof.batch import RolloutBatch
-from splitproof.engine.logprobs import logits_of, param_dtype, takes_logits_to_keep
+from splitproof.engine.logprobs import logits_of, param_dtype
 from splitproof.engine.row_invariant import row_invariant
-from splitproof.hf_models import base_model_of, unwrap, vocab_size_of
+from splitproof.hf_models import unwrap, vocab_size_of
 from splitproof.loss_config import ConfigError
 from splitproof.rl.rollout.assemble import token_masks
-from splitproof.rl.rollout.kv_cache import reserve, select_rows
+from splitproof.rl.rollout.kv_cache import select_rows
+from splitproof.rl.rollout.prefill import TurnCache, cache_keyword, cache_of, keep_rows, prefill
 from splitproof.rl.rollout.sampling import sample_tokens, shift_keys, stream_keys, stream_uniforms
 from splitproof.rl.stop import decode_point
 
@@ -123,11 +123,6 @@ def requests_for(prompts: Iterable[tuple[int, Sequence[int]]], n: int) -> list[t
     return [(uid, j, list(ids)) for uid, ids in prompts for j in range(n)]
 
 
-def canonical_prompt_width(length: int, pad_multiple: int) -> int:
-    """Columns a prompt of ``length`` tokens is left-padded to: the next multiple above ``length``."""
-    return (length // pad_multiple + 1) * pad_multiple
-
-
 def _is_int(value) -> bool:
     """An integer (Python or NumPy), not a bool."""
     return type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
@@ -156,18 +151,6 @@ def _eos_tuple(eos_token_ids) -> tuple[int, ...]:
 def _log_prob_dtype(model: nn.Module) -> torch.dtype:
     """float64 for a float64 model, float32 otherwise (bf16 / fp16 logits are scored in float32)."""
     return torch.float64 if param_dtype(model) == torch.float64 else torch.float32
-
-
-def _cache_keyword(model: nn.Module) -> str:
-    """``cache`` (transformers >= 5.2x) or ``past_key_values`` (earlier, and remote-code models); asked of
-    the Hugging Face model inside a LoRA wrapper, whose forward passes keywords through."""
-    params = inspect.signature(type(base_model_of(model)).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def _cache_of(out):
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
 
 
 class HFRollout:
@@ -247,12 +230,16 @@ class HFRollout:
         stream: int = 0,
         positions: Sequence[int] | None = None,
         budgets: Sequence[int] | None = None,
+        turn_cache: TurnCache | None = None,
     ) -> list[Sample]:
         """One :class:`Sample` per request, in request order.
 
         ``positions`` (default 0): where each request's first new token sits in its stream, so token t
         draws the uniform of position ``positions[r] + t`` (a multi-turn episode continues its stream).
-        ``budgets`` (default ``params.max_response_length``): new tokens of each request, at most."""
+        ``budgets`` (default ``params.max_response_length``): new tokens of each request, at most.
+        ``turn_cache`` (from :meth:`new_turn_cache`): a request continues the KV cache kept there for its
+        (uid, sample index) when its ids extend the ones that cache covers, and keeps its own there
+        (``rl/rollout/prefill.py``)."""
         params.check()
         positions = [0] * len(requests) if positions is None else [int(p) for p in positions]
         budgets = [params.max_response_length] * len(requests) if budgets is None else [int(b) for b in budgets]
@@ -276,12 +263,16 @@ class HFRollout:
                     chunk = slice(start, start + self.max_num_seqs)
                     samples.extend(
                         self._generate_chunk(
-                            model, requests[chunk], params, step, stream, positions[chunk], budgets[chunk]
+                            model, requests[chunk], params, step, stream, positions[chunk], budgets[chunk], turn_cache
                         )
                     )
         finally:
             model.train(was_training)
         return samples
+
+    def new_turn_cache(self) -> TurnCache:
+        """An empty store of the KV caches that multi-turn episodes keep between their turns."""
+        return TurnCache()
 
     def _sample(self, logits: Tensor, uniforms: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor]:
         """The next token of each row (one uniform each) and its log-prob: ``splitproof.rl.rollout.sampling``'s rule."""
@@ -294,33 +285,13 @@ class HFRollout:
             greedy=params.greedy,
         )
 
-    def _prefill_inputs(self, prompts: list[Sequence[int]], device: torch.device) -> tuple[Tensor, Tensor]:
-        width = max(canonical_prompt_width(len(p), self.pad_multiple) for p in prompts)
-        pad = self._pad_input_id
-        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
-        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long)
-        mask = (torch.arange(width) >= width - lengths.unsqueeze(1)).long()
-        return ids.to(device), mask.to(device)
-
-    def _prefill(self, model: nn.Module, prompts: list[list[int]], rows: int, extra: int, device: torch.device):
-        """``(logits [rows, V], cache, mask)`` after the prompts' prefill; batch row r holds prompt r (rows
-        past the prompts: copies of prompt 0). Each distinct prompt is prefilled once (a row's outputs do not
-        depend on the other rows) and its cache and last logits copied to its rows; the cache has room for
-        ``extra`` more columns (``kv_cache.reserve``)."""
-        distinct: dict[tuple[int, ...], int] = {}
-        source = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
-        ids, mask = self._prefill_inputs([list(p) for p in distinct], device)
-        kwargs = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
-        out = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-            use_cache=True,
-            **kwargs,
-        )
-        index = torch.tensor(source + [source[0]] * (rows - len(prompts)), device=device)
-        logits = logits_of(out)[:, -1].index_select(0, index)
-        return logits, reserve(_cache_of(out), extra, index), mask.index_select(0, index)
+    def _prefill(self, model, chunk, prompts, rows, T, turn_cache, device):
+        """``(keys, logits, cache, mask)``: the chunk's prefill (``rl/rollout/prefill.py``), each request
+        continuing the cache it kept in ``turn_cache``, if any; ``keys`` its (uid, sample index)."""
+        keys = [(int(u), int(j)) for u, j, _ in chunk]
+        kept = [turn_cache.take(k, p) for k, p in zip(keys, prompts)] if turn_cache is not None else [None] * len(chunk)
+        pads = dict(pad_multiple=self.pad_multiple, pad_id=self._pad_input_id, device=device)
+        return keys, *prefill(model, prompts, kept, rows, max(T - 1, 1), **pads)
 
     def _generate_chunk(
         self,
@@ -331,6 +302,7 @@ class HFRollout:
         stream: int,
         positions: Sequence[int],
         budgets: Sequence[int],
+        turn_cache: TurnCache | None = None,
     ) -> list[Sample]:
         device = next(model.parameters()).device
         real = len(chunk)
@@ -352,8 +324,8 @@ class HFRollout:
         lengths = torch.zeros(real, dtype=torch.long, device=device)
         finished = torch.zeros(real, dtype=torch.bool, device=device)
 
-        cache_kw = _cache_keyword(model)
-        logits, cache, mask = self._prefill(model, prompts, rows, max(T - 1, 1), device)
+        cache_kw = cache_keyword(model)
+        keys, logits, cache, mask = self._prefill(model, chunk, prompts, rows, T, turn_cache, device)
         for t in range(T):
             decode_point()  # a Ctrl-C abandons the step here (splitproof.rl.stop)
             tokens, lp = self._sample(logits, uniforms[row_of, t], params)
@@ -363,7 +335,10 @@ class HFRollout:
             lengths[writing] = t + 1
             at_eos = live & torch.isin(tokens, eos)
             finished[row_of[at_eos]] = True
-            live = live & ~at_eos & (budget[row_of] > t + 1)
+            ended, live = live, live & ~at_eos & (budget[row_of] > t + 1)
+            if turn_cache is not None:  # the rows that ended keep their cache for the next turn
+                ended = (ended & ~live).nonzero().squeeze(1)
+                _keep_ended(turn_cache, cache, mask, ended, row_of, keys, prompts, responses[:, :t], self.pad_multiple)
             n_live = int(live.sum())
             if n_live == 0 or t + 1 == T:
                 break
@@ -382,9 +357,18 @@ class HFRollout:
                 use_cache=True,
                 **{cache_kw: cache},
             )
-            cache, logits = _cache_of(out), logits_of(out)[:, -1]
+            cache, logits = cache_of(out), logits_of(out)[:, -1]
 
         return _chunk_samples(chunk, prompts, responses, log_probs, lengths, finished)
+
+
+def _keep_ended(turn_cache, cache, mask, ended, row_of, keys, prompts, fed, pad_multiple) -> None:
+    """Keep the KV caches of the batch rows ``ended`` (they sampled their last token): the tokens they cover
+    are the request's and the response's ``fed`` ones (the last sampled token was never fed)."""
+    if ended.numel():
+        rows = row_of[ended].tolist()
+        ids = [prompts[r] + f for r, f in zip(rows, fed[rows].tolist())]
+        keep_rows(turn_cache, cache, mask, ended.tolist(), [keys[r] for r in rows], ids, pad_multiple)
 
 
 def _chunk_uniforms(

@@ -23,12 +23,11 @@ class ReservedLayer(DynamicLayer if DynamicLayer is not None else object):
     """A full-attention cache layer of ``[batch, heads, capacity, head_dim]`` buffers; ``keys``/``values``
     are views of the first ``length`` columns. Grows (by doubling the room) only past its capacity."""
 
-    def __init__(self, keys: Tensor, values: Tensor, extra: int, rows: Tensor | None = None):
+    def __init__(self, key_buffer: Tensor, value_buffer: Tensor, length: int):
         super().__init__()
-        self.device = keys.device
-        self.length = keys.shape[-2]
-        self._keys = _with_room(keys, extra, rows)
-        self._values = _with_room(values, extra, rows)
+        self.device = key_buffer.device
+        self.length = length
+        self._keys, self._values = key_buffer, value_buffer
         self.is_initialized = True
         self._view()
 
@@ -75,7 +74,8 @@ def reserve(cache, extra: int, rows: Tensor | None = None):
         return tuple(tuple(t.index_select(0, rows) for t in layer) for layer in cache)
     for i, layer in enumerate(layers):
         if type(layer) is DynamicLayer and layer.is_initialized and layer.keys.dim() == 4:
-            layers[i] = ReservedLayer(layer.keys, layer.values, extra, rows)
+            keys, values = _with_room(layer.keys, extra, rows), _with_room(layer.values, extra, rows)
+            layers[i] = ReservedLayer(keys, values, layer.keys.shape[-2])
         elif rows is not None:
             layer.reorder_cache(rows)
     return cache
@@ -87,3 +87,21 @@ def select_rows(cache, index: Tensor):
         cache.reorder_cache(index)
         return cache
     return tuple(tuple(t.index_select(0, index) for t in layer) for layer in cache)  # legacy tuples
+
+
+def cache_layers(cache) -> list | None:
+    """The layers of a layered cache whose keys and values are ``[batch, heads, length, head_dim]``
+    tensors (plain or reserved full-attention layers), or None."""
+    layers = getattr(cache, "layers", None) if Cache is not None and isinstance(cache, Cache) else None
+    if not layers or any(type(layer) not in (DynamicLayer, ReservedLayer) for layer in layers):
+        return None
+    return layers
+
+
+def cache_from_layers(layers: list):
+    """A ``DynamicCache`` made of the given layers."""
+    from transformers.cache_utils import DynamicCache
+
+    cache = DynamicCache()
+    cache.layers, cache.layer_class_to_replicate = list(layers), None
+    return cache
