@@ -157,8 +157,8 @@ def run(name: str, args) -> list[str]:
         f"| {name} | {args.dtype} | {len(requests)} × ≤ {params.max_response_length} ({tokens} tokens) "
         f"| {statistics.median(times['before']):.3f} | {statistics.median(times['shipped']):.3f} "
         f"| {statistics.median(ratios):.3f} ({min(ratios):.2f}–{max(ratios):.2f}) | {'yes' if same else 'NO'} "
-        f"| {p['total']:.3f} | {p['prefill']:.3f} | {p['decode forwards']:.3f} | {p['sampling']:.3f} | {p['decode products']:.3f} "
-        f"({rate:.0f} GFLOP/s) |"
+        f"| {p['total']:.3f} | {p['prefill']:.3f} | {p['decode forwards']:.3f} | {p['sampling']:.3f} "
+        f"| {p['decode products']:.3f} ({rate:.0f} GFLOP/s) |"
     ]
 
 
