@@ -165,8 +165,10 @@ def run(env: bl.Env) -> dict:
         rows_out.append(
             dict(variant=name, tokens=count, wall_s=wall, cpu_s=cpu, wall_tps=count / wall, cpu_tps=count / cpu)
         )
+    reprefilled = rows_out.pop(2)  # shown beside the others; `rows` keeps single, instant, slow
     return dict(
         rows=rows_out,
+        reprefilled=reprefilled,
         requests=len(requests),
         prompts=prompts_n,
         n=n,
@@ -206,7 +208,7 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
                 f"{r['cpu_tps']:.0f}",
                 f"{r['cpu_tps'] / base['cpu_tps']:.2f} ×",
             ]
-            for r in rows
+            for r in rows[:2] + [result["reprefilled"]] + rows[2:]
         ],
     )
     intro = (
