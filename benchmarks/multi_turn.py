@@ -11,10 +11,12 @@ The built-in model (``builtin://charlm``) on ``builtin://product`` prompts, ``ro
 - single-turn: ``HFRollout`` on the same requests without EOS, ``max_response_length`` = the episodes'
   model tokens / requests (rounded), so both generate the same total up to the rounding.
 
-Each turn re-reads the episode so far (prompt, earlier turns, tool tokens) in a fresh prefill: that and
-the per-turn overheads are what multi-turn costs. Tool calls of a chunk of ``max_num_seqs`` episodes start
-as soon as the chunk is generated and run while the next chunk generates; the last chunk's calls (and a
-turn's wait before the next turn, which needs every response) are not overlapped.
+The ``hf`` engine keeps each episode's KV cache across its turns (``rl/rollout/prefill.py``): a turn
+prefills only the last sampled token and the tool's tokens. The row "every turn re-prefilled" runs the same
+engine without that capability (what an engine without ``new_turn_cache`` gets: each turn re-reads the
+episode so far in a fresh prefill). Tool calls of a chunk of ``max_num_seqs`` episodes start as soon as the
+chunk is generated and run while the next chunk generates; the last chunk's calls (and a turn's wait
+before the next turn, which needs every response) are not overlapped.
 
     python benchmarks/multi_turn.py [--quick] [--repeats N] [--latency MS]
 """
@@ -81,8 +83,20 @@ def every_turn_calls(tokenizer, tools):
     return EveryTurnCalls(tokenizer, tools)
 
 
+class FreshPrefill:
+    """The ``hf`` engine without its turn cache (no ``new_turn_cache``): every turn is prefilled afresh
+    from the whole episode so far, what an engine without the capability gets."""
+
+    def __init__(self, rollout):
+        self.rollout, self.max_num_seqs = rollout, rollout.max_num_seqs
+
+    def generate(self, *args, **kwargs):
+        return self.rollout.generate(*args, **kwargs)
+
+
 def rollouts(env: bl.Env, latency_s: float, max_num_seqs: int):
-    """(single-turn rollout without EOS, multi-turn rollout with instant tools, with slow tools)."""
+    """(single-turn rollout without EOS, multi-turn rollouts with instant tools (KV caches kept across
+    turns, and re-prefilled every turn), with slow tools)."""
     from transformers import AutoModelForCausalLM
 
     from splitproof.builtin.tokenizer import char_tokenizer
@@ -94,17 +108,18 @@ def rollouts(env: bl.Env, latency_s: float, max_num_seqs: int):
     model = AutoModelForCausalLM.from_pretrained(BUILTIN, dtype=env.dtype).to(env.device).eval()
     settings = MultiTurnSettings(format="simple", max_assistant_turns=3)
 
-    def episodes(latency: float):
+    def episodes(latency: float, fresh: bool = False):
         hf = HFRollout(
             model, eos_token_ids=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, max_num_seqs=max_num_seqs
         )
+        hf = FreshPrefill(hf) if fresh else hf
         tools = {"mul": function_tool(sleeping_mul(latency), "benchmark")}
         rollout = EpisodeRollout(hf, tokenizer, tools, settings)
         rollout.format = every_turn_calls(tokenizer, tools)
         return rollout
 
     single = HFRollout(model, eos_token_ids=None, pad_token_id=tokenizer.pad_token_id, max_num_seqs=max_num_seqs)
-    return tokenizer, single, episodes(0.0), episodes(latency_s)
+    return tokenizer, single, episodes(0.0), episodes(0.0, fresh=True), episodes(latency_s)
 
 
 def run(env: bl.Env) -> dict:
@@ -114,7 +129,7 @@ def run(env: bl.Env) -> dict:
     prompts_n, n, chunks = (4, 2, 2) if env.quick else (32, 4, 4)
     latency_s = (env.args.latency if env.args.latency is not None else 20.0) / 1000
     requests_total = prompts_n * n
-    tokenizer, single, instant, slow = rollouts(env, latency_s, max_num_seqs=requests_total // chunks)
+    tokenizer, single, instant, fresh, slow = rollouts(env, latency_s, max_num_seqs=requests_total // chunks)
     rows = task_rows("builtin://product/train")[:prompts_n]
     requests = requests_for(
         [(u, tokenizer.encode(r["prompt"], add_special_tokens=False)) for u, r in enumerate(rows)], n
@@ -127,9 +142,11 @@ def run(env: bl.Env) -> dict:
     calls = sum(e.tool_calls for e in episodes)
     length = max(1, round(model_tokens / len(requests)))
     single_params = SamplingParams(n=n, max_response_length=length, seed=0)
+    fresh_tokens = sum(sum(e.token_mask) for e in fresh.generate(requests, params, step=1))
     variants = {
         "single-turn": lambda: single.generate(requests, single_params, step=1),
         "multi-turn, instant tools": lambda: instant.generate(requests, params, step=1),
+        "multi-turn, instant tools, every turn re-prefilled": lambda: fresh.generate(requests, params, step=1),
         f"multi-turn, tools sleep {latency_s * 1000:g} ms": lambda: slow.generate(requests, params, step=1),
     }
     bl.log(f"[{NAME}] {len(requests)} requests, {model_tokens} model tokens, {calls} calls")
@@ -140,7 +157,7 @@ def run(env: bl.Env) -> dict:
         WAITS.clear()
         rollout.generate(requests, params, step=1)
         blocked[name] = sum(WAITS)
-    tokens = {"single-turn": len(requests) * length}
+    tokens = {"single-turn": len(requests) * length, "multi-turn, instant tools, every turn re-prefilled": fresh_tokens}
     rows_out = []
     for name in variants:
         count = tokens.get(name, model_tokens)
@@ -148,8 +165,10 @@ def run(env: bl.Env) -> dict:
         rows_out.append(
             dict(variant=name, tokens=count, wall_s=wall, cpu_s=cpu, wall_tps=count / wall, cpu_tps=count / cpu)
         )
+    reprefilled = rows_out.pop(2)  # shown beside the others; `rows` keeps single, instant, slow
     return dict(
         rows=rows_out,
+        reprefilled=reprefilled,
         requests=len(requests),
         prompts=prompts_n,
         n=n,
@@ -189,7 +208,7 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
                 f"{r['cpu_tps']:.0f}",
                 f"{r['cpu_tps'] / base['cpu_tps']:.2f} ×",
             ]
-            for r in rows
+            for r in rows[:2] + [result["reprefilled"]] + rows[2:]
         ],
     )
     intro = (

@@ -204,7 +204,7 @@ def run_ours_generation(spec: dict, out: Path) -> dict:
     from transformers import GenerationConfig
 
     from splitproof.rl.config.load import load_train_config
-    from splitproof.rl.rollout.hf import canonical_prompt_width
+    from splitproof.rl.rollout.prefill import canonical_prompt_width
     from splitproof.rl.run import build_parts
     from splitproof.rl.step import generate
 

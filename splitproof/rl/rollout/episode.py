@@ -14,6 +14,10 @@ as soon as it is generated (overlapping the next chunk's generation). Results ar
 order (episode, then call), so completion order, pool size and chunking never change the trajectory.
 Only a ``tool_timeout`` depends on the wall clock.
 
+An engine with ``new_turn_cache()`` (the ``hf`` one) keeps each episode's KV cache from one turn to the
+next, so a turn prefills only what was appended (``rl/rollout/prefill.py``); any other engine gets each
+episode so far as a fresh prompt.
+
 Termination follows verl's tool agent loop, with ``B = data.max_response_length`` counting every token
 after the prompt: a model turn gets at most the tokens left; after it the episode ends when B is
 reached, when ``max_assistant_turns`` or ``max_user_turns`` are reached, or when it calls no tool; of a
@@ -117,6 +121,8 @@ class EpisodeRollout:
             max_length=s.max_tool_response_length,
             truncate_side=s.tool_response_truncate_side,
         )
+        new_turn_cache = getattr(self.rollout, "new_turn_cache", None)  # an engine that keeps KV caches
+        kept = {"turn_cache": new_turn_cache()} if new_turn_cache is not None else {}
         try:
             live, rounds = list(range(len(episodes))), 0
             while live:
@@ -130,6 +136,7 @@ class EpisodeRollout:
                         stream=stream,
                         positions=[len(e.response_ids) for e in chunk],
                         budgets=[budget - len(e.response_ids) for e in chunk],
+                        **kept,
                     )
                     for i, episode, turn in zip(live[start : start + self.max_num_seqs], chunk, turns):
                         calls = self._model_turn(episode, turn, budget, formats[i])

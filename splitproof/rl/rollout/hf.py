@@ -19,13 +19,15 @@ log-probs differ by about 1e-6; docs/rollout.md):
   differently; the model's linear layers also run in fixed blocks of rows (``engine.row_invariant``),
   since on AVX2 the rows past the last full tile of 4 round differently at any row count.
 
-Finished sequences stop costing compute: live rows are compacted (``index_select`` of the KV cache)
-whenever that shrinks the decode batch by an eighth or more.
+Cost rules that change no bit (rows are independent): the requests of a chunk with the same prompt (the
+``n`` samples of a prompt) share one prefill row, whose cache and last logits are copied to each of them;
+the KV cache has its room reserved up front (``kv_cache.reserve``: no growth by concatenation); finished
+sequences stop costing compute: live rows are compacted (``index_select`` of the KV cache) whenever that
+shrinks the decode batch by an eighth or more.
 """
 
 from __future__ import annotations
 
-import inspect
 import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -34,11 +36,13 @@ import torch
 from torch import Tensor, nn
 
 from splitproof.batch import RolloutBatch
-from splitproof.engine.logprobs import logits_of, param_dtype, takes_logits_to_keep
+from splitproof.engine.logprobs import logits_of, param_dtype
 from splitproof.engine.row_invariant import row_invariant
-from splitproof.hf_models import base_model_of, unwrap, vocab_size_of
+from splitproof.hf_models import unwrap, vocab_size_of
 from splitproof.loss_config import ConfigError
 from splitproof.rl.rollout.assemble import token_masks
+from splitproof.rl.rollout.kv_cache import select_rows
+from splitproof.rl.rollout.prefill import TurnCache, cache_keyword, cache_of, keep_rows, prefill
 from splitproof.rl.rollout.sampling import sample_tokens, shift_keys, stream_keys, stream_uniforms
 from splitproof.rl.stop import decode_point
 
@@ -119,11 +123,6 @@ def requests_for(prompts: Iterable[tuple[int, Sequence[int]]], n: int) -> list[t
     return [(uid, j, list(ids)) for uid, ids in prompts for j in range(n)]
 
 
-def canonical_prompt_width(length: int, pad_multiple: int) -> int:
-    """Columns a prompt of ``length`` tokens is left-padded to: the next multiple above ``length``."""
-    return (length // pad_multiple + 1) * pad_multiple
-
-
 def _is_int(value) -> bool:
     """An integer (Python or NumPy), not a bool."""
     return type(value) is int or (isinstance(value, numbers.Integral) and not isinstance(value, bool))
@@ -152,26 +151,6 @@ def _eos_tuple(eos_token_ids) -> tuple[int, ...]:
 def _log_prob_dtype(model: nn.Module) -> torch.dtype:
     """float64 for a float64 model, float32 otherwise (bf16 / fp16 logits are scored in float32)."""
     return torch.float64 if param_dtype(model) == torch.float64 else torch.float32
-
-
-def _cache_keyword(model: nn.Module) -> str:
-    """``cache`` (transformers >= 5.2x) or ``past_key_values`` (earlier, and remote-code models); asked of
-    the Hugging Face model inside a LoRA wrapper, whose forward passes keywords through."""
-    params = inspect.signature(type(base_model_of(model)).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def _cache_of(out):
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
-
-
-def _select_rows(cache, index: Tensor):
-    """The cache restricted to (and reordered by) the batch rows ``index``."""
-    if hasattr(cache, "reorder_cache"):
-        cache.reorder_cache(index)
-        return cache
-    return tuple(tuple(t.index_select(0, index) for t in layer) for layer in cache)  # legacy tuples
 
 
 class HFRollout:
@@ -251,12 +230,16 @@ class HFRollout:
         stream: int = 0,
         positions: Sequence[int] | None = None,
         budgets: Sequence[int] | None = None,
+        turn_cache: TurnCache | None = None,
     ) -> list[Sample]:
         """One :class:`Sample` per request, in request order.
 
         ``positions`` (default 0): where each request's first new token sits in its stream, so token t
         draws the uniform of position ``positions[r] + t`` (a multi-turn episode continues its stream).
-        ``budgets`` (default ``params.max_response_length``): new tokens of each request, at most."""
+        ``budgets`` (default ``params.max_response_length``): new tokens of each request, at most.
+        ``turn_cache`` (from :meth:`new_turn_cache`): a request continues the KV cache kept there for its
+        (uid, sample index) when its ids extend the ones that cache covers, and keeps its own there
+        (``rl/rollout/prefill.py``)."""
         params.check()
         positions = [0] * len(requests) if positions is None else [int(p) for p in positions]
         budgets = [params.max_response_length] * len(requests) if budgets is None else [int(b) for b in budgets]
@@ -280,12 +263,16 @@ class HFRollout:
                     chunk = slice(start, start + self.max_num_seqs)
                     samples.extend(
                         self._generate_chunk(
-                            model, requests[chunk], params, step, stream, positions[chunk], budgets[chunk]
+                            model, requests[chunk], params, step, stream, positions[chunk], budgets[chunk], turn_cache
                         )
                     )
         finally:
             model.train(was_training)
         return samples
+
+    def new_turn_cache(self) -> TurnCache:
+        """An empty store of the KV caches that multi-turn episodes keep between their turns."""
+        return TurnCache()
 
     def _sample(self, logits: Tensor, uniforms: Tensor, params: SamplingParams) -> tuple[Tensor, Tensor]:
         """The next token of each row (one uniform each) and its log-prob: ``splitproof.rl.rollout.sampling``'s rule."""
@@ -298,13 +285,13 @@ class HFRollout:
             greedy=params.greedy,
         )
 
-    def _prefill_inputs(self, prompts: list[Sequence[int]], device: torch.device) -> tuple[Tensor, Tensor]:
-        width = max(canonical_prompt_width(len(p), self.pad_multiple) for p in prompts)
-        pad = self._pad_input_id
-        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long, device=device)
-        lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)
-        mask = (torch.arange(width, device=device) >= width - lengths.unsqueeze(1)).long()
-        return ids, mask
+    def _prefill(self, model, chunk, prompts, rows, T, turn_cache, device):
+        """``(keys, logits, cache, mask)``: the chunk's prefill (``rl/rollout/prefill.py``), each request
+        continuing the cache it kept in ``turn_cache``, if any; ``keys`` its (uid, sample index)."""
+        keys = [(int(u), int(j)) for u, j, _ in chunk]
+        kept = [turn_cache.take(k, p) for k, p in zip(keys, prompts)] if turn_cache is not None else [None] * len(chunk)
+        pads = dict(pad_multiple=self.pad_multiple, pad_id=self._pad_input_id, device=device)
+        return keys, *prefill(model, prompts, kept, rows, max(T - 1, 1), **pads)
 
     def _generate_chunk(
         self,
@@ -315,12 +302,12 @@ class HFRollout:
         stream: int,
         positions: Sequence[int],
         budgets: Sequence[int],
+        turn_cache: TurnCache | None = None,
     ) -> list[Sample]:
         device = next(model.parameters()).device
         real = len(chunk)
         rows = max(real, self.min_rows)
         prompts = [[int(t) for t in ids] for _, _, ids in chunk]
-        ids, mask = self._prefill_inputs(prompts + [prompts[0]] * (rows - real), device)
         uniforms = _chunk_uniforms(chunk, params, step, stream, positions, device)  # [real, T]: token t of row r
         prompt_lengths = torch.tensor([len(p) for p in prompts], device=device)
         eos = torch.tensor(self.eos_token_ids, dtype=torch.long, device=device)
@@ -337,47 +324,51 @@ class HFRollout:
         lengths = torch.zeros(real, dtype=torch.long, device=device)
         finished = torch.zeros(real, dtype=torch.bool, device=device)
 
-        cache_kw = _cache_keyword(model)
-        kwargs = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
-        out = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-            use_cache=True,
-            **kwargs,
-        )
+        cache_kw = cache_keyword(model)
+        keys, logits, cache, mask = self._prefill(model, chunk, prompts, rows, T, turn_cache, device)
         for t in range(T):
             decode_point()  # a Ctrl-C abandons the step here (splitproof.rl.stop)
-            tokens, lp = self._sample(logits_of(out)[:, -1], uniforms[row_of, t], params)
+            tokens, lp = self._sample(logits, uniforms[row_of, t], params)
             writing = row_of[live]
             responses[writing, t] = tokens[live]
             log_probs[writing, t] = lp[live]
             lengths[writing] = t + 1
             at_eos = live & torch.isin(tokens, eos)
             finished[row_of[at_eos]] = True
-            live = live & ~at_eos & (budget[row_of] > t + 1)
+            ended, live = live, live & ~at_eos & (budget[row_of] > t + 1)
+            if turn_cache is not None:  # the rows that ended keep their cache for the next turn
+                ended = (ended & ~live).nonzero().squeeze(1)
+                _keep_ended(turn_cache, cache, mask, ended, row_of, keys, prompts, responses[:, :t], self.pad_multiple)
             n_live = int(live.sum())
             if n_live == 0 or t + 1 == T:
                 break
-            cache = _cache_of(out)
             target = max(n_live, self.min_rows)
             if (live.numel() - target) * _COMPACT_SHARE >= live.numel():
                 keep = live.nonzero().squeeze(1)
                 keep = torch.cat([keep, keep[:1].expand(target - n_live)])
-                cache = _select_rows(cache, keep)
+                cache = select_rows(cache, keep)
                 mask, row_of, tokens = mask[keep], row_of[keep], tokens[keep]
                 live = torch.arange(target, device=device) < n_live
             mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-            positions = (prompt_lengths[row_of] + t).unsqueeze(1)
             out = model(
                 input_ids=tokens.unsqueeze(1),
                 attention_mask=mask,
-                position_ids=positions,
+                position_ids=(prompt_lengths[row_of] + t).unsqueeze(1),
                 use_cache=True,
                 **{cache_kw: cache},
             )
+            cache, logits = cache_of(out), logits_of(out)[:, -1]
 
         return _chunk_samples(chunk, prompts, responses, log_probs, lengths, finished)
+
+
+def _keep_ended(turn_cache, cache, mask, ended, row_of, keys, prompts, fed, pad_multiple) -> None:
+    """Keep the KV caches of the batch rows ``ended`` (they sampled their last token): the tokens they cover
+    are the request's and the response's ``fed`` ones (the last sampled token was never fed)."""
+    if ended.numel():
+        rows = row_of[ended].tolist()
+        ids = [prompts[r] + f for r, f in zip(rows, fed[rows].tolist())]
+        keep_rows(turn_cache, cache, mask, ended.tolist(), [keys[r] for r in rows], ids, pad_multiple)
 
 
 def _chunk_uniforms(
