@@ -14,7 +14,15 @@ import torch
 
 from splitproof.rl.rollout.hf import HFRollout, SamplingParams
 
-from .rl_helpers import run_trajectory, save_tiny_char_model, trajectory_config
+from .multiturn_format import digit_calls
+from .rl_helpers import (
+    HERE,
+    run_trajectory,
+    save_tiny_char_model,
+    train_overrides,
+    trajectory_config,
+)
+from .test_multiturn import MULTI_TURN
 
 pytestmark = pytest.mark.vllm
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")  # one core: the machine is shared
@@ -140,20 +148,61 @@ def test_a_lora_policy_is_served_merged(engine, model_dir):
     assert [s.log_probs for s in base] != [s.log_probs for s in ours]
 
 
-def test_a_training_run_on_vllm_is_the_run_on_hf(model_dir, engine):
-    """Two GRPO steps (float32) with ``rollout.name=vllm`` and with ``hf``: the same samples at every step
-    and the same final weights (bit for bit: the update reads the trainer's own log-probs); the engine's
-    log-probs of each step's first sample match the trainer's (the sync metric)."""
+def _mask(sample) -> list:
+    """A multi-turn sample's token mask (tool tokens 0), else all ones."""
+    return list(getattr(sample, "token_mask", None) or [1] * len(sample.response_ids))
+
+
+RUNS = {
+    "grpo": [],
+    # tool calls at every digit the model writes (tests/multiturn_format.py) and dynamic sampling's rounds
+    "multi-turn, dynamic sampling": [
+        *[k for k in MULTI_TURN if not k.startswith("actor_rollout_ref.model.path")],
+        "actor_rollout_ref.actor.optim.lr=0.02",
+        f"custom_reward_function.path={HERE / 'filter_reward.py'}",
+        "algorithm.filter_groups.enable=true",
+        "algorithm.filter_groups.metric=acc",
+        "data.train_batch_size=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+    ],
+}
+
+
+@pytest.mark.parametrize("run", list(RUNS))
+def test_a_training_run_on_vllm_is_the_run_on_hf(model_dir, engine, run, monkeypatch):
+    """Two steps (float32) with ``rollout.name=vllm`` and with ``hf``: the same samples at every step (tool
+    turns and masks included) and the same final weights (bit for bit: the update reads the trainer's own
+    log-probs); the engine's log-probs of each step's first sample match the trainer's (the sync metric)."""
     from splitproof.rl.rollout.vllm_engine import SYNC_METRIC
 
-    common = []
+    digit_calls(monkeypatch)
+    common = RUNS[run]
     hf = run_trajectory(trajectory_config(model_dir, 2, common, dtype="fp32"))
     ours = run_trajectory(
         trajectory_config(model_dir, 2, [*common, "actor_rollout_ref.rollout.name=vllm"], dtype="fp32")
     )
     for a, b in zip(hf["samples"], ours["samples"], strict=True):
-        assert [(s.uid, s.response_ids) for s in a] == [(s.uid, s.response_ids) for s in b]
+        assert [(s.uid, s.response_ids, _mask(s)) for s in a] == [(s.uid, s.response_ids, _mask(s)) for s in b]
+    if run != "grpo":  # not vacuous: tools were called
+        assert any(0 in _mask(s) for step in ours["samples"] for s in step)
     for name, tensor in hf["weights"].items():
         assert torch.equal(tensor, ours["weights"][name]), name
     assert all(r[SYNC_METRIC] < 1e-5 for r in ours["records"])
     assert all(SYNC_METRIC not in r for r in hf["records"])
+
+
+def test_a_model_vllm_cannot_load_is_one_line_before_the_trainers_model(tmp_path, monkeypatch, capsys):
+    """The built-in model (head dim 16, which vLLM's CPU attention rejects): vLLM's reason, one line, exit 2."""
+    from splitproof.cli import main
+    from splitproof.rl import run as run_module
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the trainer's model was loaded before the engine failed")
+
+    monkeypatch.setattr(run_module, "load_policy", refuse)
+    out = tmp_path / "out"
+    code = main(["train", *train_overrides("builtin://charlm", out, 1), "actor_rollout_ref.rollout.name=vllm"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.startswith("splitproof: error: ")]
+    assert len(lines) == 1 and "vllm cannot start an engine" in lines[0], err

@@ -58,11 +58,13 @@ def start_engine(settings: VLLMSettings):
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.kv_cache_gib))
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc sends our functions
     from vllm import LLM
+    from vllm import SamplingParams as VLLMParams
+    from vllm.inputs import TokensPrompt
 
     from .vllm_sampler import CounterSampler
 
     try:
-        return LLM(
+        llm = LLM(
             model=settings.model_path,
             skip_tokenizer_init=True,
             load_format="dummy",
@@ -79,8 +81,13 @@ def start_engine(settings: VLLMSettings):
             trust_remote_code=settings.trust_remote_code,
             seed=0,
         )
+        # one token: some models fail only at their first forward (the CPU attention's head sizes)
+        llm.generate([TokensPrompt(prompt_token_ids=[0])], VLLMParams(max_tokens=1, temperature=0.0), use_tqdm=False)
+        return llm
     except Exception as e:  # vLLM's reason, one line
         reason = " ".join(str(e).split()) or type(e).__name__
+        if "stack trace" in reason:  # the engine process died: its log (stderr, above) holds the cause
+            reason = f"{reason.split('.')[0]} (vLLM's log above names the cause)"
         raise ConfigError(
             "actor_rollout_ref.rollout.name", f"vllm cannot start an engine for {settings.model_path}: {reason}"
         ) from e
