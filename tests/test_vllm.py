@@ -155,6 +155,8 @@ def _mask(sample) -> list:
 
 RUNS = {
     "grpo": [],
+    # the rollout process of a pipelined run holds an engine of its own, synced from the handed-over weights
+    "pipelined k=1": ["async_training.staleness_steps=1"],
     # tool calls at every digit the model writes (tests/multiturn_format.py) and dynamic sampling's rounds
     "multi-turn, dynamic sampling": [
         *[k for k in MULTI_TURN if not k.startswith("actor_rollout_ref.model.path")],
@@ -183,11 +185,14 @@ def test_a_training_run_on_vllm_is_the_run_on_hf(model_dir, engine, run, monkeyp
     )
     for a, b in zip(hf["samples"], ours["samples"], strict=True):
         assert [(s.uid, s.response_ids, _mask(s)) for s in a] == [(s.uid, s.response_ids, _mask(s)) for s in b]
-    if run != "grpo":  # not vacuous: tools were called
+    if run.startswith("multi-turn"):  # not vacuous: tools were called
         assert any(0 in _mask(s) for step in ours["samples"] for s in step)
     for name, tensor in hf["weights"].items():
         assert torch.equal(tensor, ours["weights"][name]), name
-    assert all(r[SYNC_METRIC] < 1e-5 for r in ours["records"])
+    if run.startswith("pipelined"):  # the trainer's log-probs are of a newer policy: no sync metric
+        assert all(SYNC_METRIC not in r for r in ours["records"])
+    else:
+        assert all(r[SYNC_METRIC] < 1e-5 for r in ours["records"])
     assert all(SYNC_METRIC not in r for r in hf["records"])
 
 

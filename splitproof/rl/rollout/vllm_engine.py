@@ -48,6 +48,7 @@ class VLLMSettings:
     enforce_eager: bool = True
     kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE when the environment does not set it
     trust_remote_code: bool = False
+    in_process: bool = False  # the engine core in this process (a daemonic rollout process cannot start one)
 
 
 def start_engine(settings: VLLMSettings):
@@ -57,6 +58,8 @@ def start_engine(settings: VLLMSettings):
         raise ConfigError("actor_rollout_ref.rollout.name", f"vllm is not installed: {INSTALL_HINT}")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(settings.kv_cache_gib))
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc sends our functions
+    if settings.in_process:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
     from vllm import SamplingParams as VLLMParams
     from vllm.inputs import TokensPrompt
@@ -76,6 +79,7 @@ def start_engine(settings: VLLMSettings):
             enable_chunked_prefill=settings.enable_chunked_prefill,
             enforce_eager=settings.enforce_eager,
             tensor_parallel_size=1,
+            distributed_executor_backend="uni" if settings.in_process else None,
             logits_processors=[CounterSampler],
             logprobs_mode="processed_logits",
             trust_remote_code=settings.trust_remote_code,

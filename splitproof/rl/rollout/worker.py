@@ -87,7 +87,8 @@ def rollout_process(spec: WorkerSpec, buffers: list, requests, results) -> None:
     if spec.vllm is not None:  # the engine serves this model: each load below is synced before generating
         from .vllm_engine import VLLMRollout
 
-        rollout = VLLMRollout(model, spec.vllm, eos_token_ids=spec.eos_token_ids, pad_token_id=spec.pad_token_id)
+        settings = dataclasses.replace(spec.vllm, in_process=True)  # this process is daemonic: no children
+        rollout = VLLMRollout(model, settings, eos_token_ids=spec.eos_token_ids, pad_token_id=spec.pad_token_id)
     else:
         rollout = HFRollout(
             model, eos_token_ids=spec.eos_token_ids, pad_token_id=spec.pad_token_id, max_num_seqs=spec.max_num_seqs
