@@ -1,3 +1,4 @@
+import importlib.util
 import os
 
 import pytest
@@ -21,6 +22,21 @@ def on_the_diagonal(loss_mode: str, agg_mode: str) -> bool:
     return AGG_MODES.index(agg_mode) == LOSS_MODES.index(loss_mode) % len(AGG_MODES)
 
 
+VLLM_REQUIRED = "SPLITPROOF_REQUIRE_VLLM"  # set by .ci/run's vLLM lane: a missing vLLM fails the run there
+
+
+def skip_or_fail_without_vllm(items) -> None:
+    """Tests marked ``vllm`` are skipped where vLLM is not installed (the main environment), unless
+    $SPLITPROOF_REQUIRE_VLLM is 1 (the vLLM lane): then a missing vLLM stops the run."""
+    wanted = [item for item in items if item.get_closest_marker("vllm")]
+    if not wanted or importlib.util.find_spec("vllm") is not None:
+        return
+    if os.environ.get(VLLM_REQUIRED) == "1":
+        raise pytest.UsageError(f"{len(wanted)} tests marked vllm, and vLLM is not installed ({VLLM_REQUIRED}=1)")
+    for item in wanted:
+        item.add_marker(pytest.mark.skip(reason="vLLM is not installed: .ci/run's vLLM lane runs these"))
+
+
 def pytest_collection_modifyitems(config, items):
     """``slow`` (left out by ``-m "not slow"``, run by the plain ``pytest`` of CI): every multi-process test
     (``dist``), the cases of a loss-mode x aggregation-mode sweep off the diagonal, and the tests that need
@@ -34,3 +50,4 @@ def pytest_collection_modifyitems(config, items):
             or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
         ):
             item.add_marker(pytest.mark.slow)
+    skip_or_fail_without_vllm(items)

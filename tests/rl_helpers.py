@@ -43,9 +43,11 @@ PPO = [
 ]
 
 
-def save_tiny_char_model(folder, *, dtype=torch.float32, arch: str = "llama", seed: int = 0, tied: bool = False) -> str:
+def save_tiny_char_model(
+    folder, *, dtype=torch.float32, arch: str = "llama", seed: int = 0, tied: bool = False, heads: int = 4, width=32
+) -> str:
     """A random tiny causal LM over the built-in character tokenizer, saved as a Hugging Face directory
-    (``tied``: its output layer is its input embedding)."""
+    (``tied``: its output layer is its input embedding; ``width`` hidden units in ``heads`` heads)."""
     from splitproof.builtin.tokenizer import char_tokenizer
     from splitproof.hf_models import tiny_causal_lm
 
@@ -53,11 +55,11 @@ def save_tiny_char_model(folder, *, dtype=torch.float32, arch: str = "llama", se
     model = tiny_causal_lm(
         arch,
         vocab_size=len(tokenizer),
-        hidden_size=32,
+        hidden_size=width,
         num_layers=2,
-        num_heads=4,
+        num_heads=heads,
         num_kv_heads=2,
-        intermediate_size=64,
+        intermediate_size=2 * width,
         seed=seed,
         dtype=dtype,
         tie_word_embeddings=tied,

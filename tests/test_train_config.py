@@ -95,8 +95,8 @@ def test_verl_grpo_example_script_loads_with_notices():
     assert cfg.trainer.default_local_dir == "checkpoints/verl_grpo_example_gsm8k/qwen2_7b_function_rm"
     assert arr.rollout.response_length == 1024  # follows data.max_response_length
     assert cfg.data.train_batch_size == 1024 and arr.actor.optim.lr == 1e-6
-    assert error_of(*args, "actor_rollout_ref.rollout.name=vllm").field == "actor_rollout_ref.rollout.name"
-    assert "not supported yet" in str(error_of(*args, "actor_rollout_ref.rollout.name=vllm"))
+    assert error_of(*args, "actor_rollout_ref.rollout.name=sglang").field == "actor_rollout_ref.rollout.name"
+    assert "not supported yet" in str(error_of(*args, "actor_rollout_ref.rollout.name=sglang"))
 
 
 def test_hydra_override_forms():

@@ -61,13 +61,14 @@ from .rollout.episode import EpisodeRollout
 from .rollout.hf import HFRollout, SamplingParams
 from .rollout.tool_format import check_tool_template
 from .rollout.tools import Tool, load_tools
+from .rollout.vllm_engine import VLLMRollout, start_engine, vllm_settings
 
 
 @dataclass(frozen=True)
 class Generation:
     """The rollout engine and its sampling settings (training, and held-out ``val_kwargs``)."""
 
-    engine: HFRollout | EpisodeRollout
+    engine: HFRollout | VLLMRollout | EpisodeRollout
     sampling: SamplingParams
     val_sampling: SamplingParams
 
@@ -292,15 +293,22 @@ def reference_split(cfg: TrainConfig) -> dict:
 
 
 def build_generation(
-    cfg: TrainConfig, model, tokenizer, tools: dict[str, Tool], environments: EnvironmentSet | None = None
+    cfg: TrainConfig,
+    model,
+    tokenizer,
+    tools: dict[str, Tool],
+    environments: EnvironmentSet | None = None,
+    llm=None,
 ) -> Generation:
-    """The rollout engine on ``model`` (the actor's inference policy), multi-turn when enabled."""
-    engine = HFRollout(
-        model,
-        eos_token_ids=generation_eos_ids(model, tokenizer),
-        pad_token_id=pad_id(tokenizer),
-        max_num_seqs=cfg.actor_rollout_ref.rollout.max_num_seqs,
-    )
+    """The rollout engine on ``model`` (the actor's inference policy): ``rollout.name`` hf, or vllm (on the
+    started engine ``llm``, else one started here), multi-turn when enabled."""
+    eos, pad = generation_eos_ids(model, tokenizer), pad_id(tokenizer)
+    if cfg.actor_rollout_ref.rollout.name == "vllm":
+        engine = VLLMRollout(model, vllm_settings(cfg), eos_token_ids=eos, pad_token_id=pad, llm=llm)
+    else:
+        engine = HFRollout(
+            model, eos_token_ids=eos, pad_token_id=pad, max_num_seqs=cfg.actor_rollout_ref.rollout.max_num_seqs
+        )
     if cfg.actor_rollout_ref.rollout.multi_turn.enable:
         engine = EpisodeRollout(engine, tokenizer, tools, multi_turn_settings(cfg), environments)
     train, val = sampling_params(cfg)
@@ -316,11 +324,12 @@ def build_parts(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None =
     inputs = inputs or prepare_inputs(cfg)
     dtype = MODEL_DTYPES[cfg.actor_rollout_ref.actor.fsdp_config.model_dtype]
     tokenizer, total = inputs.tokenizer, inputs.total_steps
+    # the vLLM engine first: a model it cannot load fails before the trainer's models are loaded
+    llm = start_engine(vllm_settings(cfg)) if cfg.actor_rollout_ref.rollout.name == "vllm" else None
     actor, reference = build_actor(cfg, collective, total, len(tokenizer), inputs.update_config, device)
     prepared = inputs.environments
-    generation = build_generation(
-        cfg, actor.for_inference(), tokenizer, inputs.tools, prepared.environments if prepared else None
-    )
+    environments = prepared.environments if prepared else None
+    generation = build_generation(cfg, actor.for_inference(), tokenizer, inputs.tools, environments, llm=llm)
     critic = None
     if critic_enabled(cfg):
         critic = build_critic(

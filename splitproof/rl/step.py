@@ -43,6 +43,7 @@ from .rewards.token_scores import token_level_scores as scores_on_last_token
 from .rollout.assemble import samples_to_tokens
 from .rollout.correction import rollout_correction
 from .rollout.episode import episode_metrics
+from .rollout.vllm_engine import sync_check
 from .run import Generation, Parts, Reward, reference_split
 from .run import greedy as greedy_params
 from .tracking.metrics import StageTimer, data_metrics, reward_extra_metrics, throughput_metrics
@@ -177,6 +178,7 @@ def train_step(parts: Parts, step: int, uids: list[int] | None, pipeline=None) -
         metrics["actor/entropy"] = parts.token_aggregate(entropy, seqs.response_mask, group_ids)
     metrics.update(kl_metrics)
     metrics.update(corr_metrics)
+    metrics.update(sync_check(cfg, scored.pipelined, rollout_log_probs, old_log_probs, seqs.response_mask))
     metrics.update(reward_extra_metrics(rewards.extra))
     metrics.update(rewards.stats)
     metrics.update(timer.metrics())

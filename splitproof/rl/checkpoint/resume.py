@@ -30,6 +30,13 @@ LAYOUT_KEYS = (
     "*.strategy",
     "*use_remove_padding",
     "actor_rollout_ref.rollout.max_num_seqs",
+    "actor_rollout_ref.rollout.max_num_batched_tokens",  # the vLLM engine's scheduling and memory
+    "actor_rollout_ref.rollout.max_model_len",
+    "actor_rollout_ref.rollout.enable_chunked_prefill",
+    "actor_rollout_ref.rollout.enable_prefix_caching",
+    "actor_rollout_ref.rollout.enforce_eager",
+    "actor_rollout_ref.rollout.gpu_memory_utilization",
+    "actor_rollout_ref.rollout.free_cache_engine",
     "*model.enable_gradient_checkpointing",
     "actor_rollout_ref.nccl_timeout",
     "actor_rollout_ref.actor.policy_loss.cov_strategy",

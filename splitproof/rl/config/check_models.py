@@ -18,9 +18,10 @@ from .derive import (
     to_update_config,
 )
 from .schema import MultiTurnConfig, OptimConfig, TrainConfig
+from .vllm_keys import check_vllm_rollout
 
-ROLLOUT_NAMES = ("hf",)
-LATER_ROLLOUTS = ("vllm", "sglang", "trtllm")
+ROLLOUT_NAMES = ("hf", "vllm")
+LATER_ROLLOUTS = ("sglang", "trtllm")
 OPTIMIZERS = ("AdamW", "SGD")
 LR_SCHEDULERS = ("constant", "cosine")
 
@@ -155,6 +156,7 @@ def check_rollout(cfg: TrainConfig) -> None:
         f"must equal data.max_response_length ({cfg.data.max_response_length}), got {rollout.response_length}",
     )
     _check_multi_turn(cfg)
+    check_vllm_rollout(cfg)
 
 
 TOOL_FORMATS = ("hermes", "simple")

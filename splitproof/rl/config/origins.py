@@ -25,6 +25,7 @@ from functools import lru_cache
 from typing import Any
 
 from .schema import TrainConfig, schema_keys, walk_defaults
+from .vllm_keys import vllm_notices
 
 YOURS = "yours"
 RECIPE = "the built-in model's recipe"
@@ -144,6 +145,7 @@ def run_notices(cfg, origins: Origins) -> list[str]:
             f"a critic (critic.model.path={cfg.critic.model.path}) is trained beside the policy (PPO); "
             "set algorithm.adv_estimator=grpo (or another estimator) for a run without one"
         )
+    notices.extend(vllm_notices(cfg, origins.user))
     for key, reason in SCHEMA_NO_EFFECT.items():
         value = origins.user.get(key, _schema_defaults()[key])
         if value != _schema_defaults()[key]:

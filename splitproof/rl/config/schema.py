@@ -169,7 +169,7 @@ class AgentConfig:
 
 @dataclass
 class RolloutConfig(LogProbConfig):
-    name: str = "hf"  # ours: hf, a KV-cached decode loop (verl: required, vllm | sglang)
+    name: str = "hf"  # ours: hf, a KV-cached decode loop | vllm (pip install -e '.[vllm]') (verl: required)
     n: int = 1  # responses per prompt (a GRPO group)
     temperature: float = 1.0  # sampling temperature (also divides the log-prob logits)
     top_k: int = -1  # -1 (or 0): off
@@ -183,6 +183,16 @@ class RolloutConfig(LogProbConfig):
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    # the vLLM engine's keys: read with name=vllm only (with hf: a notice, no effect)
+    dtype: Optional[str] = None  # ours: null = the actor's model_dtype (verl: bfloat16); vllm
+    max_num_batched_tokens: int = 8192  # tokens of one engine step (vllm)
+    max_model_len: Optional[int] = None  # null: prompt_length + response_length (vllm)
+    enable_chunked_prefill: bool = True  # vllm
+    enable_prefix_caching: bool = True  # vllm: reuses a prompt's (a turn's) KV cache
+    enforce_eager: bool = False  # vllm on a GPU: no CUDA graphs (the CPU backend is eager; a notice)
+    gpu_memory_utilization: float = 0.5  # vllm on a GPU (CPU: VLLM_CPU_KVCACHE_SPACE; a notice)
+    free_cache_engine: bool = True  # vllm on a GPU: sleep between rollouts (not on CPU; a notice)
+    tensor_model_parallel_size: int = 1  # ours: 1 only (verl: 2); vllm
 
 
 @dataclass

@@ -27,8 +27,6 @@ from .schema import schema_keys, schema_sections
 
 # pattern (fnmatch over the dotted key) -> why it has no effect here
 NO_EFFECT: dict[str, str] = {
-    "*.gpu_memory_utilization": "GPU memory of an inference engine",
-    "*.tensor_model_parallel_size": "tensor parallelism",
     "*.pipeline_model_parallel_size": "pipeline parallelism",
     "*.data_parallel_size": "an inference engine's data parallelism",
     "*.expert_parallel_size": "expert parallelism",
@@ -59,14 +57,7 @@ NO_EFFECT: dict[str, str] = {
     "*.fsdp_config.forward_only": "engine role",
     "*.fsdp_config.dtype": "precision is actor_rollout_ref.actor.fsdp_config.model_dtype",
     "*.fsdp.dtype": "precision is actor_rollout_ref.actor.fsdp_config.model_dtype",
-    "actor_rollout_ref.rollout.dtype": "the hf rollout decodes with the actor's weights in model_dtype",
-    "*.enable_chunked_prefill": "inference-engine scheduling",
-    "*.enable_prefix_caching": "inference-engine caching",
-    "*.enforce_eager": "CUDA graphs",
     "*.cudagraph_capture_sizes": "CUDA graphs",
-    "*.free_cache_engine": "inference-engine memory",
-    "*.max_num_batched_tokens": "inference-engine batching",
-    "*.max_model_len": "inference-engine memory",
     "*.load_format": "inference-engine weight loading",
     "*.layered_summon": "weight synchronisation",
     "*.multi_stage_wake_up": "weight synchronisation",
@@ -110,6 +101,27 @@ NO_EFFECT: dict[str, str] = {
     "*.rollout_n": "verl's copy of actor_rollout_ref.rollout.n",
     "actor_rollout_ref.ref.strategy": "the reference model runs like the actor",
     "actor_rollout_ref.ref.fsdp_config.model_dtype": "the reference model uses the actor's model_dtype",
+}
+
+# an inference engine's keys -> what they set; the rollout's are in the schema (read with rollout.name=vllm,
+# no effect with the hf rollout), the other engines' (a teacher's, a reward model's) have no effect
+ENGINE_REASONS = {
+    "gpu_memory_utilization": "GPU memory of an inference engine",
+    "tensor_model_parallel_size": "tensor parallelism",
+    "enable_chunked_prefill": "inference-engine scheduling",
+    "enable_prefix_caching": "inference-engine caching",
+    "enforce_eager": "CUDA graphs",
+    "free_cache_engine": "inference-engine memory",
+    "max_num_batched_tokens": "inference-engine batching",
+    "max_model_len": "inference-engine memory",
+}
+for _name, _reason in ENGINE_REASONS.items():
+    NO_EFFECT[f"distillation.*.{_name}"] = _reason
+    NO_EFFECT[f"*reward_model.rollout.{_name}"] = _reason
+ENGINE_SWITCH = "actor_rollout_ref.rollout.name"
+ENGINE_KEYS = {
+    f"actor_rollout_ref.rollout.{name}": f"{reason}; read with {ENGINE_SWITCH}=vllm"
+    for name, reason in {**ENGINE_REASONS, "dtype": "the hf rollout decodes with the actor's weights"}.items()
 }
 
 # feature section -> the key that switches it on, where it is not SECTION.enable / SECTION.enabled
@@ -222,7 +234,10 @@ def is_off(value) -> bool:
 
 
 def no_effect_reason(key: str) -> str | None:
-    """Why a verl key has no effect here, or None when it does."""
+    """Why a verl key has no effect here, or None when it does (a vLLM engine key: why it has none with
+    the hf rollout)."""
+    if key in ENGINE_KEYS:
+        return ENGINE_KEYS[key]
     if not (is_verl_key(key) or any(p in _verl_sections() for p in _prefixes(key))):
         return None
     for pattern, reason in NO_EFFECT.items():
@@ -257,6 +272,8 @@ def classify(key: str, value, settings: Mapping[str, object] | None = None) -> s
     switch was turned on. An unset switch is off (verl's defaults are).
     """
     settings = settings or {}
+    if key in ENGINE_KEYS and settings.get(ENGINE_SWITCH) != "vllm":  # the hf rollout has no inference engine
+        return "off" if value == _schema_default(key) else "no_effect"
     if is_ours(key):
         return "ours"
     if no_effect_reason(key) is not None:
@@ -296,3 +313,14 @@ def unknown_message(key: str) -> str:
         return HYDRA_KEYS[key]
     suggestion = nearest_key(key)
     return "unknown key" + (f"; did you mean {suggestion}?" if suggestion else "")
+
+
+@lru_cache(maxsize=1)
+def _engine_defaults() -> dict:
+    from .schema import TrainConfig, walk_defaults
+
+    return {key: value for key, value, _ in walk_defaults(TrainConfig()) if key in ENGINE_KEYS}
+
+
+def _schema_default(key: str):
+    return _engine_defaults().get(key)

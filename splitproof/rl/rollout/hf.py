@@ -153,6 +153,51 @@ def _log_prob_dtype(model: nn.Module) -> torch.dtype:
     return torch.float64 if param_dtype(model) == torch.float64 else torch.float32
 
 
+def check_requests(requests: Sequence[Request], params: SamplingParams, vocab_size: int) -> None:
+    """A ``RolloutError`` naming the first bad request: its form, uid, sample index, duplicate, prompt ids."""
+    seen: dict[tuple[int, int], int] = {}
+    for pos, request in enumerate(requests):
+        if not isinstance(request, (tuple, list)) or len(request) != 3:
+            raise RolloutError("requests", f"each request is (uid, sample index, prompt_ids), got {request!r}", pos)
+        uid, j, ids = request
+        for name, value in (("uid", uid), ("sample index", j)):
+            if not _is_int(value) or not 0 <= value <= _INT64_MAX:
+                raise RolloutError(name, f"must be an integer in [0, 2^63), got {value!r}", pos, uid, j)
+        uid, j = int(uid), int(j)
+        if j >= params.n:
+            raise RolloutError("sample index", f"must be < n = {params.n}", pos, uid, j)
+        if (uid, j) in seen:
+            raise RolloutError("requests", f"duplicate (uid, sample index): also requests[{seen[uid, j]}]", pos, uid, j)
+        seen[uid, j] = pos
+        if len(ids) == 0:
+            raise RolloutError("prompt_ids", "empty prompt", pos, uid, j)
+        bad = _first_bad_token(ids, vocab_size)
+        if bad is not None:
+            raise RolloutError(
+                "prompt_ids",
+                f"token id {bad[0]!r} outside the model's vocabulary [0, {vocab_size})",
+                pos,
+                uid,
+                j,
+            )
+
+
+def check_generate_args(requests: Sequence[Request], params: SamplingParams, step, stream, positions, budgets):
+    """``generate``'s arguments checked (params, step, stream, one position and budget per request); the
+    positions (default 0) and budgets (default ``params.max_response_length``) as lists."""
+    params.check()
+    positions = [0] * len(requests) if positions is None else [int(p) for p in positions]
+    budgets = [params.max_response_length] * len(requests) if budgets is None else [int(b) for b in budgets]
+    if len(positions) != len(requests) or len(budgets) != len(requests):
+        raise RolloutError("requests", f"{len(requests)} requests, {len(positions)} positions, {len(budgets)} budgets")
+    if any(not 1 <= b <= params.max_response_length for b in budgets) or any(p < 0 for p in positions):
+        raise RolloutError("budgets", f"need 1 <= budget <= {params.max_response_length} and position >= 0")
+    for name, value in (("step", step), ("stream", stream)):
+        if not _is_int(value) or not 0 <= value <= _INT64_MAX:
+            raise ConfigError(name, f"must be an integer in [0, 2^63), got {value!r}")
+    return positions, budgets
+
+
 class HFRollout:
     """Generation with a Hugging Face causal LM (eval mode, no grad, KV cache).
 
@@ -188,37 +233,6 @@ class HFRollout:
         self.pad_multiple = pad_multiple
         self.min_rows = min_rows
 
-    # ------------------------------------------------------------------------------------ validation
-
-    def _check_requests(self, requests: Sequence[Request], params: SamplingParams) -> None:
-        seen: dict[tuple[int, int], int] = {}
-        for pos, request in enumerate(requests):
-            if not isinstance(request, (tuple, list)) or len(request) != 3:
-                raise RolloutError("requests", f"each request is (uid, sample index, prompt_ids), got {request!r}", pos)
-            uid, j, ids = request
-            for name, value in (("uid", uid), ("sample index", j)):
-                if not _is_int(value) or not 0 <= value <= _INT64_MAX:
-                    raise RolloutError(name, f"must be an integer in [0, 2^63), got {value!r}", pos, uid, j)
-            uid, j = int(uid), int(j)
-            if j >= params.n:
-                raise RolloutError("sample index", f"must be < n = {params.n}", pos, uid, j)
-            if (uid, j) in seen:
-                raise RolloutError(
-                    "requests", f"duplicate (uid, sample index): also requests[{seen[uid, j]}]", pos, uid, j
-                )
-            seen[uid, j] = pos
-            if len(ids) == 0:
-                raise RolloutError("prompt_ids", "empty prompt", pos, uid, j)
-            bad = _first_bad_token(ids, self.vocab_size)
-            if bad is not None:
-                raise RolloutError(
-                    "prompt_ids",
-                    f"token id {bad[0]!r} outside the model's vocabulary [0, {self.vocab_size})",
-                    pos,
-                    uid,
-                    j,
-                )
-
     # ------------------------------------------------------------------------------------ generation
 
     def generate(
@@ -240,19 +254,8 @@ class HFRollout:
         ``turn_cache`` (from :meth:`new_turn_cache`): a request continues the KV cache kept there for its
         (uid, sample index) when its ids extend the ones that cache covers, and keeps its own there
         (``rl/rollout/prefill.py``)."""
-        params.check()
-        positions = [0] * len(requests) if positions is None else [int(p) for p in positions]
-        budgets = [params.max_response_length] * len(requests) if budgets is None else [int(b) for b in budgets]
-        if len(positions) != len(requests) or len(budgets) != len(requests):
-            raise RolloutError(
-                "requests", f"{len(requests)} requests, {len(positions)} positions, {len(budgets)} budgets"
-            )
-        if any(not 1 <= b <= params.max_response_length for b in budgets) or any(p < 0 for p in positions):
-            raise RolloutError("budgets", f"need 1 <= budget <= {params.max_response_length} and position >= 0")
-        for name, value in (("step", step), ("stream", stream)):
-            if not _is_int(value) or not 0 <= value <= _INT64_MAX:
-                raise ConfigError(name, f"must be an integer in [0, 2^63), got {value!r}")
-        self._check_requests(requests, params)
+        positions, budgets = check_generate_args(requests, params, step, stream, positions, budgets)
+        check_requests(requests, params, self.vocab_size)
         model = unwrap(self.model)
         was_training = model.training
         model.eval()

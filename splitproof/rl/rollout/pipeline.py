@@ -129,6 +129,7 @@ class RolloutPipeline:
         self._requests, self._results = ctx.Queue(), ctx.Queue()
         from ..config.derive import lora_settings
         from ..models.policy import generation_eos_ids
+        from .vllm_engine import vllm_settings
 
         cfg = parts.config
         spec = WorkerSpec(
@@ -144,6 +145,7 @@ class RolloutPipeline:
             tied=tied,
             lora=lora_settings(cfg) if parts.lora else None,
             device=str(parts.device),
+            vllm=vllm_settings(cfg) if cfg.actor_rollout_ref.rollout.name == "vllm" else None,
         )
         self.process = ctx.Process(
             target=rollout_process,

@@ -3,8 +3,9 @@
 It receives, in order, one message per batch: ``(step, slot, version, requests, params)``. When ``slot``
 is set, it first copies the weights of policy ``version`` out of the shared-memory buffer ``slot`` into
 its own model and answers ``("loaded", step)`` (from then on the trainer may overwrite that buffer);
-then it generates the requests with the ``hf`` backend, keyed by ``step`` exactly as the synchronous
-step keys them, and answers ``("done", step, version, samples)`` — or ``("error", step, message)``.
+then it generates the requests with the run's backend (``hf``, or ``vllm``: an engine of its own), keyed
+by ``step`` exactly as the synchronous step keys them, and answers ``("done", step, version, samples)``
+— or ``("error", step, message)``.
 ``None`` stops it; so does the death of the training process that started it. With LoRA the process
 holds the trainer's PEFT model (the same adapter layers, unmerged); every weight of it, the adapter's
 included, comes from the buffers.
@@ -63,6 +64,7 @@ class WorkerSpec:
     tied: dict  # alias name -> the name it repeats (tied weights, sent once)
     lora: object = None  # LoraSettings when the policy trains a LoRA adapter: this process holds one too
     device: str = "cpu"  # the trainer's device: this process has its own model (and CUDA context) there
+    vllm: object = None  # VLLMSettings with rollout.name=vllm: this process runs a vLLM engine on its model
 
 
 def rollout_process(spec: WorkerSpec, buffers: list, requests, results) -> None:
@@ -85,9 +87,15 @@ def rollout_process(spec: WorkerSpec, buffers: list, requests, results) -> None:
     model.eval()
     tie(model, spec.tied)  # the trainer's ties, whatever the loaded model had
     params = model.state_dict()
-    rollout = HFRollout(
-        model, eos_token_ids=spec.eos_token_ids, pad_token_id=spec.pad_token_id, max_num_seqs=spec.max_num_seqs
-    )
+    if spec.vllm is not None:  # the engine serves this model: each load below is synced before generating
+        from .vllm_engine import VLLMRollout
+
+        settings = dataclasses.replace(spec.vllm, in_process=True)  # this process is daemonic: no children
+        rollout = VLLMRollout(model, settings, eos_token_ids=spec.eos_token_ids, pad_token_id=spec.pad_token_id)
+    else:
+        rollout = HFRollout(
+            model, eos_token_ids=spec.eos_token_ids, pad_token_id=spec.pad_token_id, max_num_seqs=spec.max_num_seqs
+        )
     version = None
     while True:
         try:
