@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from splitproof.rl.config.schema import RolloutCorrectionConfig
+from splitproof.rl.config.algorithm_schema import RolloutCorrectionConfig
 from splitproof.rl.rollout.correction import (
     SAFETY_BOUND,
     is_metrics,

@@ -151,11 +151,8 @@ def train_step(parts: Parts, step: int, uids: list[int] | None, pipeline=None) -
         with timer("weight_sync"):
             pipeline.publish(step)
 
-    metrics = {
-        "training/global_step": float(step),
-        "training/epoch": float(parts.prompts.sampler.epoch),
-        **scored.metrics,
-    }
+    metrics = {"training/global_step": float(step), "training/epoch": float(parts.prompts.sampler.epoch)}
+    metrics.update(scored.metrics)
     metrics.update(
         data_metrics(
             token_level_scores=token_level_scores,

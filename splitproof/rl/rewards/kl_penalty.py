@@ -23,7 +23,7 @@ from ...advantages.exact import count_dtype, counts_plus_eps
 from ...batch import BatchError, check_binary_mask, check_finite_on
 from ...loss_config import KL_TYPES, ConfigError, is_finite_number, require
 from ...losses.kl import kl_estimate
-from ..config.schema import KLControlConfig
+from ..config.algorithm_schema import KLControlConfig
 
 KL_CTRL_TYPES = ("fixed", "adaptive")
 _PREFIX = "algorithm.kl_ctrl."
