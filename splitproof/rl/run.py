@@ -43,6 +43,8 @@ from .data.prompts import PromptDataset, PromptSampler, load_prompts
 from .environments.session import EnvironmentSet
 from .environments.setup import PreparedEnvironments, prepare_environments, schema_tools
 from .environments.trl_factory import load_environments
+from .environments.verifiers_env import verifiers_inputs
+from .environments.vf_rollout import VerifiersRollout
 from .models.critic import build_critic
 from .models.learner import Learner, ReferencePolicy, no_grad_split, wrap_for_ranks
 from .models.optim import make_optimizer, make_scheduler
@@ -143,6 +145,7 @@ class RunInputs:
     reward_manager: RewardManager = field(default_factory=RewardManager)
     environments: PreparedEnvironments | None = None  # multi_turn.environment_factory
     notices: list[str] = field(default_factory=list)
+    verifiers_env: Any = None  # multi_turn.verifiers_env: its dataset is the data, its rubric the score
 
 
 def prepare_inputs(cfg: TrainConfig) -> RunInputs:
@@ -167,20 +170,17 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
         reward_fn_key=cfg.data.reward_fn_key,
         filter_overlong=cfg.data.filter_overlong_prompts,
     )
-    train_data = load_prompts(
-        _files(cfg.data.train_files), tokenizer, max_samples=cfg.data.train_max_samples, **data_kwargs
-    )
-    val_data = None
-    if cfg.data.val_files:
-        val_data = load_prompts(
-            _files(cfg.data.val_files), tokenizer, max_samples=cfg.data.val_max_samples, **data_kwargs
-        )
     reward_fn = reward_function(cfg)
+    vf_env, vf_notices = None, []
+    if multi_turn.enable and multi_turn.verifiers_env:  # its dataset is the data (before any model)
+        vf_env, train_data, val_data, vf_notices = verifiers_inputs(multi_turn, cfg.data, tokenizer, type(cfg.data)())
+    else:
+        train_data, val_data = load_data(cfg, tokenizer, data_kwargs)
     environments = None
     if factory:
         environments = prepare_environments(classes, tokenizer, tools, data_kwargs, train_data, val_data, reward_fn)
     for dataset in (train_data, val_data):
-        if dataset is not None and not (environments and environments.environment_only):
+        if dataset is not None and not (environments and environments.environment_only) and vf_env is None:
             check_reward_sources(dataset, reward_fn)
     seed = 1 if cfg.data.seed is None else cfg.data.seed
     manager = reward_manager_of(cfg)
@@ -200,7 +200,8 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
         tools=tools,
         reward_manager=manager,
         environments=environments,
-        notices=list(environments.notices) if environments else [],
+        notices=(list(environments.notices) if environments else []) + vf_notices,
+        verifiers_env=vf_env,
     )
 
 
@@ -251,7 +252,12 @@ def reference_split(cfg: TrainConfig) -> dict:
 
 
 def build_generation(
-    cfg: TrainConfig, model, tokenizer, tools: dict[str, Tool], environments: EnvironmentSet | None = None
+    cfg: TrainConfig,
+    model,
+    tokenizer,
+    tools: dict[str, Tool],
+    environments: EnvironmentSet | None = None,
+    verifiers_env=None,
 ) -> Generation:
     """The rollout engine on ``model`` (the actor's inference policy), multi-turn when enabled."""
     engine = HFRollout(
@@ -260,7 +266,10 @@ def build_generation(
         pad_token_id=pad_id(tokenizer),
         max_num_seqs=cfg.actor_rollout_ref.rollout.max_num_seqs,
     )
-    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+    if verifiers_env is not None:  # the environment's own rollout loop drives the engine
+        template_kwargs = {k: v for k, v in cfg.data.apply_chat_template_kwargs.items() if k != "tools"}
+        engine = VerifiersRollout(engine, tokenizer, verifiers_env, template_kwargs)
+    elif cfg.actor_rollout_ref.rollout.multi_turn.enable:
         engine = EpisodeRollout(engine, tokenizer, tools, multi_turn_settings(cfg), environments)
     train, val = sampling_params(cfg)
     return Generation(engine=engine, sampling=train, val_sampling=val)
@@ -276,7 +285,12 @@ def build_parts(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None =
     actor, reference = build_actor(cfg, collective, total, len(tokenizer), inputs.update_config)
     prepared = inputs.environments
     generation = build_generation(
-        cfg, actor.for_inference(), tokenizer, inputs.tools, prepared.environments if prepared else None
+        cfg,
+        actor.for_inference(),
+        tokenizer,
+        inputs.tools,
+        prepared.environments if prepared else None,
+        inputs.verifiers_env,
     )
     critic = None
     if critic_enabled(cfg):
@@ -297,7 +311,8 @@ def build_parts(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None =
             manager=inputs.reward_manager,
             tokenizer=tokenizer,
             total_steps=total,
-            environment_only=bool(prepared and prepared.environment_only),
+            environment_only=bool(prepared and prepared.environment_only)
+            or (inputs.verifiers_env is not None and inputs.reward_fn is None),
         ),
         kl_ctrl=kl_ctrl,
         total_steps=total,
@@ -317,6 +332,19 @@ def _agreed_on(collective, work):
         key, _, message = failures[0].partition(": ")
         raise ConfigError(key, message)
     return value
+
+
+def load_data(cfg: TrainConfig, tokenizer, data_kwargs: dict) -> tuple[PromptDataset, PromptDataset | None]:
+    """``data.train_files`` and ``data.val_files`` (None when unset) as prompt records."""
+    train_data = load_prompts(
+        _files(cfg.data.train_files), tokenizer, max_samples=cfg.data.train_max_samples, **data_kwargs
+    )
+    val_data = None
+    if cfg.data.val_files:
+        val_data = load_prompts(
+            _files(cfg.data.val_files), tokenizer, max_samples=cfg.data.val_max_samples, **data_kwargs
+        )
+    return train_data, val_data
 
 
 def reward_function(cfg: TrainConfig):
