@@ -111,7 +111,7 @@ def verifiers_inputs(multi_turn, data_cfg, tokenizer, defaults) -> tuple:
     if env.eval_dataset is not None or env.eval_dataset_source is not None:
         val = environment_rows(env, tokenizer, eval_split=True, max_samples=data_cfg.val_max_samples)
     notices = [
-        f"notice: data.{name}={getattr(data_cfg, name)!r} is not read: the rows come from {KEY}="
+        f"data.{name}={getattr(data_cfg, name)!r} is not read: the rows come from {KEY}="
         f"{multi_turn.verifiers_env} (its {'eval ' if name == 'val_files' else ''}dataset)"
         for name in ("train_files", "val_files")
         if getattr(data_cfg, name) != getattr(defaults, name)
