@@ -360,6 +360,8 @@ def test_schema_is_verl_tree_plus_documented_additions():
         "reward.custom_reward_function.reward_kwargs",
         "actor_rollout_ref.rollout.multi_turn.tool_timeout",
         "actor_rollout_ref.rollout.multi_turn.environment_factory",  # TRL's environment_factory (docs/environments.md)
+        "actor_rollout_ref.rollout.multi_turn.verifiers_env",  # a verifiers environment module (docs/environments.md)
+        "actor_rollout_ref.rollout.multi_turn.verifiers_env_args",
         # verl's reward managers read these; its scripts add them with +key
         "reward.reward_kwargs",
         "reward_model.reward_kwargs",

@@ -45,6 +45,8 @@ from .data.prompts import PromptDataset, PromptSampler, load_prompts
 from .environments.session import EnvironmentSet
 from .environments.setup import PreparedEnvironments, prepare_environments, schema_tools
 from .environments.trl_factory import load_environments
+from .environments.verifiers_env import verifiers_inputs
+from .environments.vf_rollout import VerifiersRollout
 from .models.critic import build_critic
 from .models.learner import Learner, ReferencePolicy, no_grad_split, wrap_for_ranks
 from .models.optim import make_optimizer, make_scheduler
@@ -156,6 +158,7 @@ class RunInputs:
     notices: list[str] = field(default_factory=list)
     reward_model: RewardModelSettings | JudgeSettings | None = None
     rule_metric: bool = False
+    verifiers_env: Any = None  # multi_turn.verifiers_env: its dataset is the data, its rubric the score
 
 
 def prepare_inputs(cfg: TrainConfig) -> RunInputs:
@@ -180,22 +183,18 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
         reward_fn_key=cfg.data.reward_fn_key,
         filter_overlong=cfg.data.filter_overlong_prompts,
     )
-    train_data = load_prompts(
-        _files(cfg.data.train_files), tokenizer, max_samples=cfg.data.train_max_samples, **data_kwargs
-    )
-    val_data = None
-    if cfg.data.val_files:
-        val_data = load_prompts(
-            _files(cfg.data.val_files), tokenizer, max_samples=cfg.data.val_max_samples, **data_kwargs
-        )
     reward_fn = reward_function(cfg)
+    vf_env, vf_notices = None, []
+    if multi_turn.enable and multi_turn.verifiers_env:  # its dataset is the data (before any model)
+        vf_env, train_data, val_data, vf_notices = verifiers_inputs(multi_turn, cfg.data, tokenizer, type(cfg.data)())
+    else:
+        train_data, val_data = load_data(cfg, tokenizer, data_kwargs)
     environments = None
     if factory:
         environments = prepare_environments(classes, tokenizer, tools, data_kwargs, train_data, val_data, reward_fn)
     rm_settings = reward_model_settings(cfg)
-    datasets = (
-        [] if environments and environments.environment_only else [d for d in (train_data, val_data) if d is not None]
-    )
+    own_score = (environments and environments.environment_only) or vf_env is not None
+    datasets = [] if own_score else [d for d in (train_data, val_data) if d is not None]
     rule_metric = check_sources(reward_fn, rm_settings, datasets)
     seed = 1 if cfg.data.seed is None else cfg.data.seed
     manager = reward_manager_of(cfg)
@@ -215,9 +214,10 @@ def prepare_inputs(cfg: TrainConfig) -> RunInputs:
         tools=tools,
         reward_manager=manager,
         environments=environments,
-        notices=list(environments.notices) if environments else [],
+        notices=(list(environments.notices) if environments else []) + vf_notices,
         reward_model=rm_settings,
         rule_metric=rule_metric,
+        verifiers_env=vf_env,
     )
 
 
@@ -299,6 +299,7 @@ def build_generation(
     tools: dict[str, Tool],
     environments: EnvironmentSet | None = None,
     llm=None,
+    verifiers_env=None,
 ) -> Generation:
     """The rollout engine on ``model`` (the actor's inference policy): ``rollout.name`` hf, or vllm (on the
     started engine ``llm``, else one started here), multi-turn when enabled."""
@@ -309,7 +310,10 @@ def build_generation(
         engine = HFRollout(
             model, eos_token_ids=eos, pad_token_id=pad, max_num_seqs=cfg.actor_rollout_ref.rollout.max_num_seqs
         )
-    if cfg.actor_rollout_ref.rollout.multi_turn.enable:
+    if verifiers_env is not None:  # the environment's own rollout loop drives the engine
+        template_kwargs = {k: v for k, v in cfg.data.apply_chat_template_kwargs.items() if k != "tools"}
+        engine = VerifiersRollout(engine, tokenizer, verifiers_env, template_kwargs)
+    elif cfg.actor_rollout_ref.rollout.multi_turn.enable:
         engine = EpisodeRollout(engine, tokenizer, tools, multi_turn_settings(cfg), environments)
     train, val = sampling_params(cfg)
     return Generation(engine=engine, sampling=train, val_sampling=val)
@@ -329,7 +333,9 @@ def build_parts(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None =
     actor, reference = build_actor(cfg, collective, total, len(tokenizer), inputs.update_config, device)
     prepared = inputs.environments
     environments = prepared.environments if prepared else None
-    generation = build_generation(cfg, actor.for_inference(), tokenizer, inputs.tools, environments, llm=llm)
+    generation = build_generation(
+        cfg, actor.for_inference(), tokenizer, inputs.tools, environments, llm=llm, verifiers_env=inputs.verifiers_env
+    )
     critic = None
     if critic_enabled(cfg):
         critic = build_critic(
@@ -351,7 +357,8 @@ def build_parts(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None =
             manager=inputs.reward_manager,
             tokenizer=tokenizer,
             total_steps=total,
-            environment_only=bool(prepared and prepared.environment_only),
+            environment_only=bool(prepared and prepared.environment_only)
+            or (inputs.verifiers_env is not None and inputs.reward_fn is None),
             model=load_scorer(inputs.reward_model, tokenizer, cfg.trainer.default_local_dir, collective.rank),
             rule_metric=inputs.rule_metric,
         ),
@@ -386,6 +393,19 @@ def _agreed_on(collective, work):
         key, _, message = failures[0].partition(": ")
         raise ConfigError(key, message)
     return value
+
+
+def load_data(cfg: TrainConfig, tokenizer, data_kwargs: dict) -> tuple[PromptDataset, PromptDataset | None]:
+    """``data.train_files`` and ``data.val_files`` (None when unset) as prompt records."""
+    train_data = load_prompts(
+        _files(cfg.data.train_files), tokenizer, max_samples=cfg.data.train_max_samples, **data_kwargs
+    )
+    val_data = None
+    if cfg.data.val_files:
+        val_data = load_prompts(
+            _files(cfg.data.val_files), tokenizer, max_samples=cfg.data.val_max_samples, **data_kwargs
+        )
+    return train_data, val_data
 
 
 def reward_function(cfg: TrainConfig):

@@ -163,6 +163,29 @@ TOOL_FORMATS = ("hermes", "simple")
 TRUNCATE_SIDES = ("left", "right", "middle")
 
 
+def check_verifiers_keys(mt: MultiTurnConfig, key: str) -> None:
+    """With ``verifiers_env`` the environment runs its own episodes: the tool and turn keys are not read."""
+    if not mt.verifiers_env:
+        return
+    for name in ("function_tool_path", "tool_config_path", "environment_factory"):
+        require(
+            not getattr(mt, name),
+            f"{key}.{name}",
+            f"is not read with {key}.verifiers_env (the environment brings its own tools)",
+        )
+    for name in ("max_assistant_turns", "max_user_turns"):
+        require(
+            getattr(mt, name) is None,
+            f"{key}.{name}",
+            f"is not read with {key}.verifiers_env (the environment's own max_turns decides)",
+        )
+    require(
+        mt.verifiers_env_args is None or isinstance(mt.verifiers_env_args, dict),
+        f"{key}.verifiers_env_args",
+        f"must be a mapping of load_environment's keyword arguments, got {mt.verifiers_env_args!r}",
+    )
+
+
 def _check_multi_turn(cfg: TrainConfig) -> None:
     """``rollout.multi_turn.*`` and ``rollout.agent.num_workers``; the tools themselves are loaded (and
     checked) with the data, before any model."""
@@ -184,11 +207,12 @@ def _check_multi_turn(cfg: TrainConfig) -> None:
     one_of(mt.tool_response_truncate_side, TRUNCATE_SIDES, f"{key}.tool_response_truncate_side")
     one_of(mt.format, TOOL_FORMATS, f"{key}.format", later=("gpt-oss",))
     require(
-        mt.function_tool_path or mt.tool_config_path or mt.environment_factory,
+        mt.function_tool_path or mt.tool_config_path or mt.environment_factory or mt.verifiers_env,
         f"{key}.enable",
-        f"multi-turn episodes need a tool: set {key}.function_tool_path, {key}.tool_config_path "
-        f"or {key}.environment_factory",
+        f"multi-turn episodes need a tool: set {key}.function_tool_path, {key}.tool_config_path, "
+        f"{key}.environment_factory or {key}.verifiers_env",
     )
+    check_verifiers_keys(mt, key)
     require(
         mt.tool_timeout is None or (finite(mt.tool_timeout) and mt.tool_timeout > 0),
         f"{key}.tool_timeout",

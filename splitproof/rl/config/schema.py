@@ -161,6 +161,8 @@ class MultiTurnConfig:
     tool_config_path: Optional[str] = None  # verl's tool YAML (tools: - class_name, config, tool_schema)
     tool_timeout: Optional[float] = None  # ours: seconds a tool call may take (null: no limit)
     environment_factory: Optional[Any] = None  # TRL's: file.py:Name | module:Name | {name: spec, ...}
+    verifiers_env: Optional[str] = None  # a verifiers environment: env.py | module (its load_environment)
+    verifiers_env_args: Optional[dict] = None  # keyword arguments of its load_environment
 
 
 @dataclass

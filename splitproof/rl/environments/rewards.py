@@ -1,7 +1,8 @@
 """An environment's ``get_reward()`` in a sample's score: added to the reward function's score (weight 1, as
 TRL sums its reward sources), or the whole score when the environment owns the reward alone (no reward
 function named and no built-in rule for the rows). Reported under the environment's class name
-(``reward/<Name>/mean``), NaN for samples of other environments."""
+(``reward/<Name>/mean``), NaN for samples of other environments; a verifiers rubric's functions (an
+episode's ``metrics``) as ``reward/vf/<function>/mean``."""
 
 from __future__ import annotations
 
@@ -29,4 +30,8 @@ def score_with_environments(
     extra = dict(result.extra)
     for label in dict.fromkeys(s.environment for s, r in zip(samples, rewards) if r is not None):
         extra[label] = [r if s.environment == label and r is not None else math.nan for s, r in zip(samples, rewards)]
+    names = dict.fromkeys(name for s in samples for name in getattr(s, "metrics", {}))
+    for name in names:  # a verifiers rubric's functions, each under its own name
+        label = next(s.environment for s in samples if name in getattr(s, "metrics", {}))
+        extra[f"{label}/{name}"] = [getattr(s, "metrics", {}).get(name, math.nan) for s in samples]
     return RewardResult(result.scores + added, extra, result.responses)

@@ -47,15 +47,22 @@ class HermesFormat:
     def render(self, texts: list[str]) -> list[int]:
         """The ids the chat template puts after an assistant turn's EOS for these tool messages and the
         next generation prompt (the separator after the EOS included)."""
-        before = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _MARK}]
-        full = self.tokenizer.apply_chat_template(
-            before + [{"role": "tool", "content": t} for t in texts], add_generation_prompt=True, tokenize=False
-        )
-        end = full.index(_MARK) + len(_MARK)
-        eos = self.tokenizer.eos_token or ""
-        if eos and full.startswith(eos, end):
-            end += len(eos)
-        return self.tokenizer.encode(full[end:], add_special_tokens=False)
+        return render_after_turn(self.tokenizer, [{"role": "tool", "content": t} for t in texts])
+
+
+def render_after_turn(tokenizer, messages: list[dict], **template_kwargs) -> list[int]:
+    """The ids the chat template puts after an assistant turn's EOS for ``messages`` and the next
+    generation prompt (the separator after the EOS included): the turn is a placeholder found again in the
+    rendered text, so the model's own ids before it are never re-tokenized."""
+    before = [{"role": "user", "content": "?"}, {"role": "assistant", "content": _MARK}]
+    full = tokenizer.apply_chat_template(
+        before + list(messages), add_generation_prompt=True, tokenize=False, **template_kwargs
+    )
+    end = full.index(_MARK) + len(_MARK)
+    eos = tokenizer.eos_token or ""
+    if eos and full.startswith(eos, end):
+        end += len(eos)
+    return tokenizer.encode(full[end:], add_special_tokens=False)
 
 
 class SimpleFormat:

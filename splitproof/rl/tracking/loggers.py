@@ -252,6 +252,9 @@ class WandbWriter:
 def start_line(cfg, total_steps: int) -> str:
     """The console's first line: what is trained on what, where, and where the outputs go."""
     files = cfg.data.train_files if isinstance(cfg.data.train_files, list) else [cfg.data.train_files]
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    if multi_turn.enable and multi_turn.verifiers_env:  # the environment's dataset is the data
+        files = [f"verifiers:{multi_turn.verifiers_env}"]
     return (
         f"splitproof train: model {cfg.actor_rollout_ref.model.path} | data {', '.join(map(str, files))} | "
         f"{cfg.algorithm.adv_estimator}, {total_steps} steps | device {cfg.trainer.device} | "
