@@ -141,3 +141,30 @@ def test_fixed_rows_hold_under_autocast():
     assert torch.equal(many[:3], few)  # a row's result does not depend on the rows beside it
     explicit = F.linear(F.pad(x[:3], (0, 0, 0, DEVICE_ROWS - 3)).bfloat16(), weight.bfloat16(), bias.bfloat16())
     assert torch.equal(few, explicit[:3])
+
+
+def test_a_gpu_run_s_models_compute_in_bf16(monkeypatch, tmp_path):
+    """What ``build_parts`` does with bf16 over fp32 on a GPU, on the CPU (the device resolution faked):
+    the policy, its frozen reference and the critic compute in bf16 over fp32 parameters, and a step trains."""
+    from splitproof.rl.config import mixed_precision
+    from splitproof.rl.config.load import load_train_config
+    from splitproof.rl.loop import fit
+    from splitproof.rl.run import build_parts
+
+    from .rl_helpers import save_tiny_char_model, train_overrides
+
+    extra = ["algorithm.adv_estimator=gae", "actor_rollout_ref.actor.use_kl_loss=true", "trainer.test_freq=-1"]
+    overrides = train_overrides(save_tiny_char_model(tmp_path / "m"), tmp_path / "out", 1, extra=extra)
+    cfg = load_train_config(None, [*overrides, "trainer.logger=[]"], on_notice=lambda m: None)
+    monkeypatch.setattr(mixed_precision, "resolve", lambda prefix, storage, dtype, device: Precision("fp32", "bf16"))
+    run = build_parts(cfg)
+    with run.reference_policy.model() as reference:
+        models = [run.actor.model, reference, run.critic.model]
+    assert [compute_dtype(m) for m in models] == [torch.bfloat16] * 3
+    ids = torch.tensor([[1, 2, 3]])
+    assert run.actor.model(input_ids=ids).logits.dtype == torch.bfloat16
+    before = {k: v.clone() for k, v in run.actor.model.state_dict().items()}
+    fit(run)
+    after = run.actor.model.state_dict()
+    assert all(v.dtype == torch.float32 for v in after.values())
+    assert any(not torch.equal(before[k], after[k]) for k in before)
