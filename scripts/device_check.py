@@ -4,8 +4,9 @@
     python scripts/device_check.py --device cpu --quick # the CPU, small shapes (what the test runs)
     python scripts/device_check.py --device cuda:0 --json device_check.json
 
-Rows: float64, float32 and bf16 no-grad log-probs across micro-batch sizes, a token budget and packing (bitwise, or
-how many tokens differ and by how much); rollout tokens across ``max_num_seqs`` (identical, or how many
+Rows: float64, float32 and bf16 no-grad log-probs, and bf16 computed over float32 parameters (autocast, verl's
+mixed precision), across micro-batch sizes, a token budget and packing (bitwise, or how many tokens differ and
+by how much); rollout tokens across ``max_num_seqs`` (identical, or how many
 samples differ); one policy update across micro-batch splits (relative difference of the parameter change);
 the cost of the fixed-row products; a short ``splitproof train`` on the device (exit status, held-out score)
 and its step time against the same run on this machine's CPU.
@@ -107,6 +108,7 @@ def main(argv=None) -> int:
     groups = [
         (f"log-probs {d}", log_prob_rows, (device, d, shape)) for d in (torch.float64, torch.float32, torch.bfloat16)
     ]
+    groups.append(("log-probs bf16 over fp32", log_prob_rows, (device, torch.float32, shape, torch.bfloat16)))
     groups += [
         ("rollout", rollout_rows, (device, torch.float32, shape)),
         ("update", update_rows, (device, torch.float32, shape)),

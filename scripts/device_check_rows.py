@@ -69,12 +69,15 @@ def difference(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor, unit: str =
     return f"{differ} of {a.numel()} {unit} differ, max abs {float((a - b).abs().max()):.3g}"
 
 
-def log_prob_rows(device: torch.device, dtype: torch.dtype, shape: dict) -> list[dict]:
-    """No-grad log-probs of one batch under each split against one micro-batch of every row."""
+def log_prob_rows(device: torch.device, dtype: torch.dtype, shape: dict, compute: torch.dtype | None = None) -> list:
+    """No-grad log-probs of one batch under each split against one micro-batch of every row; ``compute``:
+    the model stored in ``dtype`` computes in it (``engine.precision.compute_in``, verl's bf16 over fp32)."""
     from splitproof.batch import TokenBatch
     from splitproof.engine import compute_log_probs
+    from splitproof.engine.precision import compute_in
 
-    model = random_model(shape, dtype, device)
+    model = compute_in(random_model(shape, dtype, device), compute)
+    label = f"log-probs {_name(dtype)}" if compute is None else f"log-probs {_name(compute)} over {_name(dtype)}"
     prompts, responses = random_tokens(shape)
     batch = TokenBatch.from_sequences(prompts, responses, response_width=shape["response"]).to(device)
     batch.attention_mask, batch.response_mask = batch.attention_mask.bool(), batch.response_mask.bool()
@@ -90,7 +93,7 @@ def log_prob_rows(device: torch.device, dtype: torch.dtype, shape: dict) -> list
         out = []
         for setting, kwargs in splits.items():
             got, _ = compute_log_probs(model, batch, **kwargs)
-            out.append(_row(f"log-probs {_name(dtype)}", setting, difference(got, want, batch.response_mask)))
+            out.append(_row(label, setting, difference(got, want, batch.response_mask)))
     return out
 
 

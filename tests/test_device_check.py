@@ -49,7 +49,7 @@ def test_device_check_runs_on_the_cpu_with_what_travels_with_it(tmp_path):
     assert table[0] == "| check | setting | result |" and len(table) == len(done.stdout.splitlines())
     rows = json.loads(out.read_text())
     checks = {r["check"] for r in rows}
-    for dtype in ("float64", "float32", "bfloat16"):
+    for dtype in ("float64", "float32", "bfloat16", "bfloat16 over float32"):
         assert f"log-probs {dtype}" in checks
     assert {"rollout tokens float32", "update float32", "fixed-row products", "splitproof train"} <= checks
     by = {(r["check"], r["setting"]): r["result"] for r in rows}

@@ -22,6 +22,7 @@ from ..aggregation import token_weights
 from ..collective import default_collective
 from ..devices import this_process_device
 from ..engine import UpdateConfig
+from ..engine.precision import compute_in
 from ..lora import apply_lora
 from ..loss_config import ConfigError
 from ..stats import MinibatchStats
@@ -38,6 +39,7 @@ from .config.derive import (
 from .config.derive import (
     reward_function as reward_function_setting,
 )
+from .config.mixed_precision import actor_precision
 from .config.reward_models import reward_model_settings
 from .config.schema import TrainConfig
 from .data.dynamic_sampling import PromptStream
@@ -50,7 +52,7 @@ from .environments.vf_rollout import VerifiersRollout
 from .models.critic import build_critic
 from .models.learner import Learner, ReferencePolicy, no_grad_split, wrap_for_ranks
 from .models.optim import make_optimizer, make_scheduler
-from .models.policy import MODEL_DTYPES, frozen_copy, generation_eos_ids, load_policy, load_tokenizer
+from .models.policy import MODEL_DTYPES, autocast_dtype, frozen_copy, generation_eos_ids, load_policy, load_tokenizer
 from .rewards.dapo import RewardManager
 from .rewards.filter_metric import check_filter_metric
 from .rewards.functions import RewardError, check_reward_sources, load_reward_function
@@ -257,6 +259,7 @@ def build_actor(
     lora = lora_settings(cfg)
     if lora.enabled:  # every rank agrees before any collective: a bad adapter fails on all of them
         policy = _agreed_on(collective, lambda: apply_lora(policy, lora, seed=cfg.trainer.seed))
+    policy = compute_in(policy, autocast_dtype(actor_precision(cfg)))  # the reference's copy computes alike
     needs_ref = cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     # LoRA: the reference is the policy with its adapter disabled, no copy
     frozen = frozen_copy(policy) if needs_ref and not lora.enabled else None

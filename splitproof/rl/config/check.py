@@ -20,6 +20,7 @@ from .check_models import check_actor, check_critic, check_rollout
 from .check_rules import fail, finite, is_int, one_of, optional_positive_int, positive_int, require
 from .derive import ACTOR, ARR, ROLLOUT, reward_manager_of
 from .derive import critic_enabled as critic_enabled  # importers take it from here
+from .mixed_precision import actor_precision, critic_precision
 from .schema import OptimConfig, TrainConfig
 
 # verl's estimator names (splitproof.advantages implements them; gae also needs a critic)
@@ -242,7 +243,11 @@ def _check_trainer(cfg: TrainConfig) -> None:
 
 def _check_device(cfg: TrainConfig) -> None:
     """``trainer.device`` names a device this process has (``cuda``: GPU ``LOCAL_RANK``), and it computes in
-    the models' dtypes (``devices.resolve_device``, ``devices.check_dtype``)."""
+    the models' dtypes (``devices.resolve_device``, ``devices.check_dtype``); the compute dtypes resolve
+    (``mixed_precision.resolve``: its errors on every device)."""
+    compute = [(actor_precision(cfg), f"{ACTOR}.fsdp_config")]
+    if critic_enabled(cfg):
+        compute.append((critic_precision(cfg), "critic.fsdp"))
     if cfg.trainer.device == "cpu":  # nothing to check, and no torch to import (a finished run's rerun needs none)
         return
     from ...devices import check_dtype, this_process_device
@@ -254,6 +259,8 @@ def _check_device(cfg: TrainConfig) -> None:
     )
     if critic_enabled(cfg):
         check_dtype(device, MODEL_DTYPES[cfg.critic.fsdp.model_dtype], "critic.fsdp.model_dtype")
+    for precision, prefix in compute:
+        check_dtype(device, MODEL_DTYPES[precision.compute], f"{prefix}.dtype")
 
 
 def _check_reward(cfg: TrainConfig) -> None:

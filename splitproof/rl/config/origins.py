@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from .mixed_precision import precision_notices
 from .schema import TrainConfig, schema_keys, walk_defaults
 from .vllm_keys import vllm_notices
 
@@ -146,6 +147,7 @@ def run_notices(cfg, origins: Origins) -> list[str]:
             "set algorithm.adv_estimator=grpo (or another estimator) for a run without one"
         )
     notices.extend(vllm_notices(cfg, origins.user))
+    notices.extend(precision_notices(cfg, origins))
     for key, reason in SCHEMA_NO_EFFECT.items():
         value = origins.user.get(key, _schema_defaults()[key])
         if value != _schema_defaults()[key]:

@@ -84,7 +84,8 @@ class OptimConfig:
 
 @dataclass
 class FSDPConfig:
-    model_dtype: str = "fp32"  # fp32 | bf16 | fp64 (float32 | bfloat16 | float64 accepted)
+    model_dtype: str = "fp32"  # fp32 | bf16 | fp64 (float32 | bfloat16 | float64 accepted): parameters, optimizer
+    dtype: Optional[str] = None  # ours: null = model_dtype (verl: bfloat16); bf16 over fp32: autocast on a GPU
 
 
 @dataclass
@@ -222,6 +223,7 @@ class CriticModelConfig:
 @dataclass
 class CriticFSDPConfig:
     model_dtype: str = II("actor_rollout_ref.actor.fsdp_config.model_dtype")  # ours: the actor's (verl: fp32)
+    dtype: Optional[str] = II("actor_rollout_ref.actor.fsdp_config.dtype")  # ours: the actor's (verl: bfloat16)
 
 
 @dataclass

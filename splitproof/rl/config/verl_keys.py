@@ -55,8 +55,8 @@ NO_EFFECT: dict[str, str] = {
     "*.fsdp_config.seed": "splitproof seeds from trainer.seed and rollout.seed",
     "*.fsdp_config.strategy": "strategy is actor_rollout_ref.actor.strategy",
     "*.fsdp_config.forward_only": "engine role",
-    "*.fsdp_config.dtype": "precision is actor_rollout_ref.actor.fsdp_config.model_dtype",
-    "*.fsdp.dtype": "precision is actor_rollout_ref.actor.fsdp_config.model_dtype",
+    "actor_rollout_ref.ref.fsdp_config.dtype": "the reference model computes in the actor's "
+    "actor_rollout_ref.actor.fsdp_config.dtype",
     "*.cudagraph_capture_sizes": "CUDA graphs",
     "*.load_format": "inference-engine weight loading",
     "*.layered_summon": "weight synchronisation",

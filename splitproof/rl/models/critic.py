@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import torch
 
+from ...engine.precision import compute_in
 from ..config.derive import critic_strategy, to_critic_update_config
+from ..config.mixed_precision import critic_precision
 from ..config.schema import TrainConfig
 from .learner import Learner, no_grad_split, wrap_for_ranks
 from .optim import make_optimizer, make_scheduler
-from .policy import MODEL_DTYPES, load_value_model
+from .policy import MODEL_DTYPES, autocast_dtype, load_value_model
 
 
 def build_critic(
@@ -36,6 +38,7 @@ def build_critic(
     model = load_value_model(
         c.model, dtype=MODEL_DTYPES[c.fsdp.model_dtype], seed=cfg.trainer.seed, vocab_size=vocab_size, device=device
     )
+    model = compute_in(model, autocast_dtype(critic_precision(cfg)))
     model, inference_copy = wrap_for_ranks(model, critic_strategy(cfg) if world_size > 1 else "", world_size)
     optimizer = make_optimizer(model, c.optim)
     scheduler = make_scheduler(optimizer, c.optim, total_steps)

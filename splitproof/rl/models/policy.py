@@ -18,6 +18,11 @@ from ..config.schema import BUILTIN_MODEL
 MODEL_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp64": torch.float64}
 
 
+def autocast_dtype(precision) -> torch.dtype | None:
+    """The dtype ``engine.precision.compute_in`` computes a model of ``precision`` in; None: its own."""
+    return MODEL_DTYPES[precision.compute] if precision.mixed else None
+
+
 def model_directory(path: str, key: str = "actor_rollout_ref.model.path") -> str:
     """The local directory of a model path (the built-in model's ships in the package); ``key`` names the
     config key in the error."""

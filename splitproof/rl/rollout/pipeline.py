@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from ...engine.precision import compute_dtype
 from ...loss_config import ConfigError
 from ..parallel import RankFailure, rank_rows, run_on_share
 from .handover import aliases, copy_weights, shared_buffer
@@ -135,6 +136,7 @@ class RolloutPipeline:
         spec = WorkerSpec(
             model_config=cfg.actor_rollout_ref.model,
             dtype=next(model.parameters()).dtype,
+            compute_dtype=compute_dtype(model),
             vocab_size=len(parts.tokenizer),
             eos_token_ids=list(generation_eos_ids(model, parts.tokenizer)),
             pad_token_id=parts.pad_token_id,

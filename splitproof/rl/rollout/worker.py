@@ -65,11 +65,13 @@ class WorkerSpec:
     lora: object = None  # LoraSettings when the policy trains a LoRA adapter: this process holds one too
     device: str = "cpu"  # the trainer's device: this process has its own model (and CUDA context) there
     vllm: object = None  # VLLMSettings with rollout.name=vllm: this process runs a vLLM engine on its model
+    compute_dtype: object = None  # the trainer's policy computes in it (engine.precision); None: in ``dtype``
 
 
 def rollout_process(spec: WorkerSpec, buffers: list, requests, results) -> None:
     """The rollout process's main loop (``torch.multiprocessing`` spawn target)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the trainer's to act on (rl/stop.py)
+    from ...engine.precision import compute_in
     from ..models.policy import load_policy  # the architecture; every weight is then copied from ``buffers``
     from .handover import copy_weights, tie
     from .hf import HFRollout
@@ -84,7 +86,7 @@ def rollout_process(spec: WorkerSpec, buffers: list, requests, results) -> None:
         from ...lora import apply_lora
 
         model = apply_lora(model, dataclasses.replace(spec.lora, lora_adapter_path=None))
-    model.eval()
+    model = compute_in(model, spec.compute_dtype).eval()
     tie(model, spec.tied)  # the trainer's ties, whatever the loaded model had
     params = model.state_dict()
     if spec.vllm is not None:  # the engine serves this model: each load below is synced before generating
