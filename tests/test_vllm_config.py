@@ -95,3 +95,16 @@ def test_what_the_cpu_engine_cannot_honour_is_noticed(installed):
         f"{ROLLOUT}.enforce_eager",
     ]
     assert all("no effect with the CPU vLLM engine" in n for n in notices)
+
+
+def test_on_a_gpu_the_engine_gets_vllms_batch_invariant_mode_and_its_memory_share(installed):
+    cfg, _ = load(VLLM, f"{ROLLOUT}.gpu_memory_utilization=0.3")
+    cfg.trainer.device = "cuda:0"  # the notice and the settings only: no CUDA needed
+    assert vllm_keys.vllm_notices(cfg, {}) == [
+        f"{ROLLOUT}.name=vllm on trainer.device=cuda:0: VLLM_BATCH_INVARIANT=1 is set for the engine (vLLM's "
+        "batch-invariant kernels, beta; their cost and what they hold are not measured by splitproof)"
+    ]
+    settings = run_module.vllm_settings(cfg)
+    assert settings.gpu and settings.gpu_memory_utilization == 0.3 and not settings.enforce_eager
+    cfg.trainer.device = "cpu"
+    assert not run_module.vllm_settings(cfg).gpu

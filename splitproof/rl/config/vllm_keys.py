@@ -55,8 +55,13 @@ def check_vllm_rollout(cfg) -> None:
 
 def vllm_notices(cfg, user: dict) -> list[str]:
     """One line for each vLLM key the user set (to other than its default) that the CPU engine cannot honour."""
-    if cfg.actor_rollout_ref.rollout.name != "vllm" or cfg.trainer.device != "cpu":
+    if cfg.actor_rollout_ref.rollout.name != "vllm":
         return []
+    if cfg.trainer.device != "cpu":
+        return [
+            f"{ROLLOUT}.name=vllm on trainer.device={cfg.trainer.device}: VLLM_BATCH_INVARIANT=1 is set for the engine "
+            "(vLLM's batch-invariant kernels, beta; their cost and what they hold are not measured by splitproof)"
+        ]
     reasons = {
         "gpu_memory_utilization": "the CPU engine's KV cache is VLLM_CPU_KVCACHE_SPACE GiB (default here: 1)",
         "free_cache_engine": "vLLM's sleep mode is not supported on CPU; the engine keeps its cache",

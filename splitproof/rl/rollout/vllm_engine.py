@@ -48,6 +48,8 @@ class VLLMSettings:
     enforce_eager: bool = True
     kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE when the environment does not set it
     trust_remote_code: bool = False
+    gpu: bool = False  # a CUDA device: gpu_memory_utilization passed, vLLM's batch-invariant mode set
+    gpu_memory_utilization: float = 0.5
     in_process: bool = False  # the engine core in this process (a daemonic rollout process cannot start one)
 
 
@@ -60,6 +62,9 @@ def start_engine(settings: VLLMSettings):
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # collective_rpc sends our functions
     if settings.in_process:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if settings.gpu:  # vLLM's batch-invariant kernels (NVIDIA); the CPU backend crashes with it
+        os.environ.setdefault("VLLM_BATCH_INVARIANT", "1")
+    memory = {"gpu_memory_utilization": settings.gpu_memory_utilization} if settings.gpu else {}
     from vllm import LLM
     from vllm import SamplingParams as VLLMParams
     from vllm.inputs import TokensPrompt
@@ -84,6 +89,7 @@ def start_engine(settings: VLLMSettings):
             logprobs_mode="processed_logits",
             trust_remote_code=settings.trust_remote_code,
             seed=0,
+            **memory,
         )
         # one token: some models fail only at their first forward (the CPU attention's head sizes)
         llm.generate([TokensPrompt(prompt_token_ids=[0])], VLLMParams(max_tokens=1, temperature=0.0), use_tqdm=False)
@@ -114,6 +120,8 @@ def vllm_settings(cfg) -> VLLMSettings:
         enable_chunked_prefill=r.enable_chunked_prefill,
         enforce_eager=r.enforce_eager or cfg.trainer.device == "cpu",
         trust_remote_code=bool(getattr(model, "trust_remote_code", False)),
+        gpu=cfg.trainer.device != "cpu",
+        gpu_memory_utilization=r.gpu_memory_utilization,
     )
 
 
