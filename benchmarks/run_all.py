@@ -32,6 +32,7 @@ SCRIPTS = (
     "refill_round",
     "multi_turn",
     "lora",
+    "reward_models",
 )
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -27,6 +27,7 @@ SCRIPTS = (
     "refill_round",
     "multi_turn",
     "lora",
+    "reward_models",
 )
 
 
@@ -292,3 +293,17 @@ def test_lora(results):
     assert 3 <= full["state_mb"] / full["weights_mb"] < 3.01  # a gradient and two AdamW moments per weight
     assert lora["state_mb"] < full["state_mb"] and 0 < lora["adapter_share"] < 1
     assert _positive(cell["rss_ratio"]) and r["best_rss_ratio"] == cell["rss_ratio"]
+
+
+def test_reward_models(results):
+    r = results["reward_models"]
+    for kind in ("classifier", "judge"):
+        for clock in ("cpu", "wall"):
+            row = r[kind][clock]
+            assert all(_positive(row[k]) for k in ("gen", "old_log_prob", "update", "reward_model", "step")), row
+            assert 0 < row["share"] < 1
+    policy, judge = r["judge"]["policy"], r["judge"]["judge"]
+    assert policy["tokens"] > 0 and 0 < judge["tokens"] <= 8 * judge["sequences"]  # at most 8 answer tokens
+    assert judge["sequences"] == policy["sequences"]  # one question per sample
+    assert r["classifier"]["judge"]["calls"] == 0  # the reward model's run never asks the judge
+    assert _positive(r["judge_vs_policy_cpu"]) and _positive(r["judge_vs_policy_wall"])
