@@ -147,8 +147,8 @@ def timed_trainer_class(clock: Clock, per_step: dict, record_samples: list | Non
 def trl_trainer(
     spec: dict, out: Path, clock: Clock, args, *, record_samples: list | None = None, per_step: dict | None = None
 ):
-    """A `GRPOTrainer` on the built-in model whose methods report their time to ``clock`` (and, per RL
-    step, the tokens generated on and the mean training reward to ``per_step``)."""
+    """A `GRPOTrainer` on the built-in model (or ``spec["model"]``) whose methods report their time to
+    ``clock`` (and, per RL step, the tokens generated on and the mean training reward to ``per_step``)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
@@ -170,7 +170,7 @@ def trl_trainer(
         def on_train_end(self, args, state, control, **kwargs):
             clock.finish()
 
-    directory = charlm_directory()
+    directory = spec.get("model") or charlm_directory()
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(directory, padding_side="left", local_files_only=True)
     return trainer_class(
