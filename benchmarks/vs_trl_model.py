@@ -57,15 +57,14 @@ def run_model(env: bl.Env, pythons: dict, make_spec, run_side, work: Path) -> di
             result = run_side(pythons[python], side, dict(spec, **extra), work, f"{name}-r{r}")[side]
             runs[name].append(result)
             loads.append(bl.load_average())
-    spec = make_spec(env, 1)
+    summaries = {name: [side_summary(res) for res in results] for name, results in runs.items()}
     return dict(
-        spec={k: v for k, v in spec.items() if k != "uids"},
-        mode="model",
+        spec={k: v for k, v in make_spec(env, 1).items() if k != "uids"},
         variants=variants,
         loads=loads,
-        summaries={name: [side_summary(res) for res in results] for name, results in runs.items()},
+        summaries=summaries,
         runs=runs,
-        rows=part_rows({name: [side_summary(res) for res in results] for name, results in runs.items()}),
+        rows=part_rows(summaries),
     )
 
 
@@ -108,7 +107,7 @@ def render_model(env: bl.Env, result: dict, load_before: str, command: str) -> s
     loads = "; ".join(result["loads"])
     cores = os.cpu_count()
     lines = [
-        f"### Side by side with TRL on {model}: each part of the step",
+        f"## Side by side with TRL on {model} (`vs_trl.py --model`): each part of the step",
         "",
         f"`{command}` — {env.repeats} repeat(s), every variant a fresh process, interleaved. The work: "
         f"{spec['prompts_per_step']} chat prompts (the built-in addition task) × {spec['n']} samples × ≤ "

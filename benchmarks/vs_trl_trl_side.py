@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stage_clock import Clock, peak_rss_mib, rss_mib
-from vs_trl_common import SPLIT_OPTIMIZER, TASK_TRAIN, delta_of, digest
+from vs_trl_common import SPLIT_OPTIMIZER, TASK_TRAIN, chat_rows, delta_of, digest
 
 
 def trl_args(
@@ -74,7 +74,7 @@ def trl_dataset(spec: dict):
 
     from splitproof.rl.data.tasks import task_rows
 
-    rows = task_rows(TASK_TRAIN)
+    rows = chat_rows() if spec.get("model") else task_rows(TASK_TRAIN)
     return Dataset.from_list(
         [
             {"prompt": rows[u]["prompt"], "ground_truth": rows[u]["reward_model"]["ground_truth"]}
