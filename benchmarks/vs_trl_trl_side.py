@@ -88,7 +88,8 @@ def addition_reward(prompts, completions, ground_truth, **kwargs):
     """The built-in task's rule (exact match), TRL's reward-function signature."""
     from splitproof.rl.data.tasks import score
 
-    return [score(c, g) for c, g in zip(completions, ground_truth)]
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]  # chat: the assistant message
+    return [score(t, g) for t, g in zip(texts, ground_truth)]
 
 
 def timed_trainer_class(clock: Clock, per_step: dict, record_samples: list | None):
