@@ -214,6 +214,16 @@ def test_vs_trl_model(docs):
     assert "| whole step |" in r["markdown"]
 
 
+def test_vs_trl_reward_reads_chat_completions():
+    """TRL hands a chat model's completions over as messages: the rule scores the assistant message's text."""
+    _benchlib()
+    from vs_trl_trl_side import addition_reward
+
+    chat = [[{"role": "assistant", "content": "72"}], [{"role": "assistant", "content": "71"}]]
+    assert addition_reward(None, chat, ["72", "72"]) == [1.0, 0.0]
+    assert addition_reward(None, ["72", "7"], ["72", "72"]) == [1.0, 0.0]
+
+
 def test_multi_turn(results):
     r = results["multi_turn"]
     assert [row["variant"].split(",")[0] for row in r["rows"]] == ["single-turn", "multi-turn", "multi-turn"]
