@@ -13,6 +13,7 @@ seeds (ours, TRL, TRL, ours, ...). Reported as ratios splitproof / TRL measured 
   update (same start, same samples, SGD) moves when only the split changes.
 
     python benchmarks/vs_trl.py [--quick] [--trl-python PATH] [--repeats N] [--steps N]
+    python benchmarks/vs_trl.py --model DIR [--vllm-python PATH] ...   (each part of the step on DIR's model)
 
 TRL is never a dependency of splitproof: install it in its own environment (`pip install -e '.[bench]'`,
 which pins torch so that no CUDA build is pulled) and name its interpreter with `--trl-python` (or
@@ -37,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch
 
 import benchlib as bl
+import vs_trl_model
 import vs_trl_sides as sides
 from vs_trl_common import TASK_TRAIN
 from vs_trl_report import render
@@ -77,7 +79,10 @@ def make_spec(env: bl.Env, seed: int) -> dict:
     from splitproof.rl.data.prompts import PromptSampler
     from splitproof.rl.data.tasks import task_rows
 
-    sizes = QUICK if env.quick else FULL
+    if env.args.model:
+        sizes = dict(vs_trl_model.sizes(env.quick), model=str(Path(env.args.model).resolve()))
+    else:
+        sizes = QUICK if env.quick else FULL
     steps = env.args.steps or sizes["steps"]
     spec = dict(COMMON, **dict(sizes, steps=steps), seed=seed)
     sampler = PromptSampler(len(task_rows(TASK_TRAIN)), spec["prompts_per_step"], seed=spec["data_seed"], shuffle=True)
@@ -167,7 +172,13 @@ def run(env: bl.Env) -> dict:
                 "splitproof's (pip install -e '.[bench]') and pass --trl-python PATH or SPLITPROOF_TRL_PYTHON"
             )
         bl.log(f"[{NAME}] TRL not available ({trl_version}): this quick run measures splitproof's side only")
-    pythons = {"ours": sys.executable, "trl": trl_python}
+    pythons = {"ours": sys.executable, "trl": trl_python, "vllm": env.args.vllm_python}
+    if env.args.model:
+        work = Path(tempfile.mkdtemp(prefix="splitproof-vs-trl-"))
+        bl.log(f"[{NAME}] the sides' results go to {work} (kept if the run fails)")
+        result = vs_trl_model.run_model(env, pythons, make_spec, run_side, work)
+        shutil.rmtree(work, ignore_errors=True)
+        return dict(result, trl_version=trl_version if trl_python else None, trl_python=trl_python)
     seeds = SEEDS[: env.repeats]
     work = Path(tempfile.mkdtemp(prefix="splitproof-vs-trl-"))
     try:
@@ -233,7 +244,18 @@ def main(argv: list[str] | None = None) -> dict:
         help="interpreter of an environment with trl (default: SPLITPROOF_TRL_PYTHON, else this one if it has trl)",
     )
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default 20, 2 with --quick)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="a Hugging Face model directory: each part of the step on it against TRL's (vs_trl_model.py)",
+    )
+    p.add_argument(
+        "--vllm-python", default=None, help="with --model: an interpreter with vLLM (a rollout.name=vllm side)"
+    )
     args = p.parse_args(argv)
+    if args.model:
+        section = f"{NAME}_{Path(args.model).name.lower()}"
+        return bl.run_script(NAME, args, argv, run, vs_trl_model.render_model, section=section)
     return bl.run_script(NAME, args, argv, run, render)
 
 

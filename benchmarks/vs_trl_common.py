@@ -21,3 +21,11 @@ def delta_of(model_state: dict, start: dict) -> dict:
 def digest(tokens) -> str:
     """A short digest of a list of samples (token lists): equal digests, the same samples."""
     return hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:16]
+
+
+def chat_rows() -> list[dict]:
+    """The task's rows with each prompt as one user message (``--model``: a chat model's prompts, which each
+    side renders with the model's chat template)."""
+    from splitproof.rl.data.tasks import task_rows
+
+    return [dict(row, prompt=[{"role": "user", "content": row["prompt"]}]) for row in task_rows(TASK_TRAIN)]

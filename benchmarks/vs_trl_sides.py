@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from stage_clock import Clock, finishes, peak_rss_mib, rss_mib, starts_step, timed_call, wrap
-from vs_trl_common import SPLIT_OPTIMIZER, delta_of, digest
+from vs_trl_common import SPLIT_OPTIMIZER, chat_rows, delta_of, digest
 from vs_trl_trl_side import run_trl, run_trl_split
 
 HERE = Path(__file__).resolve().parent
@@ -77,7 +77,30 @@ def ours_overrides(
         "trainer.logger=[file]",
         "trainer.resume_mode=disable",
         f"trainer.default_local_dir={out}",
+    ] + model_overrides(spec, out)
+
+
+def model_overrides(spec: dict, folder: Path) -> list[str]:
+    """With ``spec["model"]`` (a Hugging Face directory): that model on the built-in task's prompts as chat
+    messages (written to ``folder``; verl's defaults otherwise, so GRPO named), one thread; ``bypass`` and
+    ``rollout`` pick verl's variants."""
+    if not spec.get("model"):
+        return []
+    folder.mkdir(parents=True, exist_ok=True)
+    train = folder / "chat_train.jsonl"
+    train.write_text("".join(json.dumps(row) + "\n" for row in chat_rows()))
+    out = [
+        f"actor_rollout_ref.model.path={spec['model']}",
+        f"data.train_files={train}",
+        "data.max_prompt_length=128",
+        "algorithm.adv_estimator=grpo",
+        "trainer.cpu_threads=1",
     ]
+    if spec.get("bypass"):
+        out.append("algorithm.rollout_correction.bypass_mode=true")
+    if spec.get("rollout", "hf") != "hf":
+        out.append(f"actor_rollout_ref.rollout.name={spec['rollout']}")
+    return out
 
 
 # --------------------------------------------------------------------------------------------- ours

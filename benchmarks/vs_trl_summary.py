@@ -66,6 +66,7 @@ def timing_gap(result: dict) -> float:
     gaps = [
         abs(w - m) / m
         for stage, metric in pairs
+        if stage in result["clock"]  # bypass_mode=true runs no old-log-prob pass
         for w, m in zip(steady(result["clock"][stage]["wall"]), steady(result["metrics_timing"][metric]))
         if m > 0
     ]

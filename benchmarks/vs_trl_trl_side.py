@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stage_clock import Clock, peak_rss_mib, rss_mib
-from vs_trl_common import SPLIT_OPTIMIZER, TASK_TRAIN, delta_of, digest
+from vs_trl_common import SPLIT_OPTIMIZER, TASK_TRAIN, chat_rows, delta_of, digest
 
 
 def trl_args(
@@ -74,7 +74,7 @@ def trl_dataset(spec: dict):
 
     from splitproof.rl.data.tasks import task_rows
 
-    rows = task_rows(TASK_TRAIN)
+    rows = chat_rows() if spec.get("model") else task_rows(TASK_TRAIN)
     return Dataset.from_list(
         [
             {"prompt": rows[u]["prompt"], "ground_truth": rows[u]["reward_model"]["ground_truth"]}
@@ -88,7 +88,8 @@ def addition_reward(prompts, completions, ground_truth, **kwargs):
     """The built-in task's rule (exact match), TRL's reward-function signature."""
     from splitproof.rl.data.tasks import score
 
-    return [score(c, g) for c, g in zip(completions, ground_truth)]
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]  # chat: the assistant message
+    return [score(t, g) for t, g in zip(texts, ground_truth)]
 
 
 def timed_trainer_class(clock: Clock, per_step: dict, record_samples: list | None):
@@ -147,8 +148,8 @@ def timed_trainer_class(clock: Clock, per_step: dict, record_samples: list | Non
 def trl_trainer(
     spec: dict, out: Path, clock: Clock, args, *, record_samples: list | None = None, per_step: dict | None = None
 ):
-    """A `GRPOTrainer` on the built-in model whose methods report their time to ``clock`` (and, per RL
-    step, the tokens generated on and the mean training reward to ``per_step``)."""
+    """A `GRPOTrainer` on the built-in model (or ``spec["model"]``) whose methods report their time to
+    ``clock`` (and, per RL step, the tokens generated on and the mean training reward to ``per_step``)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
@@ -170,7 +171,7 @@ def trl_trainer(
         def on_train_end(self, args, state, control, **kwargs):
             clock.finish()
 
-    directory = charlm_directory()
+    directory = spec.get("model") or charlm_directory()
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32, local_files_only=True)
     tokenizer = AutoTokenizer.from_pretrained(directory, padding_side="left", local_files_only=True)
     return trainer_class(

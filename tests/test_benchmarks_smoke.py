@@ -190,6 +190,41 @@ def test_vs_trl(results):
         assert r["summaries"]["trl"] == [] and {row["side"] for row in r["split_rows"]} == {"splitproof"}
 
 
+def test_vs_trl_model(docs):
+    """`vs_trl.py --model DIR` (here the built-in model's own directory, taken as a model one brings): each
+    part of the step for the recompute and bypass_mode variants (no TRL in this interpreter)."""
+    import os
+
+    from splitproof.builtin import charlm_directory
+
+    threads = torch.get_num_threads()
+    trl_python = os.environ.pop("SPLITPROOF_TRL_PYTHON", None)
+    try:
+        r = _load("vs_trl").main(["--quick", "--device", "cpu", "--docs", str(docs), "--model", charlm_directory()])
+    finally:
+        torch.set_num_threads(threads)
+        if trl_python is not None:
+            os.environ["SPLITPROOF_TRL_PYTHON"] = trl_python
+    assert r["variants"] == ["recompute", "bypass"] and r["trl_python"] is None
+    rows = {row["key"]: row for row in r["rows"]}
+    for name in ("recompute", "bypass"):
+        for key in ("gen", "update", "total", "tokens_per_s"):
+            assert _positive(rows[key][f"{name}_cpu"]) and _positive(rows[key][f"{name}_wall"]), (name, key)
+    assert _positive(rows["old_log_prob"]["recompute_cpu"])
+    assert rows["old_log_prob"]["bypass_cpu"] == 0.0  # bypass_mode=true: no old-log-prob pass
+    assert "| whole step |" in r["markdown"]
+
+
+def test_vs_trl_reward_reads_chat_completions():
+    """TRL hands a chat model's completions over as messages: the rule scores the assistant message's text."""
+    _benchlib()
+    from vs_trl_trl_side import addition_reward
+
+    chat = [[{"role": "assistant", "content": "72"}], [{"role": "assistant", "content": "71"}]]
+    assert addition_reward(None, chat, ["72", "72"]) == [1.0, 0.0]
+    assert addition_reward(None, ["72", "7"], ["72", "72"]) == [1.0, 0.0]
+
+
 def test_multi_turn(results):
     r = results["multi_turn"]
     assert [row["variant"].split(",")[0] for row in r["rows"]] == ["single-turn", "multi-turn", "multi-turn"]
