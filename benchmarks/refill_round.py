@@ -37,21 +37,16 @@ def measure(overrides: list[str], steps: int) -> dict:
         [f"trainer.total_training_steps={steps}", "data.val_files=null", "trainer.logger=[]", *overrides],
         on_notice=lambda m: None,
     )
-    clock, saved = stage_clock.Clock(), {}
+    clock = stage_clock.Clock()
     patches = [
         (step_mod, "generate", stage_clock.timed_call(clock, "round")),
         (step_mod, "score_samples", stage_clock.timed_call(clock, "round")),
         (loop_mod, "train_step", stage_clock.starts_step(clock)),
     ]
-    try:
-        for owner, name, make in patches:
-            saved[owner, name] = stage_clock.wrap(owner, name, make)
+    with stage_clock.patched(patches):
         run = build_parts(cfg)
         records = loop_mod.fit(run)
         clock.finish()
-    finally:
-        for (owner, name), original in saved.items():
-            setattr(owner, name, original)
     rounds = [int(r.get("train/num_gen_batches", 1)) for r in records if r["step"] >= 1]
     per_round = [clock.cpu["round"][s + 1] / r for s, r in enumerate(rounds)]
     return dict(

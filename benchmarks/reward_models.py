@@ -136,41 +136,19 @@ def train_run(env: bl.Env, cfg_overrides: list[str], run_dir: Path) -> dict:
     from splitproof.rl.rollout.hf import HFRollout
 
     cfg = load_train_config(None, cfg_overrides)
-    clock, calls, built, saved = stage_clock.Clock(), [], {}, {}
-
-    def log_probs(original):  # the old and the reference pass share a function: told apart by the model
-        def call(model, *args, **kwargs):
-            with clock.timed("old_log_prob" if model is built["actor"].for_inference() else "ref"):
-                return original(model, *args, **kwargs)
-
-        return call
-
-    def build_recorded(original):
-        def call(*args, **kwargs):
-            parts = original(*args, **kwargs)
-            built["actor"] = parts.actor
-            return parts
-
-        return call
-
+    clock, calls, built = stage_clock.Clock(), [], {}
     patches = [
         (step_mod, "generate", stage_clock.timed_call(clock, "gen")),
         (model_scoring, "model_scores", stage_clock.timed_call(clock, "reward_model")),
         (learner_mod, "update_policy", stage_clock.timed_call(clock, "update")),
-        (step_mod, "no_grad_log_probs", log_probs),
+        (step_mod, "no_grad_log_probs", stage_clock.log_prob_passes(clock, built)),
         (loop_mod, "train_step", stage_clock.starts_step(clock, "step")),
         (train_mod, "fit", stage_clock.finishes(clock)),
-        (train_mod, "build_parts", build_recorded),
+        (train_mod, "build_parts", stage_clock.records_parts(built)),
         (HFRollout, "generate", counted_generate(clock, calls)),
     ]
-    try:
-        for owner, name, make in patches:
-            saved[owner, name] = stage_clock.wrap(owner, name, make)
-        with open(os.devnull, "w") as console:
-            train_mod.train(cfg, console=console)
-    finally:
-        for (owner, name), original in saved.items():
-            setattr(owner, name, original)
+    with stage_clock.patched(patches), open(os.devnull, "w") as console:
+        train_mod.train(cfg, console=console)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = cfg.trainer.total_training_steps
     return dict(report=clock.report(steps), calls=calls, records=[r for r in records if r.get("step", 0) >= 1])

@@ -122,3 +122,44 @@ def finishes(clock: Clock):
         return call
 
     return make
+
+
+def log_prob_passes(clock: Clock, built: dict):
+    """A wrapper maker for the no-grad log-prob pass: timed as ``old_log_prob`` when it runs the actor
+    (``built["actor"]``, filled by ``records_parts``) and as ``ref`` otherwise."""
+
+    def make(original):
+        def call(model, *args, **kwargs):
+            with clock.timed("old_log_prob" if model is built["actor"].for_inference() else "ref"):
+                return original(model, *args, **kwargs)
+
+        return call
+
+    return make
+
+
+def records_parts(built: dict):
+    """A wrapper maker for ``build_parts``: keeps the built actor in ``built["actor"]``."""
+
+    def make(original):
+        def call(*args, **kwargs):
+            parts = original(*args, **kwargs)
+            built["actor"] = parts.actor
+            return parts
+
+        return call
+
+    return make
+
+
+@contextmanager
+def patched(patches):
+    """Every ``(owner, name, fn_for)`` of ``patches`` wrapped (``wrap``) for the block, then restored."""
+    saved = {}
+    try:
+        for owner, name, make in patches:
+            saved[owner, name] = wrap(owner, name, make)
+        yield
+    finally:
+        for (owner, name), original in saved.items():
+            setattr(owner, name, original)

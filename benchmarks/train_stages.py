@@ -70,8 +70,7 @@ def run(env: bl.Env) -> dict:
         "trainer.resume_mode=disable",
     ] + (QUICK_OVERRIDES if env.quick else [])
     cfg = load_train_config(None, overrides)
-    clock = stage_clock.Clock()
-    saved, built = {}, {}
+    clock, built = stage_clock.Clock(), {}
     patches = [
         (step_mod, "generate", stage_clock.timed_call(clock, "gen")),
         (step_mod, "score_samples", stage_clock.timed_call(clock, "reward")),
@@ -79,37 +78,13 @@ def run(env: bl.Env) -> dict:
         (loop_mod, "evaluate_held_out", stage_clock.timed_call(clock, "testing")),
         (loop_mod, "save_run", stage_clock.timed_call(clock, "checkpoint")),
         (tracking.Tracker, "log", stage_clock.timed_call(clock, "logging")),
-    ]
-
-    def log_probs(original):  # the old and the reference pass share a function: told apart by the model
-        def call(model, *args, **kwargs):
-            with clock.timed("old_log_prob" if model is built["actor"].for_inference() else "ref"):
-                return original(model, *args, **kwargs)
-
-        return call
-
-    def build_recorded(original):
-        def call(*args, **kwargs):
-            parts = original(*args, **kwargs)
-            built["actor"] = parts.actor
-            return parts
-
-        return call
-
-    patches += [
-        (step_mod, "no_grad_log_probs", log_probs),
+        (step_mod, "no_grad_log_probs", stage_clock.log_prob_passes(clock, built)),
         (loop_mod, "train_step", stage_clock.starts_step(clock, "step")),
         (train_mod, "fit", stage_clock.finishes(clock)),
-        (train_mod, "build_parts", build_recorded),
+        (train_mod, "build_parts", stage_clock.records_parts(built)),
     ]
-    try:
-        for owner, name, make in patches:
-            saved[owner, name] = stage_clock.wrap(owner, name, make)
-        with open(os.devnull, "w") as console:
-            train_mod.train(cfg, console=console)
-    finally:
-        for (owner, name), original in saved.items():
-            setattr(owner, name, original)
+    with stage_clock.patched(patches), open(os.devnull, "w") as console:
+        train_mod.train(cfg, console=console)
     records = [json.loads(line) for line in (work / "run" / "metrics.jsonl").read_text().splitlines() if line.strip()]
     shutil.rmtree(work, ignore_errors=True)
     records = [r for r in records if r.get("step", 0) >= 1]

@@ -15,20 +15,6 @@ import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
-SCRIPTS = (
-    "engine_overhead",
-    "cov_strategies",
-    "token_budget",
-    "memory",
-    "scaling",
-    "rollout",
-    "train_stages",
-    "vs_trl",
-    "refill_round",
-    "multi_turn",
-    "lora",
-    "reward_models",
-)
 
 
 def _load(name: str):
@@ -36,6 +22,9 @@ def _load(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+SCRIPTS = _load("run_all").SCRIPTS  # the benchmarks run_all runs: each is smoke-tested here
 
 
 def _benchlib():
