@@ -28,7 +28,6 @@ from torch import Tensor, nn
 
 from splitproof.batch import BatchError, RolloutBatch, TokenLayout
 from splitproof.engine.attention import attention_mask
-from splitproof.engine.logprobs import logits_of, takes_logits_to_keep
 from splitproof.hf_models import base_model_of
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -57,6 +56,18 @@ def cache_keyword(model: nn.Module) -> str:
     """The forward's cache argument: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
     params = inspect.signature(type(base_model_of(model)).forward).parameters
     return "cache" if "cache" in params else "past_key_values"
+
+
+def takes_logits_to_keep(model: nn.Module) -> bool:
+    """Whether the Hugging Face module's forward names ``logits_to_keep``."""
+    return "logits_to_keep" in inspect.signature(type(base_model_of(model)).forward).parameters
+
+
+def logits_of(out) -> Tensor:
+    """The logits of a forward's output: a tensor, an output with ``.logits``, or a tuple's first item."""
+    if isinstance(out, Tensor):
+        return out
+    return out.logits if hasattr(out, "logits") else out[0]
 
 
 def _cache_of(out):
