@@ -185,3 +185,22 @@ def test_the_grouped_forward_is_really_taken(setup, monkeypatch):
     plain, _ = compute_log_probs(model, batch, micro_batch_size=4)
     grouped, _ = compute_log_probs(model, batch, micro_batch_size=4, prefix_grouper=True)
     assert calls and not torch.equal(plain, grouped)
+
+
+def test_lora_update_with_prefix_grouper():
+    """A LoRA adapter's update (AdamW): with prefix grouping in 3-row microbatches equal to the plain
+    one-microbatch update (1e-10 relative to the adapter's update; measured 1.6e-12)."""
+    import copy
+
+    from splitproof.lora import adapter_state
+
+    from .lora_helpers import lora_model, lora_update
+
+    model = lora_model()
+    batch = shared_prompt_rollout(model)
+    base = dict(loss=loss_config("vanilla", "token-mean"), ppo_mini_batch_size=len(batch), grad_clip=NO_CLIP)
+    plain, _, _ = lora_update(copy.deepcopy(model), batch, UpdateConfig(**base))
+    grouped, _, _ = lora_update(
+        copy.deepcopy(model), batch, UpdateConfig(**base, use_prefix_grouper=True, ppo_micro_batch_size_per_gpu=3)
+    )
+    assert rel_diff(plain, grouped, flat(adapter_state(model))) <= REL
