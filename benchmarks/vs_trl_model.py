@@ -9,6 +9,8 @@ repeats (the order reversed on odd repeats):
 
 - ``recompute``: verl's default, the old log-probs recomputed by a no-grad pass before the update;
 - ``bypass``: ``algorithm.rollout_correction.bypass_mode=true``, the rollout's log-probs as the old ones;
+- ``grouped``, ``grouped_bypass``: those two with ``actor_rollout_ref.actor.use_prefix_grouper=true``, each
+  distinct prompt computed once in the update and the old-log-prob pass (``engine.shared_prefix``);
 - ``vllm``: ``actor_rollout_ref.rollout.name=vllm`` (with ``--vllm-python``, an environment with vLLM);
 - ``trl``: TRL's `GRPOTrainer`.
 
@@ -29,6 +31,12 @@ WORK_QUICK = dict(prompts_per_step=2, n=2, mini_batch_prompts=2, micro_split=2, 
 VARIANTS = {
     "recompute": ("ours", {}, "splitproof, verl's old-log-prob recompute"),
     "bypass": ("ours", {"bypass": True}, "splitproof, `bypass_mode=true`"),
+    "grouped": ("ours", {"prefix_grouper": True}, "splitproof, `use_prefix_grouper=true`"),
+    "grouped_bypass": (
+        "ours",
+        {"prefix_grouper": True, "bypass": True},
+        "splitproof, `use_prefix_grouper=true`, `bypass_mode=true`",
+    ),
     "vllm": ("vllm", {"rollout": "vllm"}, "splitproof, `rollout.name=vllm`"),
     "trl": ("trl", {}, "TRL `GRPOTrainer`"),
 }

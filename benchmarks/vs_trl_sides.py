@@ -82,8 +82,8 @@ def ours_overrides(
 
 def model_overrides(spec: dict, folder: Path) -> list[str]:
     """With ``spec["model"]`` (a Hugging Face directory): that model on the built-in task's prompts as chat
-    messages (written to ``folder``; verl's defaults otherwise, so GRPO named), one thread; ``bypass`` and
-    ``rollout`` pick verl's variants."""
+    messages (written to ``folder``; verl's defaults otherwise, so GRPO named), one thread; ``bypass``,
+    ``prefix_grouper`` and ``rollout`` pick verl's variants."""
     if not spec.get("model"):
         return []
     folder.mkdir(parents=True, exist_ok=True)
@@ -98,6 +98,8 @@ def model_overrides(spec: dict, folder: Path) -> list[str]:
     ]
     if spec.get("bypass"):
         out.append("algorithm.rollout_correction.bypass_mode=true")
+    if spec.get("prefix_grouper"):
+        out.append("actor_rollout_ref.actor.use_prefix_grouper=true")
     if spec.get("rollout", "hf") != "hf":
         out.append(f"actor_rollout_ref.rollout.name={spec['rollout']}")
     return out

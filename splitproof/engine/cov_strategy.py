@@ -113,7 +113,13 @@ def select_shard(
 
 
 def _log_probs(model: nn.Module, part: RolloutBatch, config: UpdateConfig) -> Tensor:
-    log_prob, _ = response_log_probs(model, part, temperature=config.temperature, packed=config.use_remove_padding)
+    log_prob, _ = response_log_probs(
+        model,
+        part,
+        temperature=config.temperature,
+        packed=config.use_remove_padding,
+        prefix_grouper=config.use_prefix_grouper,
+    )
     return log_prob
 
 

@@ -105,11 +105,19 @@ def padded_outputs(model: nn.Module, batch: RolloutBatch, p0: int, t1: int, dtyp
 
 
 def response_log_probs(
-    model: nn.Module, batch: RolloutBatch, *, temperature: float = 1.0, with_entropy: bool = False, packed: bool = False
+    model: nn.Module,
+    batch: RolloutBatch,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    packed: bool = False,
+    prefix_grouper: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """log pi(response token) as [b, T] (zeros past each row's response), and the entropy of the
     temperature-scaled distribution [b, T] when ``with_entropy``. Differentiable. ``packed`` puts
-    several sequences in a row (``splitproof.engine.packing``) instead of padding each to the longest."""
+    several sequences in a row (``splitproof.engine.packing``) instead of padding each to the longest;
+    ``prefix_grouper`` computes each distinct prompt once (``splitproof.engine.shared_prefix``; wins over
+    ``packed``)."""
     if not temperature > 0:
         raise ConfigError("temperature", f"must be > 0, got {temperature}")
     check_attention(model)
@@ -123,6 +131,12 @@ def response_log_probs(
     if t1 == 0:
         zeros = torch.zeros(b, T, dtype=out_dtype, device=device)
         return zeros, (zeros.clone() if with_entropy else None)
+    if prefix_grouper:
+        from splitproof.engine.shared_prefix import shared_prefix_log_probs
+
+        return shared_prefix_log_probs(
+            model, batch, p0, t1, temperature=temperature, with_entropy=with_entropy, dtype=dtype, out_dtype=out_dtype
+        )
     if packed:
         return packed_response_log_probs(
             model,
@@ -190,6 +204,7 @@ def compute_log_probs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     packed: bool = False,
+    prefix_grouper: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """No-grad log-probs (and entropy) of the whole ``batch`` as [B, T], in the original row order; ``batch``
     is any token layout (a ``TokenBatch`` or a ``RolloutBatch``).
@@ -197,10 +212,16 @@ def compute_log_probs(
     Split into fixed microbatches of ``micro_batch_size`` rows or under a ``max_token_len`` padded-token
     budget: exactly one of the two. This is the "old log-probs" pass. Its matrix products run in fixed
     row blocks (``engine.row_invariant``), so no split changes a log-prob, not even in its last bit.
+    ``prefix_grouper``: each distinct prompt of a microbatch computed once, a group's rows kept in one
+    microbatch where the split allows (``engine.shared_prefix``).
     """
-    microbatches = inference_microbatches(
-        batch, micro_batch_size, max_token_len, packed, "log_prob_micro_batch_size_per_gpu"
-    )
+    field = "log_prob_micro_batch_size_per_gpu"
+    if prefix_grouper:
+        from splitproof.engine.shared_prefix import grouped_microbatches
+
+        microbatches = grouped_microbatches(batch, micro_batch_size, max_token_len, field)
+    else:
+        microbatches = inference_microbatches(batch, micro_batch_size, max_token_len, packed, field)
     _, out_dtype = output_dtypes(model)
     device = batch.responses.device
     shape = (len(batch), batch.response_width)
@@ -209,7 +230,12 @@ def compute_log_probs(
     with row_invariant(model):
         for mb in microbatches:
             lp, h = response_log_probs(
-                model, batch.select(mb), temperature=temperature, with_entropy=with_entropy, packed=packed
+                model,
+                batch.select(mb),
+                temperature=temperature,
+                with_entropy=with_entropy,
+                packed=packed,
+                prefix_grouper=prefix_grouper,
             )
             index = torch.as_tensor(mb, dtype=torch.long, device=device)
             logp[index] = lp.to(out_dtype)

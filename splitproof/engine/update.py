@@ -67,9 +67,14 @@ def update_policy(
 def policy_log_probs(
     model: nn.Module, part: RolloutBatch, config: UpdateConfig, with_entropy: bool = False
 ) -> tuple[Tensor, Tensor | None]:
-    """The part's response log-probs (and entropy) at the config's temperature and packing."""
+    """The part's response log-probs (and entropy) at the config's temperature, packing and prefix grouping."""
     return response_log_probs(
-        model, part, temperature=config.temperature, with_entropy=with_entropy, packed=config.use_remove_padding
+        model,
+        part,
+        temperature=config.temperature,
+        with_entropy=with_entropy,
+        packed=config.use_remove_padding,
+        prefix_grouper=config.use_prefix_grouper,
     )
 
 

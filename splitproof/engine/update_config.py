@@ -58,11 +58,14 @@ class SplitSettings:
 @dataclass(frozen=True)
 class UpdateConfig(SplitSettings):
     """One policy update over a rollout batch: the loss (verl's ``actor`` fields), the split settings
-    (:class:`SplitSettings`), the sampling temperature, and for KL-Cov/Clip-Cov how the selection is made."""
+    (:class:`SplitSettings`), the sampling temperature, for KL-Cov/Clip-Cov how the selection is made, and
+    ``use_prefix_grouper`` (verl's key): each distinct prompt of a microbatch computed once
+    (``engine.shared_prefix``)."""
 
     loss: LossConfig = field(default_factory=LossConfig)
     temperature: float = 1.0
     cov_strategy: str = "auto"
+    use_prefix_grouper: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -75,6 +78,11 @@ class UpdateConfig(SplitSettings):
             self.cov_strategy in COV_STRATEGIES,
             "cov_strategy",
             f"unknown {self.cov_strategy!r}; expected one of {', '.join(COV_STRATEGIES)}",
+        )
+        require(
+            isinstance(self.use_prefix_grouper, bool),
+            "use_prefix_grouper",
+            f"must be true or false, got {self.use_prefix_grouper!r}",
         )
         if not isinstance(self.loss, LossConfig):
             raise ConfigError("loss", f"must be a LossConfig, got {type(self.loss).__name__}")

@@ -225,6 +225,7 @@ def no_grad_passes(parts: Parts, tokens: TokenLayout, rollout_log_probs: Tensor,
     verl's bypass mode), the reference policy's log-probs and the critic's values (None when not needed)."""
     cfg, collective, dtype = parts.config, parts.collective, parts.float_dtype
     temperature, packed = cfg.actor_rollout_ref.rollout.temperature, parts.actor.update_config.use_remove_padding
+    grouped = parts.actor.update_config.use_prefix_grouper
     if cfg.algorithm.rollout_correction.bypass_mode:  # verl's bypass mode: no recompute
         old_log_probs, entropy = rollout_log_probs, None
     else:
@@ -238,12 +239,20 @@ def no_grad_passes(parts: Parts, tokens: TokenLayout, rollout_log_probs: Tensor,
                 packed=packed,
                 dtype=dtype,
                 with_entropy=True,
+                prefix_grouper=grouped,
             )
     ref_log_probs = None
     if parts.reference_policy is not None:
         with timer("ref"), parts.reference_policy.model() as ref:
             ref_log_probs, _ = no_grad_log_probs(
-                ref, tokens, reference_split(cfg), collective, temperature=temperature, packed=packed, dtype=dtype
+                ref,
+                tokens,
+                reference_split(cfg),
+                collective,
+                temperature=temperature,
+                packed=packed,
+                dtype=dtype,
+                prefix_grouper=grouped,
             )
     values = None
     if parts.critic is not None:
@@ -381,13 +390,21 @@ def no_grad_log_probs(
     packed: bool,
     dtype: torch.dtype,
     with_entropy: bool = False,
+    prefix_grouper: bool = False,
 ):
     """No-grad log-probs [B, T] (and entropy) of every row; each rank computes a share. ``split`` holds the
-    pass's micro-batching (``micro_batch_size`` or ``max_token_len``), which never changes the values."""
+    pass's micro-batching (``micro_batch_size`` or ``max_token_len``), which never changes the values;
+    ``prefix_grouper``: each distinct prompt computed once (``engine.shared_prefix``)."""
 
     def compute(part):
         logp, entropy = compute_log_probs(
-            model, part, **split_kwargs(split, part), with_entropy=with_entropy, temperature=temperature, packed=packed
+            model,
+            part,
+            **split_kwargs(split, part),
+            with_entropy=with_entropy,
+            temperature=temperature,
+            packed=packed,
+            prefix_grouper=prefix_grouper,
         )
         return [logp, entropy] if with_entropy else [logp]
 

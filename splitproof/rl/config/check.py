@@ -21,6 +21,7 @@ from .check_rules import fail, finite, is_int, one_of, optional_positive_int, po
 from .derive import ACTOR, ARR, ROLLOUT, reward_manager_of
 from .derive import critic_enabled as critic_enabled  # importers take it from here
 from .mixed_precision import actor_precision, critic_precision
+from .prefix_grouper import check_prefix_grouper
 from .schema import OptimConfig, TrainConfig
 
 # verl's estimator names (splitproof.advantages implements them; gae also needs a critic)
@@ -317,6 +318,7 @@ def _check_async(cfg: TrainConfig) -> None:
 CHECKS = (
     _check_data,
     check_actor,
+    check_prefix_grouper,
     check_rollout,
     _check_algorithm,
     check_critic,

@@ -25,6 +25,7 @@ from functools import lru_cache
 from typing import Any
 
 from .mixed_precision import precision_notices
+from .prefix_grouper import prefix_grouper_notices
 from .schema import TrainConfig, schema_keys, walk_defaults
 from .vllm_keys import vllm_notices
 
@@ -148,6 +149,7 @@ def run_notices(cfg, origins: Origins) -> list[str]:
         )
     notices.extend(vllm_notices(cfg, origins.user))
     notices.extend(precision_notices(cfg, origins))
+    notices.extend(prefix_grouper_notices(cfg))
     for key, reason in SCHEMA_NO_EFFECT.items():
         value = origins.user.get(key, _schema_defaults()[key])
         if value != _schema_defaults()[key]:

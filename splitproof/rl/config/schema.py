@@ -125,6 +125,7 @@ class ActorConfig:
     data_loader_seed: int = 42  # also seeds Clip-Cov's priority hash
     grad_clip: float = 1.0  # gradient-norm clip (optim.clip_grad is the same threshold)
     use_remove_padding: bool = II("actor_rollout_ref.model.use_remove_padding")  # packing (memory, speed only)
+    use_prefix_grouper: bool = False  # each distinct prompt computed once in the update and log-prob passes (speed)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
