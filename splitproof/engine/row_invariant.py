@@ -104,7 +104,14 @@ def product(x: Tensor, wt: Tensor, bias: Tensor | None, out: Tensor | None = Non
 
 
 def _fixed_forward(module: nn.Linear):
+    k, plain_width = module.in_features, module.out_features >= NARROW
+
     def forward(x: Tensor) -> Tensor:
+        m = x.numel() // k if k else 0
+        if plain_width and m % TILE == 0 and MIN_ROWS <= m <= MAX_ROWS and x.is_cpu:
+            # The common case first, with no more Python than nn.Linear's (a micro-batch of one short row runs
+            # products of microseconds): F.linear folds x to the [m, k] product fixed_tile_linear runs.
+            return F.linear(x, module.weight, module.bias)
         if x.device.type != "cpu":  # another BLAS: every product one shape (engine.device_rows)
             return fixed_block_linear(x, module.weight, module.bias)
         return fixed_tile_linear(x, module.weight, module.bias)
