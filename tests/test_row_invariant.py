@@ -153,28 +153,3 @@ def test_rollout_is_identical_above_the_row_floor():
     params = SamplingParams(n=1, temperature=1.0, max_response_length=4, seed=1)
     requests = requests_for(prompts, params.n)
     assert _rollout(model, requests, params, 23) == _rollout(model, requests, params, 1)
-
-
-def test_tile_columns_give_a_product_its_rows_as_they_are():
-    from splitproof.engine.logprobs import tile_columns
-
-    for rows in range(1, 40):
-        for width in range(1, 40):
-            e = tile_columns(rows, width)
-            m = rows * (width + e)
-            assert m % TILE == 0 and m >= MIN_ROWS and 0 <= e < MIN_ROWS
-            assert e == 0 or (rows * (width + e - 1)) % TILE or rows * (width + e - 1) < MIN_ROWS  # the fewest
-
-
-def test_left_columns_for_the_tile_change_no_bit_in_float64(monkeypatch):
-    """The log-prob pass pads a microbatch's rows on the left to a multiple of ``TILE`` tokens
-    (``logprobs.tile_columns``); in float64 that changes no log-prob and no entropy in any layout."""
-    import splitproof.engine.logprobs as logprobs
-
-    model = tiny_causal_lm("llama", dtype=torch.float64, seed=0)
-    batch = make_batch(B=7, P=9, T=8, seed=3)
-    tiled = [compute_log_probs(model, batch, with_entropy=True, **layout) for layout in LAYOUTS[:4]]
-    monkeypatch.setattr(logprobs, "tile_columns", lambda rows, width: 0)
-    for layout, (lp, h) in zip(LAYOUTS[:4], tiled):
-        lp0, h0 = compute_log_probs(model, batch, with_entropy=True, **layout)
-        assert torch.equal(lp, lp0) and torch.equal(h, h0), layout

@@ -19,7 +19,7 @@ from splitproof.batch import BatchError, RolloutBatch, TokenLayout
 from splitproof.engine.attention import attention_mask, check_attention
 from splitproof.engine.microbatch import budget_microbatches, fixed_microbatches
 from splitproof.engine.packing import packed_response_log_probs
-from splitproof.engine.row_invariant import MIN_ROWS, TILE, row_invariant
+from splitproof.engine.row_invariant import row_invariant
 from splitproof.hf_models import base_model_of
 from splitproof.loss_config import ConfigError
 
@@ -85,30 +85,15 @@ def response_window(batch: RolloutBatch) -> tuple[int, int]:
     return p0, t1
 
 
-def tile_columns(rows: int, width: int) -> int:
-    """Masked columns to put before ``rows`` rows of ``width`` positions so that the products of a
-    row-invariant pass take their rows as they are: rows × (width + e) a multiple of ``TILE`` and at least
-    ``MIN_ROWS`` (``engine.row_invariant``: no zero rows to append, no copy per product). 0 to 15."""
-    extra = 0
-    while rows * (width + extra) % TILE or rows * (width + extra) < MIN_ROWS:
-        extra += 1
-    return extra
-
-
-def padded_outputs(model: nn.Module, batch: RolloutBatch, p0: int, t1: int, dtype: torch.dtype, tile: bool = False):
+def padded_outputs(model: nn.Module, batch: RolloutBatch, p0: int, t1: int, dtype: torch.dtype):
     """The model's outputs [b, t1 + 1, C] at the last t1 + 1 positions of the trimmed padded rows —
     position j predicts response token j, the final one predicts nothing — with the trimmed input ids
-    [b, L] and the response tokens' attention [b, t1]. ``tile`` (the no-grad passes): up to 15 masked
-    columns more on the left (``tile_columns``) — a row's values do not depend on its left padding."""
+    [b, L] and the response tokens' attention [b, t1]."""
     P = batch.prompt_width
     attention = batch.attention_mask.bool()
     prompt_att, resp_att = attention[:, :P], attention[:, P:]
     input_ids = torch.cat([batch.prompts[:, p0:], batch.responses[:, :t1]], dim=1)
     mask = torch.cat([prompt_att[:, p0:], resp_att[:, :t1]], dim=1)
-    extra = tile_columns(*input_ids.shape) if tile else 0
-    if extra:
-        input_ids = torch.cat([input_ids.new_zeros(len(batch), extra), input_ids], dim=1)
-        mask = torch.cat([mask.new_zeros(len(batch), extra), mask], dim=1)
     input_ids = torch.where(mask, input_ids, torch.zeros_like(input_ids))  # pad ids may be out of vocabulary
     position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
     # Without padding the mask is plain causal: the model's own causal path, no [b, L, L] mask to hold.
@@ -120,18 +105,11 @@ def padded_outputs(model: nn.Module, batch: RolloutBatch, p0: int, t1: int, dtyp
 
 
 def response_log_probs(
-    model: nn.Module,
-    batch: RolloutBatch,
-    *,
-    temperature: float = 1.0,
-    with_entropy: bool = False,
-    packed: bool = False,
-    tile: bool = False,
+    model: nn.Module, batch: RolloutBatch, *, temperature: float = 1.0, with_entropy: bool = False, packed: bool = False
 ) -> tuple[Tensor, Tensor | None]:
     """log pi(response token) as [b, T] (zeros past each row's response), and the entropy of the
     temperature-scaled distribution [b, T] when ``with_entropy``. Differentiable. ``packed`` puts
-    several sequences in a row (``splitproof.engine.packing``) instead of padding each to the longest;
-    ``tile`` (no-grad passes) pads the rows on the left to a row count the products take as it is."""
+    several sequences in a row (``splitproof.engine.packing``) instead of padding each to the longest."""
     if not temperature > 0:
         raise ConfigError("temperature", f"must be > 0, got {temperature}")
     check_attention(model)
@@ -159,7 +137,7 @@ def response_log_probs(
     # Position j predicts response token j; the final one predicts nothing. It is dropped after the
     # log-softmax, not before: the kept logits are then contiguous, and log_softmax on a strided slice first
     # copies it (benchmarks/rollout.py: 20-40 % of the head). Same values per row.
-    logits, input_ids, valid = padded_outputs(model, batch, p0, t1, dtype, tile)
+    logits, input_ids, valid = padded_outputs(model, batch, p0, t1, dtype)
     z = logits.float() if logits.dtype in _LOW_PRECISION else logits
     if temperature != 1.0:  # x / 1.0 == x exactly: skip a full [b, T, V] pass (and its backward)
         z = z / temperature
@@ -231,7 +209,7 @@ def compute_log_probs(
     with row_invariant(model):
         for mb in microbatches:
             lp, h = response_log_probs(
-                model, batch.select(mb), temperature=temperature, with_entropy=with_entropy, packed=packed, tile=True
+                model, batch.select(mb), temperature=temperature, with_entropy=with_entropy, packed=packed
             )
             index = torch.as_tensor(mb, dtype=torch.long, device=device)
             logp[index] = lp.to(out_dtype)
