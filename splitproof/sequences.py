@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .batch_error import BatchError
+from .flat_rows import flat_per_token, flat_token_fields
 
 HOST = torch.device("cpu")  # plain lists become tensors here, whatever device the batch goes to
 
@@ -180,6 +181,10 @@ def token_fields(
 ) -> dict[str, Tensor]:
     """The token layout of plain per-sequence lists (``TokenBatch.from_sequences``): every row checked."""
     check_pad_token_id(pad_token_id)
+    if response_mask is None:  # plain int lists (the run's own samples): one pass, the same layout
+        fast = flat_token_fields(prompt_ids, response_ids, lambda n: response_width_of(n, response_width), pad_token_id)
+        if fast is not None:
+            return fast
     prompts, responses = checked_tokens(prompt_ids, response_ids)
     lengths = [r.numel() for r in responses]
     masks = checked_masks(response_mask, len(prompts), lengths)
@@ -189,6 +194,9 @@ def token_fields(
 def pad_per_token(name: str, rows, lengths: list[int], width: int, dtype: torch.dtype) -> Tensor:
     """One value per response token of each row (checked against ``lengths``), right-padded with 0 to
     ``width`` in ``dtype``."""
+    fast = flat_per_token(rows, lengths, width, dtype)  # plain float lists: one pass, the same values
+    if fast is not None:
+        return fast
     return _pad(_per_token(name, _rows(name, rows, len(lengths)), lengths, dtype), width, 0.0, dtype, left=False)
 
 

@@ -11,9 +11,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from splitproof import BatchError, LossConfig, RolloutBatch
+from splitproof.batch import TokenBatch
 from splitproof.diagnose.synthetic import synthetic_rollout
 from splitproof.engine import UpdateConfig, compute_log_probs, update_policy
 from splitproof.hf_models import tiny_causal_lm
+from splitproof.sequences import pad_per_token
 
 
 def _unpadded(batch: RolloutBatch, field: str, row: int) -> list:
@@ -173,3 +175,39 @@ def test_a_fixed_response_width_pads_every_row_to_it_and_names_a_longer_row():
         assert torch.equal(getattr(tokens, name), getattr(wide, name)), name
     with pytest.raises(BatchError, match=r"response_ids\[0\]: 3 tokens > response_width 2"):
         RolloutBatch.from_sequences(**GOOD, response_width=2)
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 6), st.integers(0, 5)), min_size=1, max_size=8),
+    st.sampled_from([None, 5, 7]),
+    st.integers(0, 2**16),
+)
+def test_plain_lists_take_one_pass_to_the_same_layout(lengths, width, seed):
+    """Lists of Python ints / floats (the run's own samples) are laid out in one pass
+    (``splitproof.flat_rows``): the same tensors as the row-by-row path that tensor rows take."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, 99, (p,), generator=g) for p, _ in lengths]
+    responses = [torch.randint(0, 99, (n,), generator=g) for _, n in lengths]
+    values = [-torch.rand(n, generator=g, dtype=torch.float64) for _, n in lengths]
+    plain = TokenBatch.from_sequences(
+        [p.tolist() for p in prompts], [r.tolist() for r in responses], response_width=width
+    )
+    rows = TokenBatch.from_sequences(prompts, responses, response_width=width)
+    for field in ("prompts", "responses", "attention_mask", "response_mask"):
+        a, b = getattr(plain, field), getattr(rows, field)
+        assert a.dtype == b.dtype and torch.equal(a, b), field
+    n, t = [r.numel() for r in responses], rows.response_width
+    for dtype in (torch.float32, torch.float64):
+        fast = pad_per_token("log_probs", [v.tolist() for v in values], n, t, dtype)
+        assert torch.equal(fast, pad_per_token("log_probs", values, n, t, dtype))
+
+
+def test_plain_lists_with_a_bad_row_are_still_named():
+    """A bool, a negative id or a float among plain ints leaves the one-pass layout: the row is named."""
+    for prompt_ids, message in (([[5], [True]], r"prompt_ids\[1\]"), ([[5], [-2]], r"prompt_ids\[1\]: negative")):
+        with pytest.raises(BatchError, match=message):
+            TokenBatch.from_sequences(prompt_ids, [[1], [2]])
+    with pytest.raises(BatchError, match=r"response_ids\[0\]: token ids must be integers"):
+        TokenBatch.from_sequences([[5], [6]], [[1.0], [2]])
+    with pytest.raises(BatchError, match=r"log_probs\[1\]: 1 values for 2"):
+        pad_per_token("log_probs", [[-1.0], [-1.0]], [1, 2], 2, torch.float32)
