@@ -156,6 +156,37 @@ def test_multi_turn_episodes_are_the_same_under_data_parallel_ranks(multi_turn):
             ]
 
 
+@needs_verifiers
+def test_killed_mid_episode_and_resumed_equals_an_uninterrupted_run(tmp_path):
+    """SIGKILL at step 2's second generation batch (after the environment's first responses), resume from
+    step 1's checkpoint: the same metrics, bitwise, as an uninterrupted run."""
+    from splitproof.cli import main
+    from splitproof.rl.tracking.loggers import read_metrics
+
+    from .test_train_resume import _kill_at, _same_metrics
+
+    def args(out):
+        return small_grpo("builtin://charlm", "fp64") + [
+            "actor_rollout_ref.rollout.multi_turn.enable=true",
+            f"{KEY}={ENVS / 'vf_guess.py'}",
+            *MULTI,
+            "data.max_prompt_length=64",
+            f"trainer.total_training_steps={STEPS}",
+            "trainer.save_freq=1",
+            "trainer.val_before_train=false",
+            "trainer.logger=[file]",
+            f"trainer.default_local_dir={out}",
+        ]
+
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert main(["train", *args(whole)]) == 0
+    _kill_at(args(killed), "step2:stream0:vf2", tmp_path / "paused")
+    assert main(["train", *args(killed)]) == 0
+    got, want = read_metrics(killed / "metrics.jsonl"), read_metrics(whole / "metrics.jsonl")
+    assert any(r["num_turns/max"] > 2 for r in want)  # environment turns happen
+    _same_metrics(got, want)
+
+
 def test_a_module_without_load_environment_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
     overrides = ["actor_rollout_ref.rollout.multi_turn.enable=true", f"{KEY}={ENVS / 'vf_no_loader.py'}"]
     _exit_2_before_any_model(overrides, [KEY, "load_environment", "make_env"], tmp_path, monkeypatch, capsys)
