@@ -135,6 +135,27 @@ def test_multi_turn_episodes_are_the_same_at_any_batch_size(multi_turn):
         ]
 
 
+@needs_verifiers
+def test_an_env_group_routes_each_row_to_its_environment():
+    """vf.EnvGroup of a SingleTurnEnv and a MultiTurnEnv: the group's rows are both environments' rows,
+    each episode runs its own environment's protocol and rubric (the union of the functions reported),
+    and the episodes are the same at another generation batch size."""
+    group = [*MULTI, "trainer.total_training_steps=2"]
+    first = run_trajectory(vf_config("vf_group.py", group))
+    again = run_trajectory(vf_config("vf_group.py", [*group, "actor_rollout_ref.rollout.max_num_seqs=3"]))
+    assert_same_trajectory(again, first)
+    tok = char_tokenizer()
+    samples = [s for step in first["samples"] for s in step]
+    reverse = [s for s in samples if "Reverse the word." in tok.decode(s.prompt_ids)]
+    guess = [s for s in samples if "guess a digit" in tok.decode(s.prompt_ids)]
+    assert len(reverse) == len(guess) == len(samples) // 2
+    assert all(s.user_turns == 0 and s.metrics["format_reward_func"] > 0 for s in reverse)
+    assert any(s.user_turns > 0 for s in guess) and all(s.metrics["format_reward_func"] == 0 for s in guess)
+    for record in first["records"]:
+        for name in ("reversed_word", "format_reward_func", "solved"):
+            assert f"reward/vf/{name}/mean" in record
+
+
 def _dp_worker(extra):
     return run_trajectory(vf_config("vf_guess.py", [*MULTI, *extra]))
 
