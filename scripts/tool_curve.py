@@ -33,6 +33,7 @@ from make_charlm import sft_loss
 from splitproof.builtin.tokenizer import char_tokenizer
 from splitproof.rl.data.tasks import task_rows
 
+ROOT = Path(__file__).resolve().parents[1]
 TRAIN, TEST = "builtin://product/train", "builtin://product/test?size=200"
 
 
@@ -77,17 +78,23 @@ def sampled_success(model, input_ids: torch.Tensor, labels: torch.Tensor) -> flo
 
 
 def warm_up(
-    out: Path, max_steps: int, seed: int, target: float, check_every: int, lr: float = 1e-3, batch: int = 64
+    out: Path,
+    pairs: list,
+    max_steps: int,
+    seed: int,
+    target: float,
+    check_every: int,
+    lr: float = 1e-3,
+    batch: int = 64,
 ) -> tuple[int, float]:
-    """SFT until the T = 1 success of 256 train transcripts (``sampled_success``) reaches ``target``:
-    (steps, success)."""
+    """SFT of the built-in model on (ids, labels) ``pairs`` until the T = 1 success of the first 256
+    (``sampled_success``) reaches ``target``: (steps, success)."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     torch.set_num_threads(1)
     tokenizer = char_tokenizer()
-    model = AutoModelForCausalLM.from_pretrained("splitproof/builtin/charlm", dtype=torch.float32)
-    pairs = [transcript(tokenizer, r) for r in task_rows(TRAIN)]
+    model = AutoModelForCausalLM.from_pretrained(str(ROOT / "splitproof/builtin/charlm"), dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     generator = torch.Generator().manual_seed(seed)
     probe = batch_of(pairs[:256], tokenizer.pad_token_id)
@@ -108,8 +115,6 @@ def warm_up(
 
 
 def train(model_dir: Path, out: Path, seed: int, steps: int, test_freq: int, tool: bool, extra: list[str]) -> list:
-    from splitproof.cli import main
-
     overrides = [
         f"actor_rollout_ref.model.path={model_dir}",
         f"data.train_files={TRAIN}",
@@ -142,11 +147,18 @@ def train(model_dir: Path, out: Path, seed: int, steps: int, test_freq: int, too
             "actor_rollout_ref.rollout.multi_turn.function_tool_path=pkg://splitproof.builtin.calculator",
             "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=2",
         ]
-    code = main(["train", *overrides, *extra])
+    return run_train(out, [*overrides, *extra], "val-core/product/reward/mean@")  # @n: rollout.val_kwargs.n
+
+
+def run_train(out: Path, overrides: list[str], held_out: str) -> list[tuple[int, float]]:
+    """``splitproof train`` with ``overrides`` (writing to ``out``): [(step, the held-out metric starting
+    with ``held_out``)] from its metrics.jsonl."""
+    from splitproof.cli import main
+
+    code = main(["train", *overrides])
     if code != 0:
         raise SystemExit(f"splitproof train exited with {code}")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    held_out = "val-core/product/reward/mean@"  # @n: rollout.val_kwargs.n
     return [(int(r["step"]), v) for r in records for k, v in r.items() if k.startswith(held_out)]
 
 
@@ -171,7 +183,8 @@ def main() -> int:
     for seed in args.seeds:
         model_dir = args.out / f"warm_{seed}"
         start = time.perf_counter()
-        steps, success = warm_up(model_dir, args.warmup_steps, seed, args.warmup_target, args.check_every)
+        pairs = [transcript(char_tokenizer(), r) for r in task_rows(TRAIN)]
+        steps, success = warm_up(model_dir, pairs, args.warmup_steps, seed, args.warmup_target, args.check_every)
         warm = {"steps": steps, "train_sampled_success": success, "wall_s": time.perf_counter() - start}
         print(
             f"seed {seed}: warm-up {steps} steps, train T=1 success {success:.3f}, {warm['wall_s']:.0f} s", flush=True

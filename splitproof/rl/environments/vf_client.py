@@ -25,6 +25,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
+from ..pause import pause_point
 from ..rollout.hf import HFRollout, Sample, SamplingParams
 from ..rollout.tool_format import HermesFormat, render_after_turn
 
@@ -53,6 +54,7 @@ class Batcher:
             return
         batch, self.pending = sorted(self.pending, key=lambda p: p[0]), []
         self.batches += 1
+        pause_point(f"step{self.step}:stream{self.stream}:vf{self.batches}")  # a kill test stops here mid-episode
         try:
             samples = self.engine.generate(
                 [(uid, j, ids) for (uid, j), ids, _, _, _ in batch],
