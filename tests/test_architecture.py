@@ -14,6 +14,7 @@ CORE = {
     "batch",
     "batch_error",
     "sequences",
+    "flat_rows",
     "stats",
     "aggregation",
     "losses",

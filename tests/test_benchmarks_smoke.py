@@ -194,9 +194,9 @@ def test_vs_trl_model(docs):
         torch.set_num_threads(threads)
         if trl_python is not None:
             os.environ["SPLITPROOF_TRL_PYTHON"] = trl_python
-    assert r["variants"] == ["recompute", "bypass"] and r["trl_python"] is None
+    assert r["variants"] == ["recompute", "bypass", "grouped", "grouped_bypass"] and r["trl_python"] is None
     rows = {row["key"]: row for row in r["rows"]}
-    for name in ("recompute", "bypass"):
+    for name in r["variants"]:
         for key in ("gen", "update", "total", "tokens_per_s"):
             assert _positive(rows[key][f"{name}_cpu"]) and _positive(rows[key][f"{name}_wall"]), (name, key)
     assert _positive(rows["old_log_prob"]["recompute_cpu"])

@@ -225,7 +225,6 @@ def no_grad_passes(parts: Parts, tokens: TokenLayout, rollout_log_probs: Tensor,
     verl's bypass mode), the reference policy's log-probs and the critic's values (None when not needed)."""
     cfg, collective, dtype = parts.config, parts.collective, parts.float_dtype
     temperature, packed = cfg.actor_rollout_ref.rollout.temperature, parts.actor.update_config.use_remove_padding
-    grouped = parts.actor.update_config.use_prefix_grouper
     if cfg.algorithm.rollout_correction.bypass_mode:  # verl's bypass mode: no recompute
         old_log_probs, entropy = rollout_log_probs, None
     else:
@@ -239,7 +238,7 @@ def no_grad_passes(parts: Parts, tokens: TokenLayout, rollout_log_probs: Tensor,
                 packed=packed,
                 dtype=dtype,
                 with_entropy=True,
-                prefix_grouper=grouped,
+                prefix_grouper=parts.actor.update_config.use_prefix_grouper,
             )
     ref_log_probs = None
     if parts.reference_policy is not None:
@@ -252,7 +251,7 @@ def no_grad_passes(parts: Parts, tokens: TokenLayout, rollout_log_probs: Tensor,
                 temperature=temperature,
                 packed=packed,
                 dtype=dtype,
-                prefix_grouper=grouped,
+                prefix_grouper=parts.actor.update_config.use_prefix_grouper,
             )
     values = None
     if parts.critic is not None:
