@@ -64,21 +64,6 @@ def test_a_row_is_the_same_past_the_largest_product(dtype):
             assert torch.equal(fixed_tile_linear(x[start : start + m], w, b), whole[start : start + m]), (m, start)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-@pytest.mark.parametrize("bias", [True, False])
-def test_several_products_are_the_products_of_their_chunks(dtype, bias):
-    """Past ``MAX_ROWS`` rows each product writes into the output (``out=``): bit for bit what F.linear gives
-    on each chunk of ``MAX_ROWS`` rows and on the zero-filled last one."""
-    x, w, b = _operands(dtype, bias, rows=2 * MAX_ROWS + 21)
-    for m in (MAX_ROWS + 1, MAX_ROWS + 16, 2 * MAX_ROWS, 2 * MAX_ROWS + 3, 2 * MAX_ROWS + 21):
-        last = m - (m - 1) // MAX_ROWS * MAX_ROWS
-        filled = max(MIN_ROWS, -(-last // TILE) * TILE)
-        chunks = [F.linear(x[s : s + MAX_ROWS], w, b) for s in range(0, m - last, MAX_ROWS)]
-        tail = torch.cat([x[m - last : m], x.new_zeros(filled - last, x.shape[1])])
-        want = torch.cat([*chunks, F.linear(tail, w, b)[:last]])
-        assert torch.equal(fixed_tile_linear(x[:m], w, b), want), m
-
-
 def test_a_plain_product_is_not():
     """The control: plain F.linear moves some row with the row count (on AVX2: rows past the last full tile
     of 4; on AVX-512: a product of 1 row), so the test above can fail."""

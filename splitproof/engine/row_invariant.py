@@ -76,42 +76,18 @@ def fixed_tile_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> 
     if m <= MAX_ROWS:  # one product with 1-15 zero rows after the real ones (cat: the cheapest copy measured)
         filler = flat.new_zeros(max(MIN_ROWS, -(-m // TILE) * TILE) - m, k)
         return F.linear(torch.cat([flat, filler]), weight, bias)[:m].view(*x.shape[:-1], n_out)
-    return several_products(flat, weight, bias).view(*x.shape[:-1], n_out)
-
-
-def several_products(flat: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """F.linear(flat, weight, bias) for more than ``MAX_ROWS`` rows: products of ``MAX_ROWS`` rows, the last of
-    a multiple of ``TILE`` rows (at least ``MIN_ROWS``, zero rows after the real ones), each written straight
-    into the output (``out=``: the same product as F.linear's, no copy of the input or of the outputs)."""
-    m, k = flat.shape
-    out = flat.new_empty(m, weight.shape[0])
-    wt = weight.t()
-    for s in range(0, m, MAX_ROWS):
-        rows = min(MAX_ROWS, m - s)
-        if rows % TILE == 0 and rows >= MIN_ROWS:
-            product(flat[s : s + rows], wt, bias, out[s : s + rows])
-        else:  # the last product: zero rows fill it up, its real rows are copied out
-            filler = flat.new_zeros(max(MIN_ROWS, -(-rows // TILE) * TILE) - rows, k)
-            out[s:] = product(torch.cat([flat[s:], filler]), wt, bias)[:rows]
-    return out
-
-
-def product(x: Tensor, wt: Tensor, bias: Tensor | None, out: Tensor | None = None) -> Tensor:
-    """x @ wt (+ bias) as F.linear computes it on the CPU (mm, or addmm with a bias), into ``out`` if given."""
-    if bias is None:
-        return torch.mm(x, wt) if out is None else torch.mm(x, wt, out=out)
-    return torch.addmm(bias, x, wt) if out is None else torch.addmm(bias, x, wt, out=out)
+    starts = range(0, m, MAX_ROWS)
+    last = max(MIN_ROWS, -(-(m - starts[-1]) // TILE) * TILE)  # rows of the last product, filler included
+    flat = F.pad(flat, (0, 0, 0, starts[-1] + last - m))
+    if len(starts) == 1:
+        out = F.linear(flat, weight, bias)
+    else:
+        out = torch.cat([F.linear(flat[s : s + MAX_ROWS], weight, bias) for s in starts])
+    return out[:m].view(*x.shape[:-1], n_out)
 
 
 def _fixed_forward(module: nn.Linear):
-    k, plain_width = module.in_features, module.out_features >= NARROW
-
     def forward(x: Tensor) -> Tensor:
-        m = x.numel() // k if k else 0
-        if plain_width and m % TILE == 0 and MIN_ROWS <= m <= MAX_ROWS and x.is_cpu:
-            # The common case first, with no more Python than nn.Linear's (a micro-batch of one short row runs
-            # products of microseconds): F.linear folds x to the [m, k] product fixed_tile_linear runs.
-            return F.linear(x, module.weight, module.bias)
         if x.device.type != "cpu":  # another BLAS: every product one shape (engine.device_rows)
             return fixed_block_linear(x, module.weight, module.bias)
         return fixed_tile_linear(x, module.weight, module.bias)
