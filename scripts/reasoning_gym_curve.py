@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from make_charlm import examples
 from splitproof.builtin.tokenizer import char_tokenizer
 from splitproof.rl.data.reasoning_gym import task_rows
-from tool_curve import run_train, warm_up
+from tool_curve import curve_run_keys, run_train, warm_up
 
 TASK = (
     "reasoning-gym://basic_arithmetic?min_terms=2&max_terms=2&min_digits=2&max_digits=2&operators=[%22%2B%22]"
@@ -65,18 +65,7 @@ def recipe(task: str, model_dir: Path, out: Path, seed: int, steps: int, test_fr
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1024",
         "actor_rollout_ref.actor.optim.lr=5e-4",
         "algorithm.adv_estimator=grpo",
-        "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
-        "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
-        "actor_rollout_ref.rollout.val_kwargs.n=4",
-        f"actor_rollout_ref.rollout.seed={seed}",
-        f"data.seed={seed}",
-        f"trainer.seed={seed}",
-        f"trainer.total_training_steps={steps}",
-        f"trainer.test_freq={test_freq}",
-        "trainer.cpu_threads=1",
-        "trainer.logger=[file]",
-        f"trainer.default_local_dir={out}",
-        "trainer.resume_mode=disable",
+        *curve_run_keys(seed, steps, test_freq, out),
     ]
 
 

@@ -2,6 +2,8 @@
 # The formatter's check and the linter (ruff, configured in pyproject.toml), the test suite, then the tests
 # marked `invariance` (results identical to the bit across layouts) a second time with ATen's CPU kernels
 # forced to another family than this machine's: what holds on one kernel family must hold on the others.
+# On a CPU that is not Intel's, they run a third time on MKL's Intel code path (scripts/mkl_intel_path.c,
+# preloaded: MKL picks its kernels by the CPU's vendor too, and an Intel CI machine runs that path natively).
 # Extra arguments go to the first pytest pass (e.g. -m "not slow").
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,3 +19,10 @@ case "$capability" in
 esac
 echo "invariance tests again, machine kernels $capability, now with ${other[*]}"
 env "${other[@]}" "$python" -m pytest -m "invariance and not slow"
+if ! grep -q GenuineIntel /proc/cpuinfo; then
+    shim_dir=$(mktemp -d)
+    cc -shared -fPIC -O2 -o "$shim_dir/libmkl_intel_path.so" scripts/mkl_intel_path.c
+    echo "invariance tests again on MKL's Intel code path (LD_PRELOAD=$shim_dir/libmkl_intel_path.so)"
+    LD_PRELOAD="$shim_dir/libmkl_intel_path.so" "$python" -m pytest -m "invariance and not slow"
+    rm -r "$shim_dir"
+fi

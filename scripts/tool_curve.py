@@ -114,19 +114,10 @@ def warm_up(
     return step, success
 
 
-def train(model_dir: Path, out: Path, seed: int, steps: int, test_freq: int, tool: bool, extra: list[str]) -> list:
-    overrides = [
-        f"actor_rollout_ref.model.path={model_dir}",
-        f"data.train_files={TRAIN}",
-        f"data.val_files={TEST}",
-        "data.train_batch_size=32",
-        "data.max_prompt_length=16",
-        "data.max_response_length=32",
-        "actor_rollout_ref.rollout.n=8",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-        "actor_rollout_ref.actor.optim.lr=2e-4",
-        "algorithm.adv_estimator=grpo",
-        # held-out success under the policy's own sampling (T = 1, 4 samples per problem), beside greedy's
+def curve_run_keys(seed: int, steps: int, test_freq: int, out: Path) -> list[str]:
+    """The keys a curve's run shares with the other curves: held-out success under the policy's own sampling
+    (T = 1, 4 samples per problem), beside greedy's; one seed for everything; one thread; the metrics file."""
+    return [
         "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
         "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
         "actor_rollout_ref.rollout.val_kwargs.n=4",
@@ -139,6 +130,22 @@ def train(model_dir: Path, out: Path, seed: int, steps: int, test_freq: int, too
         "trainer.logger=[file]",
         f"trainer.default_local_dir={out}",
         "trainer.resume_mode=disable",
+    ]
+
+
+def train(model_dir: Path, out: Path, seed: int, steps: int, test_freq: int, tool: bool, extra: list[str]) -> list:
+    overrides = [
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"data.train_files={TRAIN}",
+        f"data.val_files={TEST}",
+        "data.train_batch_size=32",
+        "data.max_prompt_length=16",
+        "data.max_response_length=32",
+        "actor_rollout_ref.rollout.n=8",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+        "actor_rollout_ref.actor.optim.lr=2e-4",
+        "algorithm.adv_estimator=grpo",
+        *curve_run_keys(seed, steps, test_freq, out),
     ]
     if tool:
         overrides += [

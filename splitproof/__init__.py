@@ -4,6 +4,10 @@ Micro-batch size, token budgets, data-parallel size and sequence order change ho
 never what it is.
 """
 
+from .mkl_mode import request_strict_mode
+
+request_strict_mode()  # before MKL's first product (splitproof.mkl_mode)
+
 __version__ = "0.1.0"
 
 

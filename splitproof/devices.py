@@ -13,8 +13,9 @@ tensors on the GPU (the gradient sync), gloo for the host-side objects and the b
 notice that says what was set and what it costs: on CUDA ``torch.use_deterministic_algorithms(True)``,
 ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (cuBLAS's deterministic workspace), cuDNN deterministic without
 autotuning, no TF32 and no reduced-precision reductions in bf16 products (bf16 operands, fp32 sums). On
-the CPU nothing is needed (the kernels are deterministic; their row dependence is
-``engine.row_invariant``'s concern) and nothing is set.
+the CPU the kernels are deterministic, and the row dependence of their products is ``engine.row_invariant``'s
+concern and MKL's strict mode's (``mkl_mode``, asked for when splitproof is imported): the notice says
+when that mode is off.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 import torch
 
 from .loss_config import ConfigError
+from .mkl_mode import strict_mode_notice
 
 CUBLAS_WORKSPACE = ":4096:8"
 CUDA_DTYPES_NEED_CC = {torch.bfloat16: (8, 0)}  # dtype -> the first compute capability that runs it
@@ -98,10 +100,11 @@ def process_group_backend(device: torch.device | str) -> str:
 
 
 def deterministic(device: torch.device | str) -> str | None:
-    """Set what run-to-run determinism needs on ``device`` (module docstring); the notice, None on the CPU."""
+    """Set what run-to-run determinism needs on ``device`` (module docstring); the notice (on the CPU: only
+    when MKL's strict mode is off)."""
     device = torch.device(device)
     if device.type != "cuda":
-        return None
+        return strict_mode_notice()
     set_before = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
     if set_before is None:
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE  # read when cuBLAS starts: before any product

@@ -5,6 +5,9 @@
   random, unseeded 0–30 ms (completion order varies), counts the calls, answers from its state, and
   raises on key ``7`` (an environment that raises mid-episode); ``get_reward`` reads the state.
 - ``UnseededEnv``: draws its task from the operating system's entropy, whatever seed it is given.
+- ``LockedEnv``: a ``LookupEnv`` that holds a lock (its instances do not pickle).
+- ``doubled_reward`` / ``any_reward``: TRL reward functions that read each episode's instance
+  (``environments=``, by name / through ``**kwargs``).
 - ``NoReset``, ``Untyped``, ``Undocumented``: bad environments, one mistake each.
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 
 _jitter = random.Random()  # deliberately unseeded: latency must not matter
@@ -40,6 +44,20 @@ class LookupEnv:
 
     def get_reward(self) -> float:
         return float(self.calls == self.secret % 4) + 0.1 * self.calls
+
+
+class LockedEnv(LookupEnv):
+    def reset(self, seed: int, **row) -> str:
+        self.lock = threading.Lock()
+        return super().reset(seed, **row)
+
+
+def doubled_reward(completions, environments, **kwargs):
+    return [2.0 * env.get_reward() for env in environments]
+
+
+def any_reward(completions, **kwargs):
+    return [0.0 if env is None else 0.5 for env in kwargs.get("environments", [None] * len(completions))]
 
 
 class UnseededEnv:

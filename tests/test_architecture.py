@@ -30,6 +30,7 @@ CORE = {
     "builtin",
     "lora",
     "lora_settings",
+    "mkl_mode",
 }
 LOWER = {"engine": CORE | {"engine"}, "advantages": CORE | {"advantages"}}
 LOWER["rl"] = CORE | {"engine", "advantages", "rl"}

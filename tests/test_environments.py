@@ -162,6 +162,64 @@ def test_killed_mid_episode_and_resumed_equals_an_uninterrupted_run(tmp_path):
     _same_metrics(read_metrics(killed / "metrics.jsonl"), read_metrics(whole / "metrics.jsonl"))
 
 
+DOUBLED = LOOKUP + [f"custom_reward_function.path={ENVS}", "custom_reward_function.name=doubled_reward"]
+
+
+def _scored(cfg) -> list[tuple]:
+    """Every step's (samples, scores) of a run of ``cfg``."""
+    from splitproof.rl.loop import fit
+    from splitproof.rl.run import build_parts
+
+    steps = []
+    fit(build_parts(cfg), on_step=lambda step, out: steps.append((out.scored.samples, out.scored.rewards.scores)))
+    return steps
+
+
+def _dp_scored(world_extra):
+    episode_digits(pytest.MonkeyPatch())
+    return _scored(trajectory_config("builtin://charlm", 2, DOUBLED + list(world_extra)))
+
+
+def _assert_environment_scores(steps):
+    for samples, scores in steps:  # TRL sums its sources: get_reward() + doubled_reward's 2 × get_reward()
+        assert len({s.environment_reward for s in samples}) > 1
+        for s, score in zip(samples, scores.tolist()):
+            assert math.isclose(score, 3.0 * s.environment_reward, rel_tol=1e-12, abs_tol=1e-12)
+
+
+def test_a_reward_function_reads_each_episodes_environment():
+    """TRL's ``environments=``: the function gets each episode's own instance, in the samples' order."""
+    _assert_environment_scores(_scored(trajectory_config("builtin://charlm", 2, DOUBLED)))
+
+
+@pytest.mark.dist
+def test_the_environments_reach_the_reward_function_under_data_parallel():
+    """The instances travel with their samples to the rank that scores them: the same scores as one process."""
+    alone = _scored(trajectory_config("builtin://charlm", 2, DOUBLED))
+    for got in run_data_parallel(_dp_scored, 2, ["actor_rollout_ref.actor.strategy=ddp"]):
+        _assert_environment_scores(got)
+        assert [scores.tolist() for _, scores in got] == [scores.tolist() for _, scores in alone]
+
+
+def test_an_environment_that_does_not_pickle_is_refused_or_not_passed(tmp_path, monkeypatch, capsys):
+    setup = [
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        f"{KEY}={ENVS}:LockedEnv",
+        f"custom_reward_function.path={ENVS}",
+        "custom_reward_function.name=doubled_reward",
+    ]
+    words = ["LockedEnv cannot be pickled", "doubled_reward", "takes environments=", "TypeError"]
+    _exit_2_before_any_model(setup, words, tmp_path, monkeypatch, capsys)
+    monkeypatch.undo()
+    episode_digits(monkeypatch)
+    extra = [*overrides(f"{ENVS}:LockedEnv"), f"custom_reward_function.path={ENVS}", "data.val_files=null"]
+    args = train_overrides("builtin://charlm", tmp_path / "kwargs", 1, extra=extra)
+    assert main(["train", *args, "custom_reward_function.name=any_reward"]) == 0
+    err = capsys.readouterr().err
+    notices = [line for line in err.splitlines() if "notice:" in line and "LockedEnv cannot be pickled" in line]
+    assert len(notices) == 1 and "which takes **kwargs, gets no environments=" in notices[0], err
+
+
 def test_trls_documented_environment_runs_unchanged():
     """TRL's IncrementEnv (its module-level ``random``, no seed): reset's string appended to the prompt, its
     ``increment`` called, ``get_reward`` reported; the global generators are seeded per episode, so two

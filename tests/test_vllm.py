@@ -140,7 +140,7 @@ def test_a_lora_policy_is_served_merged(engine, model_dir):
     with torch.no_grad():  # B = 0 at the start: give the adapter an effect
         for layer in lora_layers(model).values():
             b = layer.lora_B["default"].weight
-            b.copy_(torch.randn(b.shape, generator=torch.Generator().manual_seed(b.numel())))
+            b.copy_(0.1 * torch.randn(b.shape, generator=torch.Generator().manual_seed(b.numel())))
     params, requests = PARAMS["plain"], _requests(2)
     ours = _on(engine, model).generate(requests, params, step=1)
     _close_to_hf(ours, HFRollout(model, eos_token_ids=[1], pad_token_id=0).generate(requests, params, step=1))
@@ -193,7 +193,8 @@ def test_a_training_run_on_vllm_is_the_run_on_hf(model_dir, engine, run, monkeyp
         assert all(SYNC_METRIC not in r for r in ours["records"])
     else:
         assert all(r[SYNC_METRIC] < 1e-5 for r in ours["records"])
-    assert all(SYNC_METRIC not in r for r in hf["records"])
+        assert all(r["timing_s/weight_sync"] > 0 for r in ours["records"])  # the sync, apart from generation
+    assert all(SYNC_METRIC not in r and "timing_s/weight_sync" not in r for r in hf["records"])
 
 
 def test_a_model_vllm_cannot_load_is_one_line_before_the_trainers_model(tmp_path, monkeypatch, capsys):
@@ -211,3 +212,26 @@ def test_a_model_vllm_cannot_load_is_one_line_before_the_trainers_model(tmp_path
     assert code == 2, err
     lines = [line for line in err.splitlines() if line.startswith("splitproof: error: ")]
     assert len(lines) == 1 and "vllm cannot start an engine" in lines[0], err
+
+
+def test_two_data_parallel_ranks_with_an_engine_each_generate_the_one_process_samples(model_dir, tmp_path):
+    """`torchrun` with 2 ranks (DDP), each rank's own engine generating its share of the step: the step's
+    generations (every sample's text and score, in canonical order) are the one-process run's."""
+    import subprocess
+    import sys
+
+    def args(out):
+        extra = ["actor_rollout_ref.rollout.name=vllm", "data.val_files=null", f"trainer.rollout_data_dir={out}/gen"]
+        return train_overrides(model_dir, out, 1, extra=extra)
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    run = subprocess.run([sys.executable, "-m", "splitproof", "train", *args(one)], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    run = subprocess.run(
+        [*launch, "-m", "splitproof", "train", *args(two), "actor_rollout_ref.actor.strategy=ddp"],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (two / "gen" / "1.jsonl").read_text() == (one / "gen" / "1.jsonl").read_text()

@@ -21,7 +21,7 @@ from ..hf_models import unwrap
 from ..loss_config import ConfigError
 from ..stats import MinibatchStats
 from ..value_objective import VALUE_METRICS, value_share
-from .optimizer_step import Objective, Part, StepResult, group_ids, optimizer_step, prepare_update
+from .optimizer_step import Objective, Part, StepResult, group_ids, optimizer_steps, prepare_update
 from .plan import MinibatchPlan
 from .update_config import CriticUpdateConfig
 from .validation import check_positions, validate_plans
@@ -48,22 +48,7 @@ def update_critic(
     """
     collective, batch, plans = prepare_update(model, batch, config, collective, validate_critic_update)
     make_objective = make_objective or ValueObjective
-    results = []
-    for i, plan in enumerate(plans):
-        objective = make_objective(config, batch, plan, collective, first_optimizer_step + i)
-        results.append(
-            optimizer_step(
-                model,
-                optimizer,
-                batch,
-                plan,
-                objective,
-                grad_clip=config.grad_clip,
-                collective=collective,
-                step=first_optimizer_step + i,
-            )
-        )
-    return results
+    return optimizer_steps(model, optimizer, batch, plans, make_objective, config, collective, first_optimizer_step)
 
 
 def validate_critic_update(

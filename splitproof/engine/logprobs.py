@@ -9,35 +9,19 @@ so in float64 with sdpa attention).
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from splitproof.batch import BatchError, RolloutBatch, TokenLayout
 from splitproof.engine.attention import attention_mask, check_attention
+from splitproof.engine.forward_output import logits_of, takes_logits_to_keep
 from splitproof.engine.microbatch import budget_microbatches, fixed_microbatches
 from splitproof.engine.packing import packed_response_log_probs
 from splitproof.engine.row_invariant import row_invariant
-from splitproof.hf_models import base_model_of
 from splitproof.loss_config import ConfigError
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
-_accepts_logits_to_keep: dict[type, bool] = {}
-
-
-def takes_logits_to_keep(model: nn.Module) -> bool:
-    """Whether the Hugging Face module (inside DDP/PEFT wrappers)'s forward names a ``logits_to_keep``
-    parameter (cached per class)."""
-    cls = type(base_model_of(model))
-    if cls not in _accepts_logits_to_keep:
-        try:
-            params = inspect.signature(cls.forward).parameters
-        except (TypeError, ValueError):
-            params = {}
-        _accepts_logits_to_keep[cls] = "logits_to_keep" in params
-    return _accepts_logits_to_keep[cls]
 
 
 def param_dtype(model: nn.Module) -> torch.dtype:
@@ -46,15 +30,6 @@ def param_dtype(model: nn.Module) -> torch.dtype:
         if p.is_floating_point():
             return p.dtype
     return torch.get_default_dtype()
-
-
-def logits_of(out) -> Tensor:
-    """The logits of a forward's output: a tensor, an output with ``.logits``, or a tuple's first item."""
-    if isinstance(out, Tensor):
-        return out
-    if hasattr(out, "logits"):
-        return out.logits
-    return out[0]
 
 
 def output_dtypes(model: nn.Module) -> tuple[torch.dtype, torch.dtype]:

@@ -91,6 +91,21 @@ def prepare_update(
     return collective, batch.to(device_of(model)), plans
 
 
+def optimizer_steps(model, optimizer, batch: RolloutBatch, plans, make_objective, config, collective, first_step: int):
+    """One :func:`optimizer_step` per plan, in order; step i's objective is
+    ``make_objective(config, batch, plan, collective, first_step + i)``."""
+    results = []
+    for i, plan in enumerate(plans):
+        objective = make_objective(config, batch, plan, collective, first_step + i)
+        step = first_step + i
+        results.append(
+            optimizer_step(
+                model, optimizer, batch, plan, objective, grad_clip=config.grad_clip, collective=collective, step=step
+            )
+        )
+    return results
+
+
 def optimizer_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,

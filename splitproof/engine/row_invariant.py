@@ -16,8 +16,10 @@ weights and the kernel family alone, at the cost of one plain product (a decode 
 once). A product with fewer than ``NARROW`` output columns keeps ``blocked_linear``: batches of exactly
 ``ROWS`` rows, at least two blocks (a batch of one block with one output column took another kernel).
 Attention, norms and element-wise operations were measured row-independent already
-(``tests/test_row_invariant.py``). What is not known: the tile height of MKL's AVX-512 kernels (``TILE``
-must be a multiple of it; not measurable on this machine).
+(``tests/test_row_invariant.py``). On CPUs where MKL takes its Intel code path, products below 56 rows and
+narrow ones moved with the row count whatever their tile, and the attention kernel's rows with the padding;
+MKL's strict mode, which importing splitproof asks for (``splitproof.mkl_mode``), made every row count give
+the same bits there, so the tiles above are what MKL's AMD path needs.
 
 Only for no-grad passes: the backward of a block product with a shared weight would hold a gradient per
 block. The differentiable update keeps its plain products; its promise is a tolerance (the weight

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from splitproof.batch import BatchError, RolloutBatch, TokenLayout
 from splitproof.engine.attention import attention_mask
+from splitproof.engine.forward_output import logits_of, takes_logits_to_keep
 from splitproof.hf_models import base_model_of
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -56,18 +57,6 @@ def cache_keyword(model: nn.Module) -> str:
     """The forward's cache argument: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
     params = inspect.signature(type(base_model_of(model)).forward).parameters
     return "cache" if "cache" in params else "past_key_values"
-
-
-def takes_logits_to_keep(model: nn.Module) -> bool:
-    """Whether the Hugging Face module's forward names ``logits_to_keep``."""
-    return "logits_to_keep" in inspect.signature(type(base_model_of(model)).forward).parameters
-
-
-def logits_of(out) -> Tensor:
-    """The logits of a forward's output: a tensor, an output with ``.logits``, or a tuple's first item."""
-    if isinstance(out, Tensor):
-        return out
-    return out.logits if hasattr(out, "logits") else out[0]
 
 
 def _cache_of(out):

@@ -19,7 +19,7 @@ from ..policy_objective import metric_names, minibatch_share
 from ..stats import MinibatchStats
 from .cov_strategy import CovSelection
 from .logprobs import response_log_probs
-from .optimizer_step import Objective, Part, StepResult, group_ids, optimizer_step, prepare_update
+from .optimizer_step import Objective, Part, StepResult, group_ids, optimizer_steps, prepare_update
 from .plan import MinibatchPlan
 from .update_config import UpdateConfig
 from .validation import validate_update
@@ -46,22 +46,7 @@ def update_policy(
     """
     collective, batch, plans = prepare_update(model, batch, config, collective, validate_update)
     make_objective = make_objective or PolicyObjective
-    results = []
-    for i, plan in enumerate(plans):
-        objective = make_objective(config, batch, plan, collective, first_optimizer_step + i)
-        results.append(
-            optimizer_step(
-                model,
-                optimizer,
-                batch,
-                plan,
-                objective,
-                grad_clip=config.grad_clip,
-                collective=collective,
-                step=first_optimizer_step + i,
-            )
-        )
-    return results
+    return optimizer_steps(model, optimizer, batch, plans, make_objective, config, collective, first_optimizer_step)
 
 
 def policy_log_probs(

@@ -95,6 +95,7 @@ class Reward:
     tokenizer: Any
     total_steps: int  # the run's steps (a TRL-style function's ``max_steps``)
     environment_only: bool = False  # the environments' get_reward is the whole score (rl/environments)
+    environment_instances: bool = False  # the reward function gets environments= (TRL's environment_factory)
     model: Any = None  # a reward model (rewards/reward_model.py: RewardModel) or a judge (rewards/judge.py), or None
     rule_metric: bool = False  # with a reward model and no function: the built-in rule reported as ``acc``
 
@@ -362,6 +363,7 @@ def build_parts(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None =
             total_steps=total,
             environment_only=bool(prepared and prepared.environment_only)
             or (inputs.verifiers_env is not None and inputs.reward_fn is None),
+            environment_instances=bool(prepared and prepared.pass_instances),
             model=load_scorer(inputs.reward_model, tokenizer, cfg.trainer.default_local_dir, collective.rank),
             rule_metric=inputs.rule_metric,
         ),

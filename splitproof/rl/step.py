@@ -64,6 +64,10 @@ def collect_samples(parts: Parts, step: int, uids: list[int] | None, timer: Stag
     """``rollout.n`` scored samples of each of ``uids``, generated here or taken from ``pipeline`` (generated
     ahead by the rollout process, from the policy of step - k: rollout/pipeline.py); with
     ``algorithm.filter_groups.enable`` (``uids`` None), the groups dynamic sampling keeps."""
+    engine = getattr(parts.generation.engine, "rollout", parts.generation.engine)  # an episode loop's engine
+    if pipeline is None and hasattr(engine, "sync_weights"):
+        with timer("weight_sync"):  # the updated weights reach a vLLM engine (rollout/vllm_engine.py)
+            engine.sync_weights()
     if parts.config.algorithm.filter_groups.enable:
         return dynamic_samples(parts, step, timer)
     pipelined = None
@@ -352,14 +356,9 @@ def score_samples(reward: Reward, dataset: PromptDataset, samples: list, step: i
         part = [samples[r] for r in rows]
         records, stats = [dataset[s.uid] for s in part], {}
         if reward.model is None:
+            own = dict(environment_only=reward.environment_only, pass_instances=reward.environment_instances)
             result = score_with_environments(
-                reward.fn,
-                records,
-                part,
-                reward.tokenizer,
-                step=step,
-                max_steps=reward.total_steps,
-                environment_only=reward.environment_only,
+                reward.fn, records, part, reward.tokenizer, step=step, max_steps=reward.total_steps, **own
             )
         else:  # a reward model (rewards/model_scoring.py)
             scored = score_with_model(

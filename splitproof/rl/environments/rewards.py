@@ -2,7 +2,8 @@
 TRL sums its reward sources), or the whole score when the environment owns the reward alone (no reward
 function named and no built-in rule for the rows). Reported under the environment's class name
 (``reward/<Name>/mean``), NaN for samples of other environments; a verifiers rubric's functions (an
-episode's ``metrics``) as ``reward/vf/<function>/mean``."""
+episode's ``metrics``) as ``reward/vf/<function>/mean``. A TRL-convention reward function that takes
+``environments`` gets each episode's instance, as TRL passes them."""
 
 from __future__ import annotations
 
@@ -15,14 +16,24 @@ from ..rewards.functions import RewardResult, response_text, score
 
 
 def score_with_environments(
-    reward_fn, records, samples: Sequence, tokenizer, *, step: int, max_steps: int, environment_only: bool = False
+    reward_fn,
+    records,
+    samples: Sequence,
+    tokenizer,
+    *,
+    step: int,
+    max_steps: int,
+    environment_only: bool = False,
+    pass_instances: bool = False,
 ) -> RewardResult:
-    """``score`` (unless ``environment_only``) plus each episode's ``environment_reward``."""
+    """``score`` (unless ``environment_only``) plus each episode's ``environment_reward``; with
+    ``pass_instances`` a TRL-convention function also gets ``environments=``, each episode's instance."""
     if environment_only:
         texts = [response_text(tokenizer, s) for s in samples]
         result = RewardResult(torch.zeros(len(samples), dtype=torch.float64), {}, texts)
     else:
-        result = score(reward_fn, records, samples, tokenizer, step=step, max_steps=max_steps)
+        more = [{"environments": getattr(s, "environment_instance", None)} for s in samples] if pass_instances else None
+        result = score(reward_fn, records, samples, tokenizer, step=step, max_steps=max_steps, sample_kwargs=more)
     rewards = [getattr(s, "environment_reward", None) for s in samples]
     if all(r is None for r in rewards):
         return result

@@ -120,10 +120,12 @@ class EnvironmentSession:
         return not failed
 
     def finish(self, episodes: Sequence) -> None:
-        """Each episode's environment label, errors and ``get_reward()`` (None without one), in canonical order."""
+        """Each episode's environment label, instance (None when its reset raised), errors and ``get_reward()``
+        (None without one), in canonical order."""
         for i, episode in enumerate(episodes):
             env, instance, start = self._classes[i], self._instances[i], self.starts[i]
             episode.environment = start.environment
+            episode.environment_instance = instance
             episode.environment_errors += (start.error is not None) + self._tool_errors[i]
             if not env.has_reward:
                 continue

@@ -51,6 +51,7 @@ class Episode(Sample):
     environment: str = ""  # the environment's class name (environment_factory), else ""
     environment_reward: float | None = None  # its get_reward(), when it has one
     environment_errors: int = 0  # its reset, tools or get_reward raised
+    environment_instance: object = field(default=None, compare=False, repr=False)  # for environments= (TRL)
 
     @property
     def num_turns(self) -> int:

@@ -1,0 +1,33 @@
+"""What a Hugging Face forward takes and gives: whether it names ``logits_to_keep``, and its logits."""
+
+from __future__ import annotations
+
+import inspect
+
+from torch import Tensor, nn
+
+from splitproof.hf_models import base_model_of
+
+_accepts_logits_to_keep: dict[type, bool] = {}
+
+
+def takes_logits_to_keep(model: nn.Module) -> bool:
+    """Whether the Hugging Face module (inside DDP/PEFT wrappers)'s forward names a ``logits_to_keep``
+    parameter (cached per class)."""
+    cls = type(base_model_of(model))
+    if cls not in _accepts_logits_to_keep:
+        try:
+            params = inspect.signature(cls.forward).parameters
+        except (TypeError, ValueError):
+            params = {}
+        _accepts_logits_to_keep[cls] = "logits_to_keep" in params
+    return _accepts_logits_to_keep[cls]
+
+
+def logits_of(out) -> Tensor:
+    """The logits of a forward's output: a tensor, an output with ``.logits``, or a tuple's first item."""
+    if isinstance(out, Tensor):
+        return out
+    if hasattr(out, "logits"):
+        return out.logits
+    return out[0]
