@@ -194,7 +194,8 @@ def test_a_training_run_on_vllm_is_the_run_on_hf(model_dir, engine, run, monkeyp
     else:
         assert all(r[SYNC_METRIC] < 1e-5 for r in ours["records"])
         assert all(r["timing_s/weight_sync"] > 0 for r in ours["records"])  # the sync, apart from generation
-    assert all(SYNC_METRIC not in r and "timing_s/weight_sync" not in r for r in hf["records"])
+        assert all("timing_s/weight_sync" not in r for r in hf["records"])  # hf serves the model itself
+    assert all(SYNC_METRIC not in r for r in hf["records"])
 
 
 def test_a_model_vllm_cannot_load_is_one_line_before_the_trainers_model(tmp_path, monkeypatch, capsys):
