@@ -95,9 +95,8 @@ def optimizer_steps(model, optimizer, batch: RolloutBatch, plans, make_objective
     """One :func:`optimizer_step` per plan, in order; step i's objective is
     ``make_objective(config, batch, plan, collective, first_step + i)``."""
     results = []
-    for i, plan in enumerate(plans):
-        objective = make_objective(config, batch, plan, collective, first_step + i)
-        step = first_step + i
+    for step, plan in enumerate(plans, start=first_step):
+        objective = make_objective(config, batch, plan, collective, step)
         results.append(
             optimizer_step(
                 model, optimizer, batch, plan, objective, grad_clip=config.grad_clip, collective=collective, step=step
