@@ -1,6 +1,8 @@
 """A verifiers MultiTurnEnv in the library's own API: the environment answers each guess with "higher",
 "lower" or "correct" (env_response), stops on a correct guess (a vf.stop condition) or after max_turns,
-and draws its secret from the episode's seed (state["info"]["seed"])."""
+and draws its secret from the episode's seed (state["info"]["seed"]). Two rubric functions: solved, and
+closeness (the best guess's distance to the secret), which spreads the scores of a group from the first
+step on, so that advantages are not all zero."""
 
 import random
 
@@ -20,6 +22,8 @@ class GuessEnv(vf.MultiTurnEnv):
     async def env_response(self, messages: vf.Messages, state: vf.State, **kwargs) -> vf.Messages:
         text = str(messages[-1]["content"] or "")
         digits = [int(c) for c in text if c.isdigit()]
+        if digits:
+            state["closeness"] = max(state.get("closeness", 0.0), 1 - abs(digits[0] - state["secret"]) / 10)
         if digits and digits[0] == state["secret"]:
             state["solved"] = True
             return [{"role": "user", "content": "correct"}]
@@ -34,4 +38,7 @@ def load_environment(max_turns: int = 3, **kwargs) -> vf.Environment:
     def solved(state, **kwargs) -> float:
         return 1.0 if state.get("solved") else 0.0
 
-    return GuessEnv(dataset=dataset, rubric=vf.Rubric(funcs=[solved]), max_turns=max_turns)
+    def closeness(state, **kwargs) -> float:
+        return state.get("closeness", 0.0)
+
+    return GuessEnv(dataset=dataset, rubric=vf.Rubric(funcs=[solved, closeness]), max_turns=max_turns)
