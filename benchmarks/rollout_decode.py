@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from splitproof.engine.forward_output import cache_of
 from splitproof.rl.rollout import hf
 from splitproof.rl.rollout.hf import HFRollout, SamplingParams, requests_for
 from splitproof.rl.rollout.prefill import canonical_prompt_width
@@ -55,7 +56,7 @@ def before_prefill(model, prompts, kept, rows, extra, *, pad_multiple, pad_id, d
         use_cache=True,
         logits_to_keep=1,
     )
-    return out.logits[:, -1], hf.cache_of(out), mask
+    return out.logits[:, -1], cache_of(out), mask
 
 
 def workload(name: str, smollm2: str, dtype: torch.dtype):

@@ -1,4 +1,5 @@
-"""What a Hugging Face forward takes and gives: whether it names ``logits_to_keep``, and its logits."""
+"""What a Hugging Face forward takes and gives: whether it names ``logits_to_keep``, its cache keyword, its
+logits and its KV cache."""
 
 from __future__ import annotations
 
@@ -31,3 +32,16 @@ def logits_of(out) -> Tensor:
     if hasattr(out, "logits"):
         return out.logits
     return out[0]
+
+
+def cache_keyword(model: nn.Module) -> str:
+    """``cache`` (transformers >= 5.2x) or ``past_key_values`` (earlier, and remote-code models); asked of
+    the Hugging Face model inside a LoRA wrapper, whose forward passes keywords through."""
+    params = inspect.signature(type(base_model_of(model)).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def cache_of(out):
+    """The KV cache of a forward's output (``cache`` or ``past_key_values``); None when it returned none."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)

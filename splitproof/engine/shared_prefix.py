@@ -20,16 +20,13 @@ Computed tokens per group of n samples: prompt + n × response instead of n × (
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from splitproof.batch import BatchError, RolloutBatch, TokenLayout
 from splitproof.engine.attention import attention_mask
-from splitproof.engine.forward_output import logits_of, takes_logits_to_keep
-from splitproof.hf_models import base_model_of
+from splitproof.engine.forward_output import cache_keyword, cache_of, logits_of, takes_logits_to_keep
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
 
@@ -53,16 +50,8 @@ def prompt_groups(batch: TokenLayout) -> tuple[list[int], list[int]]:
     return groups, firsts
 
 
-def cache_keyword(model: nn.Module) -> str:
-    """The forward's cache argument: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
-    params = inspect.signature(type(base_model_of(model)).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
 def _cache_of(out):
-    cache = getattr(out, "cache", None)
-    if cache is None:
-        cache = getattr(out, "past_key_values", None)
+    cache = cache_of(out)
     if cache is None:
         raise RuntimeError(
             "actor_rollout_ref.actor.use_prefix_grouper: the model returned no KV cache for the prompt pass "

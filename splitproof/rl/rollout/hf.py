@@ -36,13 +36,14 @@ import torch
 from torch import Tensor, nn
 
 from splitproof.batch import RolloutBatch
+from splitproof.engine.forward_output import cache_keyword, cache_of
 from splitproof.engine.logprobs import logits_of, param_dtype
 from splitproof.engine.row_invariant import row_invariant
 from splitproof.hf_models import unwrap, vocab_size_of
 from splitproof.loss_config import ConfigError
 from splitproof.rl.rollout.assemble import token_masks
 from splitproof.rl.rollout.kv_cache import select_rows
-from splitproof.rl.rollout.prefill import TurnCache, cache_keyword, cache_of, keep_rows, prefill
+from splitproof.rl.rollout.prefill import TurnCache, keep_rows, prefill
 from splitproof.rl.rollout.sampling import sample_tokens, shift_keys, stream_keys, stream_uniforms
 from splitproof.rl.stop import decode_point
 

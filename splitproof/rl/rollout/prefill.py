@@ -18,26 +18,19 @@ function of the episode alone, but not the ones of a fresh prefill of the whole 
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
-from splitproof.engine.logprobs import logits_of, takes_logits_to_keep
-from splitproof.hf_models import base_model_of
+from splitproof.engine.forward_output import cache_keyword, cache_of, logits_of, takes_logits_to_keep
 from splitproof.rl.rollout.kv_cache import ReservedLayer, cache_from_layers, cache_layers, reserve
 
 
 def canonical_prompt_width(length: int, pad_multiple: int) -> int:
     """Columns a prompt of ``length`` tokens is left-padded to: the next multiple above ``length``."""
     return (length // pad_multiple + 1) * pad_multiple
-
-
-def cache_of(out):
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
 
 
 @dataclass
@@ -108,13 +101,6 @@ def prefill(
     index = torch.tensor(source + [source[0]] * (rows - len(prompts)), device=device)
     logits = logits_of(out)[:, -1].index_select(0, index)
     return logits, reserve(cache_of(out), extra, index), mask.index_select(0, index)
-
-
-def cache_keyword(model: nn.Module) -> str:
-    """``cache`` (transformers >= 5.2x) or ``past_key_values`` (earlier, and remote-code models); asked of
-    the Hugging Face model inside a LoRA wrapper, whose forward passes keywords through."""
-    params = inspect.signature(type(base_model_of(model)).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 def _kept_cache(kept: list[KeptRow | None], spans: list[int], past: int, room: int, mask: Tensor):
