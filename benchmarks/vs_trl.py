@@ -119,6 +119,9 @@ def _child_env() -> dict:
         TRANSFORMERS_VERBOSITY="error",
         HF_HUB_OFFLINE="1",
     )
+    # a rollout.name=vllm side: the engine's threads on one core, like every other side's one thread
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     return env
 
 
@@ -251,6 +254,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     p.add_argument(
         "--vllm-python", default=None, help="with --model: an interpreter with vLLM (a rollout.name=vllm side)"
+    )
+    p.add_argument(
+        "--variants",
+        default=None,
+        help=f"with --model: the variants to run, comma-separated (default: all of {','.join(vs_trl_model.VARIANTS)})",
     )
     args = p.parse_args(argv)
     if args.model:

@@ -11,10 +11,11 @@ repeats (the order reversed on odd repeats):
 - ``bypass``: ``algorithm.rollout_correction.bypass_mode=true``, the rollout's log-probs as the old ones;
 - ``grouped``, ``grouped_bypass``: those two with ``actor_rollout_ref.actor.use_prefix_grouper=true``, each
   distinct prompt computed once in the update and the old-log-prob pass (``engine.shared_prefix``);
-- ``vllm``: ``actor_rollout_ref.rollout.name=vllm`` (with ``--vllm-python``, an environment with vLLM);
+- ``vllm``: ``actor_rollout_ref.rollout.name=vllm`` (with ``--vllm-python``, an environment with vLLM), the
+  engine's threads bound to one core (``VLLM_CPU_OMP_THREADS_BIND=0`` unless set);
 - ``trl``: TRL's `GRPOTrainer`.
 
-Reported per step (the first step, warm-up, left out): generation, old log-probs, update, the whole step, in
+``--variants a,b`` runs only those. Reported per step (the first step, warm-up, left out): generation, old log-probs, update, the whole step, in
 process CPU and wall seconds, and each variant's ratio to TRL's.
 """
 
@@ -54,7 +55,11 @@ def sizes(quick: bool) -> dict:
 
 def run_model(env: bl.Env, pythons: dict, make_spec, run_side, work: Path) -> dict:
     """Every variant whose interpreter is known, once per repeat, interleaved; their step summaries."""
-    variants = [name for name, (python, _, _) in VARIANTS.items() if pythons.get(python)]
+    chosen = env.args.variants.split(",") if getattr(env.args, "variants", None) else list(VARIANTS)
+    unknown = sorted(set(chosen) - set(VARIANTS))
+    if unknown:
+        raise SystemExit(f"error: --variants: unknown {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
+    variants = [name for name, (python, _, _) in VARIANTS.items() if name in chosen and pythons.get(python)]
     runs: dict[str, list[dict]] = {name: [] for name in variants}
     loads = [bl.load_average()]
     for r in range(env.repeats):
