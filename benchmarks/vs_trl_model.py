@@ -15,8 +15,8 @@ repeats (the order reversed on odd repeats):
   engine's threads bound to one core (``VLLM_CPU_OMP_THREADS_BIND=0`` unless set);
 - ``trl``: TRL's `GRPOTrainer`.
 
-``--variants a,b`` runs only those. Reported per step (the first step, warm-up, left out): generation, old log-probs, update, the whole step, in
-process CPU and wall seconds, and each variant's ratio to TRL's.
+``--variants a,b`` runs only those. Reported per step (the first step, warm-up, left out): generation, old
+log-probs, update, the whole step, in process CPU and wall seconds, and each variant's ratio to TRL's.
 """
 
 from __future__ import annotations
@@ -134,7 +134,8 @@ def render_model(env: bl.Env, result: dict, load_before: str, command: str) -> s
         + (
             " — **taken on a loaded machine** (other work ran beside it), so absolute times are noisy and the "
             "ratios of variants run minutes apart carry that noise."
-            if max(float(x.split("/")[0]) for x in [load_before, *result["loads"]] if x) > 0.5 * (cores or 1)
+            # the benchmark's own process is one of the load average's running tasks
+            if max(float(x.split("/")[0]) for x in [load_before, *result["loads"]] if x) > 1 + 0.25 * (cores or 1)
             else "."
         ),
         "",
