@@ -261,6 +261,10 @@ def main(argv: list[str] | None = None) -> dict:
         help=f"with --model: the variants to run, comma-separated (default: all of {','.join(vs_trl_model.VARIANTS)})",
     )
     args = p.parse_args(argv)
+    try:
+        vs_trl_model.chosen_variants(args.variants)  # a misspelt variant stops here, before any side runs
+    except ValueError as e:
+        p.error(str(e))
     if args.model:
         section = f"{NAME}_{Path(args.model).name.lower()}"
         return bl.run_script(NAME, args, argv, run, vs_trl_model.render_model, section=section)

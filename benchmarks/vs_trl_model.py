@@ -53,12 +53,18 @@ def sizes(quick: bool) -> dict:
     return dict(WORK_QUICK if quick else WORK, split_steps=0, generation_repeats=0)
 
 
-def run_model(env: bl.Env, pythons: dict, make_spec, run_side, work: Path) -> dict:
-    """Every variant whose interpreter is known, once per repeat, interleaved; their step summaries."""
-    chosen = env.args.variants.split(",") if getattr(env.args, "variants", None) else list(VARIANTS)
+def chosen_variants(spec: str | None) -> list[str]:
+    """``--variants a,b`` (None: all), each a name of ``VARIANTS`` (else ValueError)."""
+    chosen = spec.split(",") if spec else list(VARIANTS)
     unknown = sorted(set(chosen) - set(VARIANTS))
     if unknown:
-        raise SystemExit(f"error: --variants: unknown {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
+        raise ValueError(f"--variants: unknown {', '.join(unknown)} (known: {', '.join(VARIANTS)})")
+    return chosen
+
+
+def run_model(env: bl.Env, pythons: dict, make_spec, run_side, work: Path) -> dict:
+    """Every variant whose interpreter is known, once per repeat, interleaved; their step summaries."""
+    chosen = chosen_variants(env.args.variants)
     variants = [name for name, (python, _, _) in VARIANTS.items() if name in chosen and pythons.get(python)]
     runs: dict[str, list[dict]] = {name: [] for name in variants}
     loads = [bl.load_average()]

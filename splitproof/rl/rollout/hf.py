@@ -36,8 +36,8 @@ import torch
 from torch import Tensor, nn
 
 from splitproof.batch import RolloutBatch
-from splitproof.engine.forward_output import cache_keyword, cache_of
-from splitproof.engine.logprobs import logits_of, param_dtype
+from splitproof.engine.forward_output import cache_keyword, cache_of, logits_of
+from splitproof.engine.logprobs import param_dtype
 from splitproof.engine.row_invariant import row_invariant
 from splitproof.hf_models import unwrap, vocab_size_of
 from splitproof.loss_config import ConfigError
