@@ -11,14 +11,17 @@ The built-in model (``builtin://charlm``) on ``builtin://product`` prompts, ``ro
 - single-turn: ``HFRollout`` on the same requests without EOS, ``max_response_length`` = the episodes'
   model tokens / requests (rounded), so both generate the same total up to the rounding.
 
-The ``hf`` engine keeps each episode's KV cache across its turns (``rl/rollout/prefill.py``): a turn
-prefills only the last sampled token and the tool's tokens. The row "every turn re-prefilled" runs the same
-engine without that capability (what an engine without ``new_turn_cache`` gets: each turn re-reads the
-episode so far in a fresh prefill). Tool calls of a chunk of ``max_num_seqs`` episodes start as soon as the
-chunk is generated and run while the next chunk generates; the last chunk's calls (and a turn's wait
-before the next turn, which needs every response) are not overlapped.
+On the ``hf`` engine episodes run out of lockstep (``rl/rollout/continuous.py``): up to ``max_num_seqs``
+episodes share every packed forward, an episode whose turn ends sits out until its tools answer and then
+feeds its last token and the tool's tokens in the next forward, and a finished episode's slot goes to the
+next one. The row "turns in lockstep" runs the engine models without packed forwards get: each turn of the
+live episodes in chunks of ``max_num_seqs`` (KV caches kept across turns, ``rl/rollout/prefill.py``), then
+their tools.
 
-    python benchmarks/multi_turn.py [--quick] [--repeats N] [--latency MS]
+    python benchmarks/multi_turn.py [--quick] [--repeats N] [--latency MS] [--model DIR]
+
+``--model DIR`` (e.g. SmolLM2-135M-Instruct): 8 chat prompts × 4 samples in one chunk of 32,
+``max_response_length`` 96, in a section of its own.
 """
 
 from __future__ import annotations
@@ -83,17 +86,6 @@ def every_turn_calls(tokenizer, tools):
     return EveryTurnCalls(tokenizer, tools)
 
 
-class FreshPrefill:
-    """The ``hf`` engine without its turn cache (no ``new_turn_cache``): every turn is prefilled afresh
-    from the whole episode so far, what an engine without the capability gets."""
-
-    def __init__(self, rollout):
-        self.rollout, self.max_num_seqs = rollout, rollout.max_num_seqs
-
-    def generate(self, *args, **kwargs):
-        return self.rollout.generate(*args, **kwargs)
-
-
 def rollouts(env: bl.Env, latency_s: float, max_num_seqs: int):
     """(single-turn rollout without EOS, multi-turn rollouts with instant tools (KV caches kept across
     turns, and re-prefilled every turn), with slow tools)."""
@@ -104,37 +96,51 @@ def rollouts(env: bl.Env, latency_s: float, max_num_seqs: int):
     from splitproof.rl.rollout.hf import HFRollout
     from splitproof.rl.rollout.tools import function_tool
 
-    tokenizer = char_tokenizer()
-    model = AutoModelForCausalLM.from_pretrained(BUILTIN, dtype=env.dtype).to(env.device).eval()
+    if env.args.model is None:
+        tokenizer = char_tokenizer()
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(env.args.model)
+    model = AutoModelForCausalLM.from_pretrained(env.args.model or BUILTIN, dtype=env.dtype).to(env.device).eval()
     settings = MultiTurnSettings(format="simple", max_assistant_turns=3)
 
-    def episodes(latency: float, fresh: bool = False):
+    def episodes(latency: float, lockstep: bool = False):
         hf = HFRollout(
             model, eos_token_ids=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, max_num_seqs=max_num_seqs
         )
-        hf = FreshPrefill(hf) if fresh else hf
         tools = {"mul": function_tool(sleeping_mul(latency), "benchmark")}
         rollout = EpisodeRollout(hf, tokenizer, tools, settings)
         rollout.format = every_turn_calls(tokenizer, tools)
+        rollout.continuous = rollout.continuous and not lockstep
         return rollout
 
     single = HFRollout(model, eos_token_ids=None, pad_token_id=tokenizer.pad_token_id, max_num_seqs=max_num_seqs)
-    return tokenizer, single, episodes(0.0), episodes(0.0, fresh=True), episodes(latency_s)
+    single.eos_token_ids = ()  # a chat model's tokenizer names an EOS: single-turn runs without one
+    return tokenizer, single, episodes(0.0), episodes(0.0, lockstep=True), episodes(latency_s)
 
 
 def run(env: bl.Env) -> dict:
     from splitproof.rl.data.tasks import task_rows
     from splitproof.rl.rollout.hf import SamplingParams, requests_for
 
-    prompts_n, n, chunks = (4, 2, 2) if env.quick else (32, 4, 4)
+    chat = env.args.model is not None
+    prompts_n, n, chunks = (4, 2, 2) if env.quick else ((8, 4, 1) if chat else (32, 4, 4))
     latency_s = (env.args.latency if env.args.latency is not None else 20.0) / 1000
     requests_total = prompts_n * n
-    tokenizer, single, instant, fresh, slow = rollouts(env, latency_s, max_num_seqs=requests_total // chunks)
+    tokenizer, single, instant, lockstep, slow = rollouts(env, latency_s, max_num_seqs=requests_total // chunks)
     rows = task_rows("builtin://product/train")[:prompts_n]
-    requests = requests_for(
-        [(u, tokenizer.encode(r["prompt"], add_special_tokens=False)) for u, r in enumerate(rows)], n
-    )
-    budget = 48
+
+    def encode(prompt: str) -> list[int]:
+        if not chat:
+            return tokenizer.encode(prompt, add_special_tokens=False)
+        message = [{"role": "user", "content": f"Compute {prompt} with the calculator tool."}]
+        return list(
+            tokenizer.apply_chat_template(message, add_generation_prompt=True, tokenize=True, return_dict=False)
+        )
+
+    requests = requests_for([(u, encode(r["prompt"])) for u, r in enumerate(rows)], n)
+    budget = 96 if chat else 48
     params = SamplingParams(n=n, max_response_length=budget, seed=0)
     episodes = instant.generate(requests, params, step=1)
     model_tokens = sum(sum(e.token_mask) for e in episodes)
@@ -142,11 +148,11 @@ def run(env: bl.Env) -> dict:
     calls = sum(e.tool_calls for e in episodes)
     length = max(1, round(model_tokens / len(requests)))
     single_params = SamplingParams(n=n, max_response_length=length, seed=0)
-    fresh_tokens = sum(sum(e.token_mask) for e in fresh.generate(requests, params, step=1))
+    lockstep_tokens = sum(sum(e.token_mask) for e in lockstep.generate(requests, params, step=1))
     variants = {
         "single-turn": lambda: single.generate(requests, single_params, step=1),
         "multi-turn, instant tools": lambda: instant.generate(requests, params, step=1),
-        "multi-turn, instant tools, every turn re-prefilled": lambda: fresh.generate(requests, params, step=1),
+        "multi-turn, instant tools, turns in lockstep": lambda: lockstep.generate(requests, params, step=1),
         f"multi-turn, tools sleep {latency_s * 1000:g} ms": lambda: slow.generate(requests, params, step=1),
     }
     bl.log(f"[{NAME}] {len(requests)} requests, {model_tokens} model tokens, {calls} calls")
@@ -157,7 +163,7 @@ def run(env: bl.Env) -> dict:
         WAITS.clear()
         rollout.generate(requests, params, step=1)
         blocked[name] = sum(WAITS)
-    tokens = {"single-turn": len(requests) * length, "multi-turn, instant tools, every turn re-prefilled": fresh_tokens}
+    tokens = {"single-turn": len(requests) * length, "multi-turn, instant tools, turns in lockstep": lockstep_tokens}
     rows_out = []
     for name in variants:
         count = tokens.get(name, model_tokens)
@@ -165,10 +171,11 @@ def run(env: bl.Env) -> dict:
         rows_out.append(
             dict(variant=name, tokens=count, wall_s=wall, cpu_s=cpu, wall_tps=count / wall, cpu_tps=count / cpu)
         )
-    reprefilled = rows_out.pop(2)  # shown beside the others; `rows` keeps single, instant, slow
+    lockstep = rows_out.pop(2)  # shown beside the others; `rows` keeps single, instant, slow
     return dict(
+        model=env.args.model,
         rows=rows_out,
-        reprefilled=reprefilled,
+        lockstep=lockstep,
         requests=len(requests),
         prompts=prompts_n,
         n=n,
@@ -208,11 +215,12 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
                 f"{r['cpu_tps']:.0f}",
                 f"{r['cpu_tps'] / base['cpu_tps']:.2f} ×",
             ]
-            for r in rows[:2] + [result["reprefilled"]] + rows[2:]
+            for r in rows[:2] + [result["lockstep"]] + rows[2:]
         ],
     )
+    model = "the built-in model" if result["model"] is None else f"`{os.path.basename(result['model'])}` (chat prompts)"
     intro = (
-        f"Setup: the built-in model, {result['prompts']} `builtin://product` prompts × {result['n']} samples "
+        f"Setup: {model}, {result['prompts']} `builtin://product` prompts × {result['n']} samples "
         f"= {result['requests']} requests, `max_num_seqs` {result['max_num_seqs']}, sampling at T 1, "
         f"`max_response_length` {result['budget']}. Multi-turn: every turn read as a call of the "
         f"calculator (`max_assistant_turns` 3): {result['turns']} model turns, {result['calls']} calls, "
@@ -228,14 +236,13 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
         f"per rollout, on {result['workers']} threads. Time the episodes blocked reading tool results (one "
         f"more rollout of each, timed around every read): {blocked['slow']:.3f} s with the slow tools, "
         f"{blocked['instant']:.3f} s with instant ones; the rest of the tool time ran in parallel on the pool "
-        "or while later chunks generated (the calls of a chunk of `max_num_seqs` episodes start as soon as it "
-        "is generated; the last chunk's calls, and the wait for every response before the next turn, are not "
-        "overlapped). "
+        "while the other episodes generated (an episode's calls start when its turn ends; it feeds their "
+        "responses in the first forward after they all answered). "
         f"Wall / CPU time of the instant-tool rollouts: {instant['wall_s'] / instant['cpu_s']:.1f} (above 1: "
         "the process waited for a core; the wall columns then measure the machine's load more than the code)."
     )
     return bl.section(
-        NAME,
+        section_name(env.args),
         "Multi-turn rollouts: tokens per second against single-turn",
         command,
         env,
@@ -247,8 +254,14 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
 def main(argv: list[str] | None = None) -> dict:
     p = bl.parser(__doc__.splitlines()[0], repeats=5, quick_repeats=1)
     p.add_argument("--latency", type=float, default=None, help="milliseconds each slow tool call sleeps (default 20)")
+    p.add_argument("--model", default=None, help="a Hugging Face chat model's directory instead of the built-in model")
     args = p.parse_args(argv)
-    return bl.run_script(NAME, args, argv, run, render)
+    return bl.run_script(NAME, args, argv, run, render, section=section_name(args))
+
+
+def section_name(args) -> str:
+    """The docs section: one for the built-in model, one for ``--model``."""
+    return NAME if args.model is None else f"{NAME}_model"
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..pause import pause_point
+from .continuous import generate_episodes
 from .hf import HFRollout, Request, Sample, SamplingParams
+from .packed import supports_packed
 from .tool_format import FORMATS
 from .tools import Tool, ToolRunner
 
@@ -82,6 +84,8 @@ class EpisodeRollout:
         self.rollout, self.tools, self.settings = rollout, tools, settings
         self.tokenizer, self.environments = tokenizer, environments  # an EnvironmentSet (rl/environments), or None
         self.format = FORMATS[settings.format](tokenizer, tools)
+        # out of lockstep (rl/rollout/continuous.py) on an hf engine whose model takes packed forwards
+        self.continuous = isinstance(rollout, HFRollout) and supports_packed(rollout.model)
 
     @property
     def takes_records(self) -> bool:
@@ -122,43 +126,64 @@ class EpisodeRollout:
             max_length=s.max_tool_response_length,
             truncate_side=s.tool_response_truncate_side,
         )
-        new_turn_cache = getattr(self.rollout, "new_turn_cache", None)  # an engine that keeps KV caches
-        kept = {"turn_cache": new_turn_cache()} if new_turn_cache is not None else {}
         try:
-            live, rounds = list(range(len(episodes))), 0
-            while live:
-                pending: dict[int, list] = {}  # episode -> its running calls (episodes that go on)
-                for start in range(0, len(live), self.max_num_seqs):
-                    chunk = [episodes[i] for i in live[start : start + self.max_num_seqs]]
-                    turns = self.rollout.generate(
-                        [(e.uid, e.sample_index, e.prompt_ids + e.response_ids) for e in chunk],
-                        params,
-                        step=step,
-                        stream=stream,
-                        positions=[len(e.response_ids) for e in chunk],
-                        budgets=[budget - len(e.response_ids) for e in chunk],
-                        **kept,
-                    )
-                    for i, episode, turn in zip(live[start : start + self.max_num_seqs], chunk, turns):
-                        calls = self._model_turn(episode, turn, budget, formats[i])
-                        if calls:
-                            pending[i] = self._submit(runner, calls, session, i)
-                live = [
-                    i
-                    for i in live
-                    if i in pending and self._after_tools(episodes[i], pending[i], runner, session, i, budget)
-                ]
-                rounds += 1
-                pause_point(f"step{step}:stream{stream}:tools{rounds}")  # a kill test stops here mid-episode
+            if self.continuous:
+                generate_episodes(
+                    self.rollout,
+                    episodes,
+                    params,
+                    step=step,
+                    stream=stream,
+                    runner=runner,
+                    on_turn=lambda i, turn: self._submit(
+                        runner, self._model_turn(episodes[i], turn, budget, formats[i]), session, i
+                    ),
+                    on_tools=lambda i, handles: self._after_tools(episodes[i], handles, runner, session, i, budget),
+                )
+            else:
+                self._lockstep(episodes, params, step, stream, runner, session, formats)
         finally:
             runner.close()
         if session is not None:
             session.finish(episodes)
         return episodes
 
+    def _lockstep(self, episodes, params, step, stream, runner, session, formats) -> None:
+        """Turns in lockstep: each turn of the live episodes in chunks of ``max_num_seqs``, then their tools."""
+        budget = params.max_response_length
+        new_turn_cache = getattr(self.rollout, "new_turn_cache", None)  # an engine that keeps KV caches
+        kept = {"turn_cache": new_turn_cache()} if new_turn_cache is not None else {}
+        live, rounds = list(range(len(episodes))), 0
+        while live:
+            pending: dict[int, list] = {}  # episode -> its running calls (episodes that go on)
+            for start in range(0, len(live), self.max_num_seqs):
+                chunk = [episodes[i] for i in live[start : start + self.max_num_seqs]]
+                turns = self.rollout.generate(
+                    [(e.uid, e.sample_index, e.prompt_ids + e.response_ids) for e in chunk],
+                    params,
+                    step=step,
+                    stream=stream,
+                    positions=[len(e.response_ids) for e in chunk],
+                    budgets=[budget - len(e.response_ids) for e in chunk],
+                    **kept,
+                )
+                for i, episode, turn in zip(live[start : start + self.max_num_seqs], chunk, turns):
+                    calls = self._model_turn(episode, turn, budget, formats[i])
+                    if calls:
+                        pending[i] = self._submit(runner, calls, session, i)
+            live = [
+                i
+                for i in live
+                if i in pending and self._after_tools(episodes[i], pending[i], runner, session, i, budget)
+            ]
+            rounds += 1
+            pause_point(f"step{step}:stream{stream}:tools{rounds}")  # a kill test stops here mid-episode
+
     @staticmethod
     def _submit(runner: ToolRunner, calls: list, session, i: int) -> list:
         """Start a turn's calls: with an environment on its instance's methods, each after the one before."""
+        if not calls:
+            return []
         if session is None:
             return [runner.submit(c) for c in calls]
         handles, tools = [], session.starts[i].tools

@@ -301,7 +301,9 @@ class ToolRunner:
     ):
         self.tools, self.timeout = tools, timeout
         self.max_length, self.truncate_side = max_length, truncate_side
-        self._lock = threading.Condition()
+        self._lock = threading.Lock()
+        self._queued = threading.Condition(self._lock)  # workers wait here for a call to run
+        self._done = threading.Condition(self._lock)  # waiters wait here for outcomes (and deadlines)
         self._queue: deque[Pending] = deque()
         self._running: set[Pending] = set()
         self._closed = False
@@ -315,12 +317,13 @@ class ToolRunner:
         while True:
             with self._lock:
                 while (pending := self._next_ready()) is None and not self._closed:
-                    self._lock.wait()
+                    self._queued.wait()
                 if self._closed:
                     return
                 pending.started = time.monotonic()
                 self._running.add(pending)
-                self._lock.notify_all()  # a waiter now has a deadline to keep
+                if self.timeout is not None:
+                    self._done.notify_all()  # a waiter now has a deadline to keep
             outcome = call_tool(pending.tools if pending.tools is not None else self.tools, pending.call)
             with self._lock:
                 if pending.outcome is not None:  # abandoned: a fresh worker has taken this one's place
@@ -328,7 +331,8 @@ class ToolRunner:
                 self._running.discard(pending)
                 late = self.timeout is not None and time.monotonic() - pending.started > self.timeout
                 pending.outcome = self._timed_out() if late else outcome
-                self._lock.notify_all()
+                self._done.notify_all()
+                self._queued.notify()  # a call queued after this one may run now
 
     def _next_ready(self) -> Pending | None:
         """The first queued call whose ``after`` has finished, taken off the queue (None: none is ready)."""
@@ -355,7 +359,7 @@ class ToolRunner:
         pending = Pending(call, tools, after)
         with self._lock:
             self._queue.append(pending)
-            self._lock.notify_all()  # workers and waiters share the condition: wake a worker for sure
+            self._queued.notify()
         return pending
 
     def wait(self, pending: Pending) -> ToolResult:
@@ -364,8 +368,23 @@ class ToolRunner:
             while pending.outcome is None:
                 wait = self._expire() if self.timeout is not None else None
                 if pending.outcome is None:
-                    self._lock.wait(wait)
+                    self._done.wait(wait)
             return pending.outcome
+
+    def ready(self, handles: list[Pending]) -> bool:
+        """Whether every call of ``handles`` has an outcome (keeping every running call's deadline)."""
+        with self._lock:
+            if self.timeout is not None:
+                self._expire()
+            return all(p.outcome is not None for p in handles)
+
+    def wait_any(self, groups: list[list[Pending]]) -> None:
+        """Block until every call of one of ``groups`` has an outcome (keeping every running call's deadline)."""
+        with self._lock:
+            while not any(all(p.outcome is not None for p in g) for g in groups):
+                wait = self._expire() if self.timeout is not None else None
+                if not any(all(p.outcome is not None for p in g) for g in groups):
+                    self._done.wait(wait)
 
     def result(self, pending: Pending) -> ToolResult:
         outcome = self.wait(pending)
@@ -375,4 +394,4 @@ class ToolRunner:
         """Stop the workers (calls still queued never run; running ones finish in the background)."""
         with self._lock:
             self._closed = True
-            self._lock.notify_all()
+            self._queued.notify_all()

@@ -1,0 +1,212 @@
+"""Packed forwards over per-sequence KV slots: any set of sequences, each feeding any number of new tokens,
+in one forward (what lets multi-turn episodes leave and rejoin a running batch, ``rl/rollout/continuous.py``).
+
+A forward's input is one row ``[1, N]``: the new tokens of every sequence in it, side by side (a decode
+step's one token, a prompt, or a turn's last sampled token and the tool's tokens). Each sequence owns a
+slot of a :class:`SlotCache` (per layer ``[slots, kv_heads, capacity, head_dim]``); token n, at position
+``p`` of the sequence in slot ``s``, writes its keys and values at column ``p`` of slot ``s`` and attends to
+columns ``0 .. width - 1`` of that slot, those past ``p`` masked, ``width`` the forward's longest sequence
+rounded up to a multiple of ``pad_multiple``. Two products compute the attention (:class:`PackedStep`):
+
+- a token fed alone (a decode step) is a row of the *slot pass*, one product over every slot in place:
+  slot s's query rows are its token's query heads of each key head;
+- the tokens of a longer feed (a prompt, a tool's reply) are rows of *tiles* of ``TILE`` query rows: the
+  token at position p is row ``p mod TILE`` of the tile of block ``p // TILE`` of its slot, whose keys are
+  gathered.
+
+What keeps a token's numbers a function of its sequence and of how that sequence was fed (the lengths of
+its feeds, a function of the episode), whichever sequences share the forward, in which order and slots:
+the linear layers run in fixed row tiles (``engine.row_invariant``); norms and element-wise operations are
+per row; in both attention products a token's query sits in a row fixed by the model's shape and its
+position, against keys at fixed columns from 0, and what the company changes is only how many masked
+columns follow, in whole blocks of ``pad_multiple`` (the rule of the padded layouts, ``rl/rollout/hf.py``);
+a forward's token count is a multiple of :data:`ROW_BYTES` over the element size (filler tokens in a
+scratch slot; 32 in float32), since ATen's element-wise kernels run two vectors at a time and the elements
+past the last such pair through a scalar path that rounds differently (measured: float32 SiLU on AVX-512,
+16 elements of a row of 176 at odd row counts). ``tests/test_packed.py``: float32 and float64, with and
+without grouped-query attention, on both kernel families and MKL's Intel path.
+
+Needs a Hugging Face model whose attention layers go through transformers' attention interface
+(``_supports_attention_backend``: Llama, Qwen2/3, Mistral, SmolLM2, ...) with full attention in every
+layer and no logit soft-capping: :func:`supports_packed`. The forward runs with the implementation
+:data:`NAME` registered there, the cache handled here (the model gets no cache of its own), and only the
+logits that are sampled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from splitproof.engine.forward_output import logits_of, takes_logits_to_keep
+from splitproof.engine.logprobs import param_dtype
+from splitproof.hf_models import base_model_of
+
+NAME = "splitproof_packed"
+TILE = 16  # query rows per attention product: a token is row (position mod TILE) of its tile
+ROW_BYTES = 128  # a forward's token count is a multiple of ROW_BYTES / element size: two 64-byte vectors
+
+
+class SlotCache:
+    """Keys and values of ``slots`` sequences, per layer ``[slots, kv_heads, capacity, head_dim]`` (made at
+    the first forward, from the model's own key shapes); a slot's columns are its sequence's positions."""
+
+    def __init__(self, slots: int, capacity: int):
+        self.slots, self.capacity = slots, capacity  # one more slot, the last, is the fillers' scratch
+        self.keys: dict[int, Tensor] = {}
+        self.values: dict[int, Tensor] = {}
+
+    def write(self, layer: int, key: Tensor, value: Tensor, slot: Tensor, position: Tensor) -> None:
+        """Key and value ``[N, kv_heads, head_dim]`` of token n at column ``position[n]`` of slot ``slot[n]``."""
+        if layer not in self.keys:
+            n, h, d = key.shape
+            self.keys[layer] = key.new_zeros(self.slots + 1, h, self.capacity, d)
+            self.values[layer] = value.new_zeros(self.slots + 1, h, self.capacity, d)
+        self.keys[layer][slot, :, position] = key
+        self.values[layer][slot, :, position] = value
+
+
+class PackedStep:
+    """Where a packed forward's tokens go and how they attend. A token fed alone (its sequence's only new
+    token: a decode step) is a query of the *slot pass*: one product over every slot's columns, row g of
+    slot ``slot[n]`` for query head g of each key head, ``slot_mask`` [slots + 1, 1, 1, width] up to its
+    position. The other tokens are row ``position % TILE`` of a *tile*: tile t holds block
+    ``position // TILE`` of slot ``tile_slot[t]``, its keys gathered, ``tile_mask`` [tiles, 1, TILE, width]
+    letting row r see the columns up to ``block · TILE + r`` (rows without a token too: output dropped)."""
+
+    def __init__(self, cache: SlotCache, slot: Tensor, position: Tensor, width: int):
+        self.cache, self.slot, self.position, self.width = cache, slot, position, width
+        device, columns = slot.device, torch.arange(width, device=slot.device)
+        # a sequence's new tokens are consecutive and in order
+        first = torch.ones_like(slot, dtype=torch.bool)
+        first[1:] = slot[1:] != slot[:-1]
+        last = torch.ones_like(first)
+        last[:-1] = first[1:]
+        alone = first & last
+        self.alone, self.alone_slot = alone.nonzero().squeeze(1), slot[alone]
+        self.slot_mask = torch.zeros(cache.slots + 1, width, dtype=torch.bool, device=device)
+        self.slot_mask[:, 0] = True
+        self.slot_mask[self.alone_slot] = columns <= position[alone, None]
+        self.slot_mask = self.slot_mask[:, None, None]
+        chunked = ~alone
+        self.chunked = chunked.nonzero().squeeze(1)
+        slot, position = slot[chunked], position[chunked]
+        block = position // TILE
+        new = torch.ones_like(slot, dtype=torch.bool)
+        new[1:] = (slot[1:] != slot[:-1]) | (block[1:] != block[:-1])
+        self.tile, self.tile_slot, self.row = new.cumsum(0) - 1, slot[new], position % TILE
+        last_column = block[new, None] * TILE + torch.arange(TILE, device=device)  # a row sees up to its position
+        self.tile_mask = (columns <= last_column[:, :, None])[:, None]
+
+
+def packed_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
+    """transformers' attention-interface signature: ``query`` ``[1, heads, N, d]``, ``key``/``value``
+    ``[1, kv_heads, N, d]`` of the packed tokens; softmax(q Kᵀ · scaling + mask) V per token over its slot,
+    in the slot pass and the tiles of :class:`PackedStep`. The query heads of a key head are rows of one
+    product (no copy of the keys per query head)."""
+    step: PackedStep = kwargs["packed"]
+    layer, scale = module.layer_idx, kwargs.get("scaling")
+    step.cache.write(layer, key[0].transpose(0, 1), value[0].transpose(0, 1), step.slot, step.position)
+    kv_heads, (heads, n, d) = key.shape[1], query.shape[1:]
+    groups = heads // kv_heads
+    q = query[0].view(kv_heads, groups, n, d).permute(2, 0, 1, 3)  # [N, kv_heads, groups, d]
+    out = query.new_empty(n, kv_heads, groups, d)
+    if step.alone.numel():
+        rows = query.new_zeros(step.cache.slots + 1, kv_heads, groups, d)
+        rows[step.alone_slot] = q[step.alone]
+        keys = step.cache.keys[layer][:, :, : step.width]  # every slot, in place
+        values = step.cache.values[layer][:, :, : step.width]
+        alone = F.scaled_dot_product_attention(rows, keys, values, attn_mask=step.slot_mask, scale=scale)
+        out[step.alone] = alone[step.alone_slot]
+    if step.chunked.numel():
+        tiles = query.new_zeros(len(step.tile_slot), kv_heads, groups, TILE, d)
+        tiles[step.tile, :, :, step.row] = q[step.chunked]
+        keys = step.cache.keys[layer][step.tile_slot, :, : step.width]  # [tiles, kv_heads, width, d]
+        values = step.cache.values[layer][step.tile_slot, :, : step.width]
+        mask = step.tile_mask.repeat(1, 1, groups, 1)
+        tiled = F.scaled_dot_product_attention(
+            tiles.view(-1, kv_heads, groups * TILE, d), keys, values, attn_mask=mask, scale=scale
+        )
+        out[step.chunked] = tiled.view(-1, kv_heads, groups, TILE, d)[step.tile, :, :, step.row]
+    return out.view(1, n, heads, d), None  # [1, N, heads, d]
+
+
+def _register() -> bool:
+    try:
+        from transformers import AttentionInterface
+    except ImportError:  # pragma: no cover - transformers without the attention interface
+        return False
+    AttentionInterface.register(NAME, packed_attention)
+    return True
+
+
+_REGISTERED = _register()
+
+
+def supports_packed(model: nn.Module) -> bool:
+    """Whether packed forwards can run on ``model``: a Hugging Face model on transformers' attention interface
+    whose layers number their caches (``layer_idx``) and which keeps only asked-for logits."""
+    base = base_model_of(model)
+    if not _REGISTERED or not getattr(base, "_supports_attention_backend", False):
+        return False
+    if not hasattr(base, "set_attn_implementation") or not takes_logits_to_keep(model):
+        return False
+    attention = [m for m in base.modules() if hasattr(m, "layer_idx") and hasattr(m, "scaling")]
+    config = base.config
+    full = all(kind == "full_attention" for kind in getattr(config, "layer_types", None) or ["full_attention"])
+    plain = getattr(config, "sliding_window", None) is None and getattr(config, "attn_logit_softcapping", None) is None
+    return bool(attention) and full and plain
+
+
+@contextlib.contextmanager
+def packed_forwards(model: nn.Module) -> Iterator[None]:
+    """Within: the model's attention is :func:`packed_attention` (the implementation it had is restored)."""
+    base = base_model_of(model)
+    before = base.config._attn_implementation
+    base.set_attn_implementation(NAME)
+    try:
+        yield
+    finally:
+        base.set_attn_implementation(before)
+
+
+def packed_forward(
+    model: nn.Module,
+    cache: SlotCache,
+    ids: list[int],
+    slot: list[int],
+    position: list[int],
+    last: list[int],
+    *,
+    pad_multiple: int,
+    device: torch.device,
+) -> Tensor:
+    """The logits ``[K, V]`` at the packed tokens ``last`` after a forward of ``ids`` (token n at
+    ``position[n]`` of the sequence in ``slot[n]``), which writes their keys and values into ``cache``."""
+    width = -(-(max(position) + 1) // pad_multiple) * pad_multiple
+    fill = -len(ids) % (ROW_BYTES // param_dtype(model).itemsize)  # fillers: position 0 of the scratch slot
+    rows = torch.tensor(
+        [
+            ids + [0] * fill,
+            slot + [cache.slots] * fill,
+            position + [0] * fill,
+            last + [0] * (len(ids) + fill - len(last)),
+        ],
+        dtype=torch.long,
+        device=device,
+    )
+    step = PackedStep(cache, rows[1], rows[2], width)
+    dummy_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)  # 4-D: taken as is, never read
+    out = model(
+        input_ids=rows[0].unsqueeze(0),
+        attention_mask=dummy_mask,
+        position_ids=rows[2].unsqueeze(0),
+        use_cache=False,
+        logits_to_keep=rows[3, : len(last)],
+        packed=step,
+    )
+    return logits_of(out)[0]
