@@ -21,7 +21,8 @@ their tools.
     python benchmarks/multi_turn.py [--quick] [--repeats N] [--latency MS] [--model DIR]
 
 ``--model DIR`` (e.g. SmolLM2-135M-Instruct): 8 chat prompts × 4 samples in one chunk of 32,
-``max_response_length`` 96, in a section of its own.
+``max_response_length`` 96, a turn ending at EOS or at a newline token (a call is one line), in a section
+of its own.
 """
 
 from __future__ import annotations
@@ -105,10 +106,14 @@ def rollouts(env: bl.Env, latency_s: float, max_num_seqs: int):
     model = AutoModelForCausalLM.from_pretrained(env.args.model or BUILTIN, dtype=env.dtype).to(env.device).eval()
     settings = MultiTurnSettings(format="simple", max_assistant_turns=3)
 
+    ends = [tokenizer.eos_token_id]
+    if env.args.model is not None:  # a chat model's turn ends at a line's end too: a call is one line
+        ends += [
+            ids[0] for ids in (tokenizer.encode(t, add_special_tokens=False) for t in ("\n", "\n\n")) if len(ids) == 1
+        ]
+
     def episodes(latency: float, lockstep: bool = False):
-        hf = HFRollout(
-            model, eos_token_ids=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, max_num_seqs=max_num_seqs
-        )
+        hf = HFRollout(model, eos_token_ids=ends, pad_token_id=tokenizer.pad_token_id, max_num_seqs=max_num_seqs)
         tools = {"mul": function_tool(sleeping_mul(latency), "benchmark")}
         rollout = EpisodeRollout(hf, tokenizer, tools, settings)
         rollout.format = every_turn_calls(tokenizer, tools)
@@ -223,7 +228,8 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
         f"Setup: {model}, {result['prompts']} `builtin://product` prompts × {result['n']} samples "
         f"= {result['requests']} requests, `max_num_seqs` {result['max_num_seqs']}, sampling at T 1, "
         f"`max_response_length` {result['budget']}. Multi-turn: every turn read as a call of the "
-        f"calculator (`max_assistant_turns` 3): {result['turns']} model turns, {result['calls']} calls, "
+        f"calculator (`max_assistant_turns` 3{', a newline ends a turn' if result['model'] else ''}): "
+        f"{result['turns']} model turns, {result['calls']} calls, "
         f"{result['model_tokens']} model and {result['tool_tokens']} tool tokens. Single-turn: the same "
         f"requests without EOS, {rows[0]['tokens'] // result['requests']} tokens each. "
         f"{result['repeats']} interleaved repeats; tokens/s counts the model's tokens only."
