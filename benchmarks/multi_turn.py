@@ -20,7 +20,7 @@ their tools.
 
     python benchmarks/multi_turn.py [--quick] [--repeats N] [--latency MS] [--model DIR]
 
-``--model DIR`` (e.g. SmolLM2-135M-Instruct): 8 chat prompts × 4 samples in one chunk of 32,
+``--model DIR`` (e.g. SmolLM2-135M-Instruct): 16 chat prompts × 4 samples, ``max_num_seqs`` 16,
 ``max_response_length`` 96, a turn ending at EOS or at a newline token (a call is one line), in a section
 of its own.
 """
@@ -130,7 +130,7 @@ def run(env: bl.Env) -> dict:
     from splitproof.rl.rollout.hf import SamplingParams, requests_for
 
     chat = env.args.model is not None
-    prompts_n, n, chunks = (4, 2, 2) if env.quick else ((8, 4, 1) if chat else (32, 4, 4))
+    prompts_n, n, chunks = (4, 2, 2) if env.quick else ((16, 4, 4) if chat else (32, 4, 4))
     latency_s = (env.args.latency if env.args.latency is not None else 20.0) / 1000
     requests_total = prompts_n * n
     tokenizer, single, instant, lockstep, slow = rollouts(env, latency_s, max_num_seqs=requests_total // chunks)

@@ -190,3 +190,25 @@ def test_the_lockstep_engine_agrees_and_the_attention_implementation_is_restored
     gap = max(abs(a - b) for x, y in zip(lockstep, continuous) for a, b in zip(x[1], y[1]))
     assert gap <= 1e-12, gap
     assert not supports_packed(torch.nn.Linear(2, 2))
+
+
+def test_a_lora_model_runs_out_of_lockstep_with_the_lockstep_tokens(models):
+    """A PEFT (LoRA) wrapper of the built-in model, adapter weights non-zero: the engine applies, and the two
+    engines agree as for the plain model (float64)."""
+    import copy
+
+    from splitproof.lora import LoraSettings, apply_lora
+
+    model = apply_lora(copy.deepcopy(models["float64"]), LoraSettings(lora_rank=4, lora_alpha=8))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    assert supports_packed(model)
+    rollout, continuous = _episodes(model, 4, 2, 0.0, 0)
+    assert rollout.continuous
+    _, lockstep = _episodes(model, 4, 2, 0.0, 0, continuous=False)
+    assert [(e[0], e[2:]) for e in lockstep] == [(e[0], e[2:]) for e in continuous]
+    _, plain = _episodes(models["float64"], 4, 2, 0.0, 0)
+    assert [e[0] for e in plain] != [e[0] for e in continuous]  # the adapter is applied

@@ -4,7 +4,9 @@ Up to ``max_num_seqs`` episodes hold a slot of a :class:`~splitproof.rl.rollout.
 Every forward is one packed forward (``rl/rollout/packed.py``) of what each running episode feeds: its
 prompt when it has just taken a slot, its last sampled token while it generates, and that token with the
 tool's tokens when its tools have answered. An episode whose turn ends submits its calls and sits out
-until they answer; the others go on, and a finished episode's slot goes to the next episode in order.
+until they answer; the others go on, and a finished episode's slot goes to the next episode in order. The
+samples of a prompt feed it once: an episode whose prompt another one holding a slot has fed (or feeds in
+the same forward) copies that slot's prompt columns and last logits.
 
 Why the schedule changes nothing: a token's logits are a function of its episode's tokens (the packed
 forward's rule), and token t of an episode draws the uniform of position t of its stream (seed, stream,
@@ -53,17 +55,50 @@ class _Slots:
         self.episodes, self.budget, self.where = episodes, budget, where
         self.waiting, self.running, self.free = deque(range(len(episodes))), {}, list(range(slots))[::-1]
         self.tool_turns = 0
+        self.prompts: dict[tuple, list] = {}  # prompt ids -> [the episode that feeds them, its logits row once fed]
 
-    def batch(self) -> list[_Running]:
-        """The running episodes that feed the next forward, after giving free slots to waiting episodes."""
+    def batch(self) -> tuple[list[_Running], list[_Running]]:
+        """``(feeding, followers)`` after giving free slots to waiting episodes: the running episodes that feed
+        the next forward, and the new ones whose prompt an episode holding a slot feeds or has fed (they take
+        its keys, values and last logits instead: :meth:`share`)."""
+        followers = []
         while self.waiting and self.free:
             i = self.waiting.popleft()
-            self.running[i] = _Running(i, self.free.pop(), self.budget, list(self.episodes[i].prompt_ids))
-        return [r for r in self.running.values() if r.handles is None]
+            prompt = tuple(self.episodes[i].prompt_ids)
+            r = _Running(i, self.free.pop(), self.budget, list(prompt))
+            self.running[i] = r
+            if prompt in self.prompts:
+                r.feed = []
+                followers.append(r)
+            else:
+                self.prompts[prompt] = [r, None]
+        return [r for r in self.running.values() if r.handles is None and r.feed], followers
+
+    def share(self, feeding: list[_Running], logits, followers: list[_Running], cache: SlotCache) -> torch.Tensor:
+        """The logits rows of ``feeding`` then ``followers``: a follower's prompt columns are copied from the
+        slot of the episode that fed the prompt (the same bits: a feed's numbers are a function of its
+        tokens), its row is that episode's."""
+        for k, r in enumerate(feeding):
+            entry = self.prompts.get(tuple(self.episodes[r.index].prompt_ids))
+            if r.fed == 0 and entry is not None and entry[0] is r:
+                entry[1] = logits[k]
+        rows = []
+        for r in followers:
+            prompt = self.episodes[r.index].prompt_ids
+            leader, row = self.prompts[tuple(prompt)]
+            cache.copy(leader.slot, r.slot, len(prompt))
+            r.fed = len(prompt)
+            rows.append(row)
+        if not rows:
+            return logits
+        return torch.stack(rows) if logits is None else torch.cat([logits, torch.stack(rows)])
 
     def end(self, r: _Running) -> None:
         del self.running[r.index]
         self.free.append(r.slot)
+        prompt = tuple(self.episodes[r.index].prompt_ids)
+        if self.prompts.get(prompt, [None])[0] is r:  # its slot goes: later episodes feed the prompt again
+            del self.prompts[prompt]
 
     def rejoin_answered(self, runner: ToolRunner, on_tools) -> None:
         """Append the results of every turn whose calls all answered; those episodes feed in the next forward."""
@@ -122,14 +157,16 @@ def generate_episodes(
     try:
         with torch.no_grad(), row_invariant(model), packed_forwards(model):
             while slots.waiting or slots.running:
-                batch = slots.batch()
-                if not batch:  # every running episode waits for its tools
+                feeding, followers = slots.batch()
+                if not feeding and not followers:  # every running episode waits for its tools
                     runner.wait_any([r.handles for r in slots.running.values()])
                     slots.rejoin_answered(runner, on_tools)
                     continue
                 decode_point()  # a Ctrl-C abandons the step here (splitproof.rl.stop)
-                logits = _forward(model, cache, batch, rollout.pad_multiple, device)
+                logits = _forward(model, cache, feeding, rollout.pad_multiple, device) if feeding else None
+                logits = slots.share(feeding, logits, followers, cache)
                 slots.rejoin_answered(runner, on_tools)  # tools that answered during the forward
+                batch = feeding + followers
                 at = [len(episodes[r.index].response_ids) + len(r.turn) for r in batch]
                 tokens, log_probs = sample_tokens(
                     logits,

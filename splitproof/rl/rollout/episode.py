@@ -8,15 +8,20 @@ the loss). ``log_probs`` are the rollout's per model token, 0.0 on tool tokens.
 
 Determinism: token i of sample j of prompt uid draws the uniform of position i of the stream (seed,
 stream, step, uid, j), i counting every response token of the episode, tool tokens included — a turn
-continues the stream where the last left it. Turns proceed in lockstep over the episodes; within a turn
-the live episodes generate in chunks of ``max_num_seqs``, and the tool calls of a chunk start on the pool
-as soon as it is generated (overlapping the next chunk's generation). Results are read in canonical
-order (episode, then call), so completion order, pool size and chunking never change the trajectory.
-Only a ``tool_timeout`` depends on the wall clock.
+continues the stream where the last left it. An episode's tool results are read in its own order (call by
+call), so completion order, pool size and batching never change the trajectory. Only a ``tool_timeout``
+depends on the wall clock.
 
-An engine with ``new_turn_cache()`` (the ``hf`` one) keeps each episode's KV cache from one turn to the
-next, so a turn prefills only what was appended (``rl/rollout/prefill.py``); any other engine gets each
-episode so far as a fresh prompt.
+Two schedules, the same promise:
+
+- out of lockstep (``rl/rollout/continuous.py``), on the ``hf`` engine with a model that takes packed
+  forwards (``rl/rollout/packed.py``): an episode whose turn ends waits for its tools alone and rejoins the
+  running batch when they answer;
+- in lockstep, for any other engine or model: each turn of the live episodes runs in chunks of
+  ``max_num_seqs``, and the tool calls of a chunk start on the pool as soon as it is generated. An engine
+  with ``new_turn_cache()`` (``hf``) keeps each episode's KV cache from one turn to the next, so a turn
+  prefills only what was appended (``rl/rollout/prefill.py``); any other engine gets each episode so far
+  as a fresh prompt.
 
 Termination follows verl's tool agent loop, with ``B = data.max_response_length`` counting every token
 after the prompt: a model turn gets at most the tokens left; after it the episode ends when B is

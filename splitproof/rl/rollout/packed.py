@@ -20,10 +20,10 @@ the linear layers run in fixed row tiles (``engine.row_invariant``); norms and e
 per row; in both attention products a token's query sits in a row fixed by the model's shape and its
 position, against keys at fixed columns from 0, and what the company changes is only how many masked
 columns follow, in whole blocks of ``pad_multiple`` (the rule of the padded layouts, ``rl/rollout/hf.py``);
-a forward's token count is a multiple of :data:`ROW_BYTES` over the element size (filler tokens in a
-scratch slot; 32 in float32), since ATen's element-wise kernels run two vectors at a time and the elements
-past the last such pair through a scalar path that rounds differently (measured: float32 SiLU on AVX-512,
-16 elements of a row of 176 at odd row counts). ``tests/test_packed.py``: float32 and float64, with and
+a forward's token count times each layer width is a multiple of :data:`ROW_BYTES` over the element size
+(:func:`row_multiple`; filler tokens in a scratch slot), since ATen's element-wise kernels run two vectors
+at a time and the elements past the last such pair through a scalar path that rounds differently
+(measured: float32 SiLU on AVX-512, 16 elements of a row of 176 at odd row counts). ``tests/test_packed.py``: float32 and float64, with and
 without grouped-query attention, on both kernel families and MKL's Intel path.
 
 Needs a Hugging Face model whose attention layers go through transformers' attention interface
@@ -36,6 +36,7 @@ logits that are sampled.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 
 import torch
@@ -68,6 +69,12 @@ class SlotCache:
             self.values[layer] = value.new_zeros(self.slots + 1, h, self.capacity, d)
         self.keys[layer][slot, :, position] = key
         self.values[layer][slot, :, position] = value
+
+    def copy(self, source: int, target: int, length: int) -> None:
+        """Columns ``0 .. length - 1`` of slot ``source`` into slot ``target``, every layer."""
+        for layer in self.keys:
+            self.keys[layer][target, :, :length] = self.keys[layer][source, :, :length]
+            self.values[layer][target, :, :length] = self.values[layer][source, :, :length]
 
 
 class PackedStep:
@@ -174,6 +181,24 @@ def packed_forwards(model: nn.Module) -> Iterator[None]:
         base.set_attn_implementation(before)
 
 
+_row_multiples: dict[tuple, int] = {}
+
+
+def row_multiple(model: nn.Module) -> int:
+    """The token counts a forward is padded to a multiple of: every element-wise pass over ``rows × width``
+    elements (width: a linear layer's input or output, the LM head's aside) then ends on a whole pair of vectors of
+    :data:`ROW_BYTES` (1 for SmolLM2-135M in float32, whose widths are multiples of 32; 2 for the built-in
+    model, width 176)."""
+    elements = ROW_BYTES // param_dtype(model).itemsize
+    head = base_model_of(model).get_output_embeddings()  # runs on the sampled rows only
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m is not head]
+    widths = {w for m in linears for w in (m.in_features, m.out_features)}
+    key = (elements, *sorted(widths))
+    if key not in _row_multiples:
+        _row_multiples[key] = math.lcm(1, *(elements // math.gcd(elements, w) for w in widths))
+    return _row_multiples[key]
+
+
 def packed_forward(
     model: nn.Module,
     cache: SlotCache,
@@ -188,7 +213,7 @@ def packed_forward(
     """The logits ``[K, V]`` at the packed tokens ``last`` after a forward of ``ids`` (token n at
     ``position[n]`` of the sequence in ``slot[n]``), which writes their keys and values into ``cache``."""
     width = -(-(max(position) + 1) // pad_multiple) * pad_multiple
-    fill = -len(ids) % (ROW_BYTES // param_dtype(model).itemsize)  # fillers: position 0 of the scratch slot
+    fill = -len(ids) % row_multiple(model)  # fillers: position 0 of the scratch slot
     rows = torch.tensor(
         [
             ids + [0] * fill,
