@@ -249,7 +249,9 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
     )
     return bl.section(
         section_name(env.args),
-        "Multi-turn rollouts: tokens per second against single-turn",
+        "Multi-turn rollouts: tokens per second against single-turn"
+        if env.args.model is None
+        else f"Multi-turn rollouts on a chat model ({os.path.basename(env.args.model.rstrip('/'))})",
         command,
         env,
         load_before,

@@ -24,8 +24,8 @@ a forward's token count times each layer width is a multiple of :data:`ROW_BYTES
 (:func:`row_multiple`; filler tokens in a scratch slot), since ATen's element-wise kernels run two vectors
 at a time and the elements past the last such pair through a scalar path that rounds differently
 (measured: float32 SiLU on AVX-512, 16 elements of a row of 176 at odd row counts).
-``tests/test_packed.py``: float32 and float64, with and without grouped-query attention, on both kernel
-families and MKL's Intel path.
+``tests/test_packed.py``: float32 and float64, with and without grouped-query attention, with AVX-512 and
+AVX2 kernels (measured on an Intel CPU).
 
 Needs a Hugging Face model whose attention layers go through transformers' attention interface
 (``_supports_attention_backend``: Llama, Qwen2/3, Mistral, SmolLM2, ...) with full attention in every
