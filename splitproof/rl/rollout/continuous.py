@@ -1,8 +1,6 @@
 """Multi-turn episodes out of lockstep: continuous batching over the ``hf`` engine's model.
 
-Up to ``max_num_seqs`` episodes generate at once, each holding a slot of a
-:class:`~splitproof.rl.rollout.packed.SlotCache`; episodes waiting for their tools keep theirs, and up to
-``SLOTS_PER_SEQ × max_num_seqs`` slots let others generate meanwhile.
+Up to ``max_num_seqs`` episodes hold a slot of a :class:`~splitproof.rl.rollout.packed.SlotCache` at once.
 Every forward is one packed forward (``rl/rollout/packed.py``) of what each running episode feeds: its
 prompt when it has just taken a slot, its last sampled token while it generates, and that token with the
 tool's tokens when its tools have answered. An episode whose turn ends submits its calls and sits out
@@ -34,8 +32,6 @@ from .packed import SlotCache, packed_forward, packed_forwards
 from .sampling import sample_tokens, stream_keys, stream_uniforms
 from .tools import Pending, ToolRunner
 
-SLOTS_PER_SEQ = 2  # KV slots per generating sequence: an episode waiting for its tools keeps its slot
-
 
 @dataclass
 class _Running:
@@ -55,8 +51,8 @@ class _Running:
 class _Slots:
     """Which episodes hold a slot, which wait for one (in order) and which slots are free."""
 
-    def __init__(self, episodes: Sequence, slots: int, budget: int, where: str, max_num_seqs: int):
-        self.episodes, self.budget, self.where, self.max_num_seqs = episodes, budget, where, max_num_seqs
+    def __init__(self, episodes: Sequence, slots: int, budget: int, where: str):
+        self.episodes, self.budget, self.where = episodes, budget, where
         self.waiting, self.running, self.free = deque(range(len(episodes))), {}, list(range(slots))[::-1]
         self.tool_turns = 0
         self.prompts: dict[tuple, list] = {}  # prompt ids -> [the episode that feeds them, its logits row once fed]
@@ -65,10 +61,8 @@ class _Slots:
         """``(feeding, followers)`` after giving free slots to waiting episodes: the running episodes that feed
         the next forward, and the new ones whose prompt an episode holding a slot feeds or has fed (they take
         its keys, values and last logits instead: :meth:`share`)."""
-        followers, admitted = [], []  # new episodes: taking another's prompt, feeding their own
-        generating = sum(r.handles is None for r in self.running.values())
-        while self.waiting and self.free and generating < self.max_num_seqs:
-            generating += 1
+        followers = []
+        while self.waiting and self.free:
             i = self.waiting.popleft()
             prompt = tuple(self.episodes[i].prompt_ids)
             r = _Running(i, self.free.pop(), self.budget, list(prompt))
@@ -78,10 +72,7 @@ class _Slots:
                 followers.append(r)
             else:
                 self.prompts[prompt] = [r, None]
-                admitted.append(r)
-        new = {id(r) for r in admitted}
-        feeding = admitted + [r for r in self.running.values() if r.handles is None and r.feed and id(r) not in new]
-        return feeding[: self.max_num_seqs - len(followers)], followers  # the rest feed in a later forward
+        return [r for r in self.running.values() if r.handles is None and r.feed], followers
 
     def share(self, feeding: list[_Running], logits, followers: list[_Running], cache: SlotCache) -> torch.Tensor:
         """The logits rows of ``feeding`` then ``followers``: a follower's prompt columns are copied from the
@@ -158,8 +149,7 @@ def generate_episodes(
     uids = torch.tensor([e.uid for e in episodes], device=device)
     indices = torch.tensor([e.sample_index for e in episodes], device=device)
     uniforms = stream_uniforms(stream_keys(params.seed, stream, step, uids, indices), budget)  # [episode, t]
-    room = min(SLOTS_PER_SEQ * rollout.max_num_seqs, len(episodes))  # episodes waiting for tools keep a slot
-    slots = _Slots(episodes, room, budget, f"step{step}:stream{stream}", rollout.max_num_seqs)
+    slots = _Slots(episodes, min(rollout.max_num_seqs, len(episodes)), budget, f"step{step}:stream{stream}")
     capacity = max(len(e.prompt_ids) for e in episodes) + budget
     cache = SlotCache(len(slots.free), -(-capacity // rollout.pad_multiple) * rollout.pad_multiple)
     was_training = model.training
