@@ -60,8 +60,8 @@ WAITS: list[float] = []  # seconds the episodes blocked on tool results, one ent
 
 
 def watch_waits() -> None:
-    """Make the episode's tool runner record how long reading each result blocked (the tool time that
-    generation did not hide)."""
+    """Make the episode's tool runner record how long reading each result, or waiting for any episode's
+    results, blocked (the tool time that generation did not hide)."""
     from splitproof.rl.rollout import episode
     from splitproof.rl.rollout.tools import ToolRunner
 
@@ -71,6 +71,11 @@ def watch_waits() -> None:
             out = super().result(handle)
             WAITS.append(time.perf_counter() - start)
             return out
+
+        def wait_any(self, groups):  # out of lockstep: every running episode waits for its tools
+            start = time.perf_counter()
+            super().wait_any(groups)
+            WAITS.append(time.perf_counter() - start)
 
     episode.ToolRunner = TimedRunner
 
@@ -240,7 +245,7 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
     note = (
         f"Slow tools: {result['calls']} calls × {result['latency_s'] * 1000:g} ms = {tool_s:.2f} s of tool time "
         f"per rollout, on {result['workers']} threads. Time the episodes blocked reading tool results (one "
-        f"more rollout of each, timed around every read): {blocked['slow']:.3f} s with the slow tools, "
+        f"more rollout of each, timed around every read and every wait for any episode's results): {blocked['slow']:.3f} s with the slow tools, "
         f"{blocked['instant']:.3f} s with instant ones; the rest of the tool time ran in parallel on the pool "
         "while the other episodes generated (an episode's calls start when its turn ends; it feeds their "
         "responses in the first forward after they all answered). "
