@@ -245,7 +245,8 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
     note = (
         f"Slow tools: {result['calls']} calls × {result['latency_s'] * 1000:g} ms = {tool_s:.2f} s of tool time "
         f"per rollout, on {result['workers']} threads. Time the episodes blocked reading tool results (one "
-        f"more rollout of each, timed around every read and every wait for any episode's results): {blocked['slow']:.3f} s with the slow tools, "
+        "more rollout of each, timed around every read and every wait for any episode's results): "
+        f"{blocked['slow']:.3f} s with the slow tools, "
         f"{blocked['instant']:.3f} s with instant ones; the rest of the tool time ran in parallel on the pool "
         "while the other episodes generated (an episode's calls start when its turn ends; it feeds their "
         "responses in the first forward after they all answered). "
