@@ -25,7 +25,7 @@ from splitproof.builtin.tokenizer import char_tokenizer
 from splitproof.engine.row_invariant import row_invariant
 from splitproof.rl.rollout.episode import EpisodeRollout, MultiTurnSettings
 from splitproof.rl.rollout.hf import HFRollout, SamplingParams, requests_for
-from splitproof.rl.rollout.packed import SlotCache, packed_forward, packed_forwards, supports_packed
+from splitproof.rl.rollout.packed import SlotCache, packed_forward, packed_forwards, row_multiple, supports_packed
 from splitproof.rl.rollout.tool_format import SimpleFormat
 from splitproof.rl.rollout.tools import ToolCall, function_tool
 
@@ -75,7 +75,15 @@ def _logits(model, schedule, slots: int) -> dict[tuple[int, int], torch.Tensor]:
                 position += range(a, b)
                 keys += [(s, p) for p in range(a, b)]
             logits = packed_forward(
-                model, cache, ids, slot, position, list(range(len(ids))), pad_multiple=16, device=torch.device("cpu")
+                model,
+                cache,
+                ids,
+                slot,
+                position,
+                list(range(len(ids))),
+                pad_multiple=16,
+                rows=row_multiple(model),
+                device=torch.device("cpu"),
             )
             out.update(zip(keys, logits))
     return out

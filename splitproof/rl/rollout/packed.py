@@ -182,22 +182,16 @@ def packed_forwards(model: nn.Module) -> Iterator[None]:
         base.set_attn_implementation(before)
 
 
-_row_multiples: dict[tuple, int] = {}
-
-
 def row_multiple(model: nn.Module) -> int:
     """The token counts a forward is padded to a multiple of: every element-wise pass over ``rows × width``
-    elements (width: a linear layer's input or output, the LM head's aside) then ends on a whole pair of vectors of
-    :data:`ROW_BYTES` (1 for SmolLM2-135M in float32, whose widths are multiples of 32; 2 for the built-in
-    model, width 176)."""
+    elements (width: a linear layer's input or output, the LM head's aside) then ends on a whole pair of
+    vectors of :data:`ROW_BYTES` (1 for SmolLM2-135M in float32, whose widths are multiples of 32; 2 for the
+    built-in model, width 176)."""
     elements = ROW_BYTES // param_dtype(model).itemsize
     head = base_model_of(model).get_output_embeddings()  # runs on the sampled rows only
     linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m is not head]
     widths = {w for m in linears for w in (m.in_features, m.out_features)}
-    key = (elements, *sorted(widths))
-    if key not in _row_multiples:
-        _row_multiples[key] = math.lcm(1, *(elements // math.gcd(elements, w) for w in widths))
-    return _row_multiples[key]
+    return math.lcm(1, *(elements // math.gcd(elements, w) for w in widths))
 
 
 def packed_forward(
@@ -209,12 +203,14 @@ def packed_forward(
     last: list[int],
     *,
     pad_multiple: int,
+    rows: int,
     device: torch.device,
 ) -> Tensor:
     """The logits ``[K, V]`` at the packed tokens ``last`` after a forward of ``ids`` (token n at
-    ``position[n]`` of the sequence in ``slot[n]``), which writes their keys and values into ``cache``."""
+    ``position[n]`` of the sequence in ``slot[n]``), which writes their keys and values into ``cache``;
+    the token count is padded to a multiple of ``rows`` (:func:`row_multiple`)."""
     width = -(-(max(position) + 1) // pad_multiple) * pad_multiple
-    fill = -len(ids) % row_multiple(model)  # fillers: position 0 of the scratch slot
+    fill = -len(ids) % rows  # fillers: position 0 of the scratch slot
     rows = torch.tensor(
         [
             ids + [0] * fill,

@@ -281,6 +281,10 @@ class Pending:
     outcome: ToolResult | None = None
 
 
+def _answered(handles: list[Pending]) -> bool:
+    return all(p.outcome is not None for p in handles)
+
+
 class ToolRunner:
     """Tool calls on ``workers`` daemon threads. ``submit`` queues a call; ``result`` waits for it and cuts
     its text to ``max_length``. Each call gets ``timeout`` seconds from the moment a worker starts it;
@@ -376,14 +380,14 @@ class ToolRunner:
         with self._lock:
             if self.timeout is not None:
                 self._expire()
-            return all(p.outcome is not None for p in handles)
+            return _answered(handles)
 
     def wait_any(self, groups: list[list[Pending]]) -> None:
         """Block until every call of one of ``groups`` has an outcome (keeping every running call's deadline)."""
         with self._lock:
-            while not any(all(p.outcome is not None for p in g) for g in groups):
+            while not any(map(_answered, groups)):
                 wait = self._expire() if self.timeout is not None else None
-                if not any(all(p.outcome is not None for p in g) for g in groups):
+                if not any(map(_answered, groups)):
                     self._done.wait(wait)
 
     def result(self, pending: Pending) -> ToolResult:
