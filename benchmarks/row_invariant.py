@@ -33,7 +33,7 @@ import splitproof.engine.logprobs as logprobs
 import splitproof.engine.values as values
 from splitproof import RolloutBatch
 from splitproof.builtin import charlm_directory
-from splitproof.engine.row_invariant import blocked_linear, row_invariant
+from splitproof.engine.row_invariant import aligned_width, blocked_linear, row_invariant
 from splitproof.hf_models import load_causal_lm, tiny_causal_lm
 from splitproof.value_model import value_model_from_pretrained
 
@@ -73,6 +73,19 @@ def blocks(model):
 
 
 VARIANTS = {"plain": plain, "blocks": blocks, "shipped": row_invariant}
+
+
+@contextlib.contextmanager
+def as_variant(module, variant: str):
+    """``module``'s pass with the variant's products; ``plain`` on the micro-batch's own width (the shipped
+    pass, and ``blocks`` beside it, widen it to ``aligned_width``, so that the products need no filler rows)."""
+    module.row_invariant = VARIANTS[variant]
+    if variant == "plain":
+        logprobs.aligned_width = lambda rows, width: width
+    try:
+        yield
+    finally:
+        module.row_invariant, logprobs.aligned_width = row_invariant, aligned_width
 
 
 def build(name: str, dtype: torch.dtype):
@@ -146,18 +159,12 @@ def passes(name: str, model, critic, work: dict):
         return time.thread_time() - start, result
 
     def log_probs(variant, micro_batch_size=work["seqs"] // 2):
-        logprobs.row_invariant = VARIANTS[variant]
-        try:
+        with as_variant(logprobs, variant):
             return timed(lambda: logprobs.compute_log_probs(model, batch, micro_batch_size=micro_batch_size)[0])
-        finally:
-            logprobs.row_invariant = row_invariant
 
     def value_pass(variant):
-        values.row_invariant = VARIANTS[variant]
-        try:
+        with as_variant(values, variant):
             return timed(lambda: values.compute_values(critic, batch, micro_batch_size=work["seqs"] // 2))
-        finally:
-            values.row_invariant = row_invariant
 
     def prefill_and_decode(variant):
         with torch.no_grad(), VARIANTS[variant](model):

@@ -10,13 +10,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import splitproof.engine.row_invariant as row_invariant_module
 from splitproof.engine import compute_log_probs, compute_values
+from splitproof.engine.logprobs import response_log_probs
 from splitproof.engine.row_invariant import (
     MAX_ROWS,
     MIN_ROWS,
     NARROW,
     ROWS,
     TILE,
+    aligned_width,
     blocked_linear,
     fixed_tile_linear,
     row_invariant,
@@ -102,6 +105,52 @@ def test_the_products_compute_the_linear_map(product, n_out):
             assert float((got - want).abs().max()) <= 1e-13 * float(want.abs().max())
     assert product(x[:0], w, b).shape == (0, n_out)
     assert ROWS % TILE == 0 and MIN_ROWS % TILE == 0 and MAX_ROWS % TILE == 0 and NARROW > 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_strided_input_gives_the_bits_of_a_contiguous_one(dtype):
+    """A strided input with a bias would take F.linear's other path (mm, then the bias added): it is copied
+    into one contiguous product first, like every other product here."""
+    x, w, b = _operands(dtype, rows=64)
+    strided = x.view(16, 4, 96).transpose(0, 1)  # [4, 16, 96], not contiguous
+    assert not strided.is_contiguous()
+    for bias in (b, None):
+        assert torch.equal(fixed_tile_linear(strided, w, bias), fixed_tile_linear(strided.contiguous(), w, bias))
+
+
+def test_aligned_width_is_the_least_width_of_aligned_products():
+    for rows in range(1, 41):
+        for width in range(1, 41):
+            got = aligned_width(rows, width)
+            aligned = [w for w in range(width, width + 17) if (rows * w) % TILE == 0 and rows * w >= MIN_ROWS]
+            assert got == aligned[0], (rows, width)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_widened_pass_needs_no_filler_rows_and_keeps_the_bits(dtype, monkeypatch):
+    """The no-grad log-prob pass widens each micro-batch to ``aligned_width`` (masked columns on the right):
+    every product of the layers then runs as it is, the LM head's (the kept positions) alone may take filler
+    rows; in float64 the log-probs are those of the micro-batch's own width."""
+    model = tiny_causal_lm("llama", dtype=dtype, seed=1)
+    batch = make_batch(B=7, P=9, T=8, seed=3)
+    slow = []
+    plain_slow_path = row_invariant_module.fixed_tile_linear
+    monkeypatch.setattr(
+        row_invariant_module,
+        "fixed_tile_linear",
+        lambda x, w, b=None: slow.append(x.numel() // x.shape[-1]) or plain_slow_path(x, w, b),
+    )
+    for rows in ([0], [1, 2, 3], list(range(7))):
+        part = batch.select(rows)
+        with torch.no_grad(), row_invariant(model):
+            slow.clear()
+            widened, _ = response_log_probs(model, part, align_within=float("inf"))
+            assert all(m % TILE or m < MIN_ROWS for m in slow) and len(slow) <= 1, slow  # the head's product
+            own, _ = response_log_probs(model, part)
+        if dtype == torch.float64:
+            assert torch.equal(widened, own), rows
+        else:
+            assert torch.allclose(widened, own, rtol=0, atol=1e-5), rows  # the attention's rounding
 
 
 def test_the_context_swaps_and_restores_the_linear_layers():

@@ -16,12 +16,15 @@ boolean form.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
 
 from splitproof.loss_config import ConfigError
 
 SUPPORTED_ATTENTION = ("sdpa", "eager")
+CACHED_WIDTH = 512  # masks this wide or narrower reuse their triangle (at most 64 × 2 × 256 KB kept)
 
 
 def attention_implementation(model: nn.Module) -> str | None:
@@ -46,15 +49,26 @@ def check_attention(model: nn.Module) -> None:
         )
 
 
-def attention_mask(segment: Tensor, real: Tensor, model: nn.Module, dtype: torch.dtype) -> Tensor:
+def attention_mask(segment: Tensor | None, real: Tensor, model: nn.Module, dtype: torch.dtype) -> Tensor:
     """The ``[n, 1, L, L]`` mask of rows whose positions belong to sequences ``segment`` ([n, L]; -1 for
-    filler) and hold a real token where ``real`` ([n, L] bool), in the form ``model`` applies."""
-    width = segment.shape[1]
-    causal = torch.ones(width, width, dtype=torch.bool, device=segment.device).tril()
-    allowed = (segment[:, :, None] == segment[:, None, :]) & real[:, None, :] & causal
-    lonely = ~allowed.any(dim=-1, keepdim=True)
-    allowed |= lonely & torch.eye(width, dtype=torch.bool, device=segment.device)
+    filler; None: one sequence per row) and hold a real token where ``real`` ([n, L] bool), in the form
+    ``model`` applies."""
+    width = real.shape[1]
+    causal, eye = (_cached_causal_and_eye if width <= CACHED_WIDTH else _causal_and_eye)(width, real.device)
+    allowed = real[:, None, :] & causal
+    if segment is not None:
+        allowed.logical_and_(segment[:, :, None] == segment[:, None, :])
+    allowed.logical_or_(eye & ~allowed.any(dim=-1, keepdim=True))  # a query with no key attends to itself
     if attention_implementation(model) == "eager":
-        additive = torch.zeros(allowed.shape, dtype=dtype, device=segment.device)
+        additive = torch.zeros(allowed.shape, dtype=dtype, device=real.device)
         return additive.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
     return allowed[:, None]
+
+
+def _causal_and_eye(width: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The [L, L] lower triangle and diagonal (read only: every mask is a new tensor)."""
+    ones = torch.ones(width, width, dtype=torch.bool, device=device)
+    return ones.tril(), torch.eye(width, dtype=torch.bool, device=device)
+
+
+_cached_causal_and_eye = functools.lru_cache(maxsize=64)(_causal_and_eye)

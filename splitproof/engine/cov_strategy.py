@@ -15,6 +15,8 @@ the forward is deterministic, else `prepass`.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -112,13 +114,14 @@ def select_shard(
     return selection
 
 
-def _log_probs(model: nn.Module, part: RolloutBatch, config: UpdateConfig) -> Tensor:
+def _log_probs(model: nn.Module, part: RolloutBatch, config: UpdateConfig, align_within: float = 0) -> Tensor:
     log_prob, _ = response_log_probs(
         model,
         part,
         temperature=config.temperature,
         packed=config.use_remove_padding,
         prefix_grouper=config.use_prefix_grouper,
+        align_within=align_within,
     )
     return log_prob
 
@@ -134,7 +137,8 @@ def prepass_selection(
             part = part_of(batch, rows, plan, model)
             if part is None:
                 continue
-            log_prob = _log_probs(model, part.batch, config)
+            budget = config.ppo_max_token_len_per_gpu if config.use_dynamic_bsz else math.inf
+            log_prob = _log_probs(model, part.batch, config, align_within=budget)
             if part.live:
                 log_probs[rows] = log_prob.to(log_probs.dtype)
     return select_shard(batch, plan, log_probs, config.loss, collective, step)

@@ -9,6 +9,8 @@ so in float64 with sdpa attention).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -18,7 +20,7 @@ from splitproof.engine.attention import attention_mask, check_attention
 from splitproof.engine.forward_output import logits_of, takes_logits_to_keep
 from splitproof.engine.microbatch import budget_microbatches, fixed_microbatches
 from splitproof.engine.packing import packed_response_log_probs
-from splitproof.engine.row_invariant import row_invariant
+from splitproof.engine.row_invariant import aligned_width, row_invariant
 from splitproof.loss_config import ConfigError
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -60,23 +62,37 @@ def response_window(batch: RolloutBatch) -> tuple[int, int]:
     return p0, t1
 
 
-def padded_outputs(model: nn.Module, batch: RolloutBatch, p0: int, t1: int, dtype: torch.dtype):
+def padded_outputs(
+    model: nn.Module, batch: RolloutBatch, p0: int, t1: int, dtype: torch.dtype, *, align_within: float = 0
+):
     """The model's outputs [b, t1 + 1, C] at the last t1 + 1 positions of the trimmed padded rows —
     position j predicts response token j, the final one predicts nothing — with the trimmed input ids
-    [b, L] and the response tokens' attention [b, t1]."""
+    [b, L] and the response tokens' attention [b, t1]. ``align_within`` (the no-grad passes on a CPU): masked
+    columns on the right up to ``row_invariant.aligned_width`` where the rows × that width fit this token
+    budget, so that no product needs filler rows."""
     P = batch.prompt_width
     attention = batch.attention_mask.bool()
     prompt_att, resp_att = attention[:, :P], attention[:, P:]
     input_ids = torch.cat([batch.prompts[:, p0:], batch.responses[:, :t1]], dim=1)
     mask = torch.cat([prompt_att[:, p0:], resp_att[:, :t1]], dim=1)
     input_ids = torch.where(mask, input_ids, torch.zeros_like(input_ids))  # pad ids may be out of vocabulary
+    b, width = mask.shape
+    extra = aligned_width(b, width) - width if mask.device.type == "cpu" else 0
+    if b * (width + extra) > align_within:
+        extra = 0
+    if extra:
+        input_ids, mask = F.pad(input_ids, (0, extra)), F.pad(mask, (0, extra))
     position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
     # Without padding the mask is plain causal: the model's own causal path, no [b, L, L] mask to hold.
-    mask_4d = None if bool(mask.all()) else attention_mask(torch.zeros_like(input_ids), mask, model, dtype)
+    mask_4d = None if bool(mask.all()) else attention_mask(None, mask, model, dtype)
     kwargs = dict(input_ids=input_ids, attention_mask=mask_4d, position_ids=position_ids, use_cache=False)
+    keep = t1 + 1 + extra
     if takes_logits_to_keep(model):
-        kwargs["logits_to_keep"] = t1 + 1
-    return logits_of(model(**kwargs))[:, -(t1 + 1) :], input_ids, resp_att[:, :t1]
+        kwargs["logits_to_keep"] = keep
+    outputs = logits_of(model(**kwargs))[:, -keep:]
+    if extra:
+        outputs, input_ids = outputs[:, :-extra], input_ids[:, :-extra]
+    return outputs, input_ids, resp_att[:, :t1]
 
 
 def response_log_probs(
@@ -87,12 +103,14 @@ def response_log_probs(
     with_entropy: bool = False,
     packed: bool = False,
     prefix_grouper: bool = False,
+    align_within: float = 0,
 ) -> tuple[Tensor, Tensor | None]:
     """log pi(response token) as [b, T] (zeros past each row's response), and the entropy of the
     temperature-scaled distribution [b, T] when ``with_entropy``. Differentiable. ``packed`` puts
     several sequences in a row (``splitproof.engine.packing``) instead of padding each to the longest;
     ``prefix_grouper`` computes each distinct prompt once (``splitproof.engine.shared_prefix``; wins over
-    ``packed``)."""
+    ``packed``); ``align_within``: padded rows widened for the fixed-row products within this token budget
+    (``padded_outputs``)."""
     if not temperature > 0:
         raise ConfigError("temperature", f"must be > 0, got {temperature}")
     check_attention(model)
@@ -126,7 +144,7 @@ def response_log_probs(
     # Position j predicts response token j; the final one predicts nothing. It is dropped after the
     # log-softmax, not before: the kept logits are then contiguous, and log_softmax on a strided slice first
     # copies it (benchmarks/rollout.py: 20-40 % of the head). Same values per row.
-    logits, input_ids, valid = padded_outputs(model, batch, p0, t1, dtype)
+    logits, input_ids, valid = padded_outputs(model, batch, p0, t1, dtype, align_within=align_within)
     z = logits.float() if logits.dtype in _LOW_PRECISION else logits
     if temperature != 1.0:  # x / 1.0 == x exactly: skip a full [b, T, V] pass (and its backward)
         z = z / temperature
@@ -211,6 +229,7 @@ def compute_log_probs(
                 with_entropy=with_entropy,
                 packed=packed,
                 prefix_grouper=prefix_grouper,
+                align_within=max_token_len or math.inf,
             )
             index = torch.as_tensor(mb, dtype=torch.long, device=device)
             logp[index] = lp.to(out_dtype)

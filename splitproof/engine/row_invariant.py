@@ -29,6 +29,7 @@ gradient sums over rows in a layout-dependent order anyway).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 
 import torch
@@ -67,14 +68,14 @@ def fixed_tile_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> 
     """F.linear(x, weight, bias), computed in products of a multiple of ``TILE`` rows, ``MIN_ROWS`` to
     ``MAX_ROWS`` each (zero rows fill the last); ``blocked_linear`` for fewer than ``NARROW`` columns."""
     k, n_out = x.shape[-1], weight.shape[0]
+    m = x.numel() // k if k else 0
+    if m % TILE == 0 and MIN_ROWS <= m <= MAX_ROWS and n_out >= NARROW and (bias is None or x.is_contiguous()):
+        return F.linear(x, weight, bias)  # the common case: one product of the m rows as they are (footnote 1)
     if n_out < NARROW:
         return blocked_linear(x, weight, bias)
-    flat = x.reshape(-1, k)
-    m = flat.shape[0]
-    if m % TILE == 0 and MIN_ROWS <= m <= MAX_ROWS:  # one product as it is: the common case
-        return F.linear(flat, weight, bias).view(*x.shape[:-1], n_out)
     if m == 0:
         return F.linear(x, weight, bias)
+    flat = x.reshape(m, k)
     if m <= MAX_ROWS:  # one product with 1-15 zero rows after the real ones (cat: the cheapest copy measured)
         filler = flat.new_zeros(max(MIN_ROWS, -(-m // TILE) * TILE) - m, k)
         return F.linear(torch.cat([flat, filler]), weight, bias)[:m].view(*x.shape[:-1], n_out)
@@ -88,10 +89,30 @@ def fixed_tile_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> 
     return out[:m].view(*x.shape[:-1], n_out)
 
 
+# (1) F.linear folds the leading dimensions of x into one product of m rows: mm, or with a bias addmm — for a
+# contiguous x; a strided x with a bias takes mm and then adds the bias, another rounding, so it is flattened
+# (copied) first like every other product here, which then all take addmm.
+
+
+def aligned_width(rows: int, width: int) -> int:
+    """The least width ≥ ``width`` at which ``rows`` padded sequences make products of a multiple of ``TILE``
+    rows, at least ``MIN_ROWS``: a no-grad pass that pads its micro-batch to it (masked columns on the right)
+    runs every product of its layers as it is, with no zero rows to copy in and no slice to copy out."""
+    rows = max(1, rows)
+    width = max(width, -(-MIN_ROWS // rows))
+    step = TILE // math.gcd(rows, TILE)
+    return -(-width // step) * step
+
+
 def _fixed_forward(module: nn.Linear):
+    if module.weight.device.type != "cpu":  # another BLAS: every product one shape (engine.device_rows)
+        return lambda x: fixed_block_linear(x, module.weight, module.bias)
+    k, wide, plain = max(1, module.in_features), module.out_features >= NARROW, module.bias is None
+
     def forward(x: Tensor) -> Tensor:
-        if x.device.type != "cpu":  # another BLAS: every product one shape (engine.device_rows)
-            return fixed_block_linear(x, module.weight, module.bias)
+        m = x.numel() // k
+        if wide and m % TILE == 0 and MIN_ROWS <= m <= MAX_ROWS and (plain or x.is_contiguous()):
+            return F.linear(x, module.weight, module.bias)  # fixed_tile_linear's common case, inlined
         return fixed_tile_linear(x, module.weight, module.bias)
 
     return forward

@@ -84,7 +84,7 @@ def shared_prefix_outputs(model: nn.Module, batch: RolloutBatch, p0: int, t1: in
     prompt_att = attention.index_select(0, first)[:, p0:P]  # [g, Pw]
     prompt_ids = batch.prompts.index_select(0, first)[:, p0:]
     prompt_ids = torch.where(prompt_att, prompt_ids, torch.zeros_like(prompt_ids))
-    mask = None if bool(prompt_att.all()) else attention_mask(torch.zeros_like(prompt_ids), prompt_att, model, dtype)
+    mask = None if bool(prompt_att.all()) else attention_mask(None, prompt_att, model, dtype)
     keep = {"logits_to_keep": 1} if takes_logits_to_keep(model) else {}
     out = model(
         input_ids=prompt_ids,
@@ -99,7 +99,7 @@ def shared_prefix_outputs(model: nn.Module, batch: RolloutBatch, p0: int, t1: in
     if t1 > 1:
         width = prompt_att.shape[1]
         keys_att = torch.cat([prompt_att.index_select(0, index), resp_att[:, :-1]], dim=1)  # [b, Pw + t1 - 1]
-        full = attention_mask(torch.zeros_like(tokens[:, :1]).expand_as(keys_att), keys_att, model, dtype)
+        full = attention_mask(None, keys_att, model, dtype)
         cache = _expand_cache(_cache_of(out), index)
         following = model(
             input_ids=tokens[:, :-1],

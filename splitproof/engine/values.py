@@ -13,6 +13,8 @@ itself) has one channel per position: a Hugging Face ``AutoModelForTokenClassifi
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -35,8 +37,9 @@ def _scalar(outputs: Tensor) -> Tensor:
     return outputs[..., 0]
 
 
-def response_values(model: nn.Module, batch: RolloutBatch, *, packed: bool = False) -> Tensor:
-    """V(state before response token t) as [b, T], 0 past each row's response. Differentiable."""
+def response_values(model: nn.Module, batch: RolloutBatch, *, packed: bool = False, align_within: float = 0) -> Tensor:
+    """V(state before response token t) as [b, T], 0 past each row's response. Differentiable. ``align_within``:
+    the padded rows widened for the fixed-row products within this token budget (``engine.logprobs.padded_outputs``)."""
     check_attention(model)
     b, P, T = len(batch), batch.prompt_width, batch.response_width
     dtype, out_dtype = output_dtypes(model)
@@ -48,7 +51,7 @@ def response_values(model: nn.Module, batch: RolloutBatch, *, packed: bool = Fal
         picked, seq_t, resp_t, _ = packed_outputs(model, batch, logits_of=logits_of, dtype=dtype)
         v = _scalar(picked).to(out_dtype)
         return torch.zeros(b, T, dtype=out_dtype, device=device).index_put((seq_t, resp_t), v)
-    outputs, _, valid = padded_outputs(model, batch, p0, t1, dtype)
+    outputs, _, valid = padded_outputs(model, batch, p0, t1, dtype, align_within=align_within)
     v = _scalar(outputs)[:, :-1].to(out_dtype)
     return F.pad(torch.where(valid, v, torch.zeros_like(v)), (0, T - t1))
 
@@ -79,5 +82,6 @@ def compute_values(
     with row_invariant(model):
         for mb in microbatches:
             index = torch.as_tensor(mb, dtype=torch.long, device=device)
-            values[index] = response_values(model, batch.select(mb), packed=packed)
+            part = batch.select(mb)
+            values[index] = response_values(model, part, packed=packed, align_within=max_token_len or math.inf)
     return values

@@ -126,7 +126,7 @@ def forward_scores(model: nn.Module, sequences: Sequence[Sequence[int]]) -> Tens
         ids[row, width - len(seq) :] = torch.as_tensor(list(seq), dtype=torch.long)
         real[row, width - len(seq) :] = True
     position_ids = (real.long().cumsum(-1) - 1).clamp(min=0)
-    mask = None if bool(real.all()) else attention_mask(torch.zeros_like(ids), real, model, dtype)
+    mask = None if bool(real.all()) else attention_mask(None, real, model, dtype)
     hidden = body(input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=False).last_hidden_state
     return head(hidden[:, -1]).to(torch.float64)[:, 0]
 
