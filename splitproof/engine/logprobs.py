@@ -69,7 +69,7 @@ def padded_outputs(
     position j predicts response token j, the final one predicts nothing — with the trimmed input ids
     [b, L] and the response tokens' attention [b, t1]. ``align_within`` (the no-grad passes on a CPU): masked
     columns on the right up to ``row_invariant.aligned_width`` where the rows × that width fit this token
-    budget, so that no product needs filler rows."""
+    budget, so that no product of the layers needs filler rows (the LM head skips those columns)."""
     P = batch.prompt_width
     attention = batch.attention_mask.bool()
     prompt_att, resp_att = attention[:, :P], attention[:, P:]
@@ -77,21 +77,24 @@ def padded_outputs(
     mask = torch.cat([prompt_att[:, p0:], resp_att[:, :t1]], dim=1)
     input_ids = torch.where(mask, input_ids, torch.zeros_like(input_ids))  # pad ids may be out of vocabulary
     b, width = mask.shape
+    # Without padding the mask is plain causal: the model's own causal path, no [b, L, L] mask to hold
+    # (the widening's columns come after every real token, so causality keeps them out of sight too).
+    causal = bool(mask.all())
     extra = aligned_width(b, width) - width if mask.device.type == "cpu" else 0
-    if b * (width + extra) > align_within:
+    if extra and b * (width + extra) <= align_within:
+        input_ids, mask = F.pad(input_ids, (0, extra)), F.pad(mask, (0, extra), value=causal)
+    else:
         extra = 0
-    if extra:
-        input_ids, mask = F.pad(input_ids, (0, extra)), F.pad(mask, (0, extra))
     position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    # Without padding the mask is plain causal: the model's own causal path, no [b, L, L] mask to hold.
-    mask_4d = None if bool(mask.all()) else attention_mask(None, mask, model, dtype)
+    mask_4d = None if causal else attention_mask(None, mask, model, dtype)
     kwargs = dict(input_ids=input_ids, attention_mask=mask_4d, position_ids=position_ids, use_cache=False)
-    keep = t1 + 1 + extra
-    if takes_logits_to_keep(model):
-        kwargs["logits_to_keep"] = keep
-    outputs = logits_of(model(**kwargs))[:, -keep:]
+    kept = slice(width - t1 - 1, width)  # the positions that predict response tokens, and the last one
+    if takes_logits_to_keep(model):  # the LM head on those alone, never on the widening's columns
+        kwargs["logits_to_keep"] = t1 + 1 if not extra else torch.arange(kept.start, kept.stop, device=mask.device)
+        kept = slice(None)
+    outputs = logits_of(model(**kwargs))[:, kept]
     if extra:
-        outputs, input_ids = outputs[:, :-extra], input_ids[:, :-extra]
+        input_ids = input_ids[:, :width]
     return outputs, input_ids, resp_att[:, :t1]
 
 

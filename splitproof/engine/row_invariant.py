@@ -29,7 +29,6 @@ gradient sums over rows in a layout-dependent order anyway).
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 
 import torch
@@ -95,13 +94,13 @@ def fixed_tile_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> 
 
 
 def aligned_width(rows: int, width: int) -> int:
-    """The least width ≥ ``width`` at which ``rows`` padded sequences make products of a multiple of ``TILE``
-    rows, at least ``MIN_ROWS``: a no-grad pass that pads its micro-batch to it (masked columns on the right)
-    runs every product of its layers as it is, with no zero rows to copy in and no slice to copy out."""
+    """The width to which a no-grad pass widens a padded micro-batch of ``rows`` sequences (masked columns on
+    the right): the least one at which every product of its layers has a multiple of ``TILE`` rows, at least
+    ``MIN_ROWS``, so that none copies filler rows in — where that adds no more rows than the filler would
+    (one sequence, two, a multiple of four, ...); else ``width`` itself."""
     rows = max(1, rows)
-    width = max(width, -(-MIN_ROWS // rows))
-    step = TILE // math.gcd(rows, TILE)
-    return -(-width // step) * step
+    filled = max(MIN_ROWS, -(-rows * width // TILE) * TILE)  # a product's rows, filler included
+    return filled // rows if filled % rows == 0 else width
 
 
 def _fixed_forward(module: nn.Linear):
