@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import splitproof.engine.logprobs as logprobs_module
 import splitproof.engine.row_invariant as row_invariant_module
 from splitproof.engine import compute_log_probs, compute_values
 from splitproof.engine.logprobs import response_log_probs
@@ -23,6 +24,7 @@ from splitproof.engine.row_invariant import (
     blocked_linear,
     fixed_tile_linear,
     row_invariant,
+    rows_per_forward,
 )
 from splitproof.hf_models import tiny_causal_lm
 from splitproof.rl.rollout import HFRollout, SamplingParams, requests_for
@@ -158,6 +160,25 @@ def test_the_widened_pass_needs_no_filler_rows_and_keeps_the_bits(dtype, monkeyp
             assert torch.equal(widened, own), rows
         else:
             assert torch.allclose(widened, own, rtol=0, atol=1e-5), rows  # the attention's rounding
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_a_large_micro_batch_in_pieces_gives_the_bits_of_one_forward(dtype, monkeypatch):
+    """The no-grad passes run a micro-batch in forwards of ``rows_per_forward`` sequences (a multiple of 32):
+    every row, float32 included, is the one forward's."""
+    model = tiny_causal_lm("llama", dtype=dtype, seed=2)
+    batch = make_batch(B=75, P=24, T=12, seed=4)
+    assert rows_per_forward(batch.prompt_width + batch.response_width) < len(batch)
+    calls = []
+    model.register_forward_pre_hook(lambda module, args: calls.append(1))
+    with torch.no_grad(), row_invariant(model):
+        pieces, _ = response_log_probs(model, batch, align_within=float("inf"), with_entropy=True)
+        assert len(calls) > 1
+        monkeypatch.setattr(logprobs_module, "rows_per_forward", lambda width: 10**9)
+        calls.clear()
+        whole, _ = response_log_probs(model, batch, align_within=float("inf"), with_entropy=True)
+        assert len(calls) == 1
+    assert torch.equal(pieces, whole)
 
 
 def test_the_context_swaps_and_restores_the_linear_layers():

@@ -20,7 +20,7 @@ from splitproof.engine.attention import attention_mask, check_attention
 from splitproof.engine.forward_output import logits_of, takes_logits_to_keep
 from splitproof.engine.microbatch import budget_microbatches, fixed_microbatches
 from splitproof.engine.packing import packed_response_log_probs
-from splitproof.engine.row_invariant import aligned_width, row_invariant
+from splitproof.engine.row_invariant import aligned_width, row_invariant, rows_per_forward
 from splitproof.loss_config import ConfigError
 
 _LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -67,9 +67,12 @@ def padded_outputs(
 ):
     """The model's outputs [b, t1 + 1, C] at the last t1 + 1 positions of the trimmed padded rows —
     position j predicts response token j, the final one predicts nothing — with the trimmed input ids
-    [b, L] and the response tokens' attention [b, t1]. ``align_within`` (the no-grad passes on a CPU): masked
-    columns on the right up to ``row_invariant.aligned_width`` where the rows × that width fit this token
-    budget, so that no product of the layers needs filler rows (the LM head skips those columns)."""
+    [b, L] and the response tokens' attention [b, t1].
+
+    ``align_within`` (the no-grad passes on a CPU): masked columns on the right up to
+    ``row_invariant.aligned_width`` where the rows × that width fit this token budget, so that no product of
+    the layers needs filler rows (the LM head skips those columns); and the forward in pieces of
+    ``row_invariant.rows_per_forward`` sequences, each row computed as in one forward of all."""
     P = batch.prompt_width
     attention = batch.attention_mask.bool()
     prompt_att, resp_att = attention[:, :P], attention[:, P:]
@@ -80,22 +83,31 @@ def padded_outputs(
     # Without padding the mask is plain causal: the model's own causal path, no [b, L, L] mask to hold
     # (the widening's columns come after every real token, so causality keeps them out of sight too).
     causal = bool(mask.all())
-    extra = aligned_width(b, width) - width if mask.device.type == "cpu" else 0
+    cpu = align_within and mask.device.type == "cpu"
+    extra = aligned_width(b, width) - width if cpu else 0
     if extra and b * (width + extra) <= align_within:
         input_ids, mask = F.pad(input_ids, (0, extra)), F.pad(mask, (0, extra), value=causal)
     else:
         extra = 0
     position_ids = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    mask_4d = None if causal else attention_mask(None, mask, model, dtype)
-    kwargs = dict(input_ids=input_ids, attention_mask=mask_4d, position_ids=position_ids, use_cache=False)
+    kwargs = dict(use_cache=False)
     kept = slice(width - t1 - 1, width)  # the positions that predict response tokens, and the last one
     if takes_logits_to_keep(model):  # the LM head on those alone, never on the widening's columns
         kwargs["logits_to_keep"] = t1 + 1 if not extra else torch.arange(kept.start, kept.stop, device=mask.device)
         kept = slice(None)
-    outputs = logits_of(model(**kwargs))[:, kept]
-    if extra:
-        input_ids = input_ids[:, :width]
-    return outputs, input_ids, resp_att[:, :t1]
+    piece = rows_per_forward(width + extra) if cpu else b
+    outputs = [
+        logits_of(
+            model(
+                input_ids=input_ids[s : s + piece],
+                attention_mask=None if causal else attention_mask(None, mask[s : s + piece], model, dtype),
+                position_ids=position_ids[s : s + piece],
+                **kwargs,
+            )
+        )[:, kept]
+        for s in range(0, b, piece)
+    ]
+    return (outputs[0] if len(outputs) == 1 else torch.cat(outputs)), input_ids[:, :width], resp_att[:, :t1]
 
 
 def response_log_probs(

@@ -42,6 +42,7 @@ TILE = 4  # every product's row count is a multiple of this: MKL's row tile on A
 MIN_ROWS = 16  # fewest rows of a product: below 4 (and at 4 in float32 under MKL_CBWR) another kernel
 MAX_ROWS = 2048  # most rows of one product: larger ones run in several, each of these sizes
 NARROW = 16  # fewer output columns than this: the batched 16-row blocks (one column took a GEMV kernel)
+VECTOR_ROWS = 32  # sequences: 32 × any width × any layer width fills whole pairs of 64-byte float32 vectors
 
 
 def blocked_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, rows: int = ROWS) -> Tensor:
@@ -101,6 +102,15 @@ def aligned_width(rows: int, width: int) -> int:
     rows = max(1, rows)
     filled = max(MIN_ROWS, -(-rows * width // TILE) * TILE)  # a product's rows, filler included
     return filled // rows if filled % rows == 0 else width
+
+
+def rows_per_forward(width: int) -> int:
+    """Sequences per forward of a no-grad pass over padded rows of ``width`` tokens: a multiple of ``VECTOR_ROWS``
+    whose products have at most ``MAX_ROWS`` rows (at least ``VECTOR_ROWS``). A row's numbers are those of one
+    forward of all: its products lie in full tiles either way, attention and norms are per row, and every
+    piece starts its element-wise passes on a whole pair of vectors (ATen's scalar tail rounds otherwise).
+    Measured faster than one forward of a large micro-batch: its activations stay in the CPU's cache."""
+    return max(VECTOR_ROWS, MAX_ROWS // max(1, width) // VECTOR_ROWS * VECTOR_ROWS)
 
 
 def _fixed_forward(module: nn.Linear):
