@@ -39,6 +39,7 @@ from .config.derive import (
 from .config.derive import (
     reward_function as reward_function_setting,
 )
+from .config.load import dump_config
 from .config.mixed_precision import actor_precision
 from .config.reward_models import reward_model_settings
 from .config.schema import TrainConfig
@@ -116,6 +117,7 @@ class Parts:
     kl_ctrl: Any  # algorithm.use_kl_in_reward: the KL penalty's controller
     total_steps: int
     float_dtype: torch.dtype
+    config_yaml: str  # the resolved config as YAML (``config.load.dump_config``), written into every checkpoint
     lora: bool = False  # the policy trains a LoRA adapter; its base weights never change
     device: torch.device = torch.device("cpu")  # trainer.device on this rank: the models and the step's tensors
 
@@ -370,6 +372,7 @@ def build_parts(cfg: TrainConfig, *, collective=None, inputs: RunInputs | None =
         kl_ctrl=kl_ctrl,
         total_steps=total,
         float_dtype=float_dtype,
+        config_yaml=dump_config(cfg),
         lora=actor.trainable_only,
         device=device,
     )

@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 
 from ...loss_config import ConfigError
-from ..config.load import dump_config
 from ..config.schema import TrainConfig
 from ..rollout.pipeline import check_resumable
 from ..run import Parts
@@ -89,7 +88,7 @@ def save_run(parts: Parts, step: int, pipeline=None) -> Path:
         optimizer=actor.optimizer,
         trainer_state=run_state(parts, pipeline),
         lr_scheduler=actor.scheduler,
-        config_yaml=dump_config(cfg),
+        config_yaml=parts.config_yaml,
         tokenizer=parts.tokenizer,
         max_to_keep=cfg.trainer.max_actor_ckpt_to_keep,
         critic=_critic(parts),
