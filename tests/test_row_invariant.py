@@ -110,14 +110,19 @@ def test_the_products_compute_the_linear_map(product, n_out):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_a_strided_input_gives_the_bits_of_a_contiguous_one(dtype):
-    """A strided input with a bias would take F.linear's other path (mm, then the bias added): it is copied
-    into one contiguous product first, like every other product here."""
+@pytest.mark.parametrize("frozen", [False, True])
+def test_a_strided_input_gives_the_bits_of_a_contiguous_one(dtype, frozen):
+    """A strided input could take F.linear's other paths (mm and then the bias added, another rounding; a
+    batched product when the weight does not require grad): it is copied into one contiguous product first,
+    like every other product here."""
     x, w, b = _operands(dtype, rows=64)
+    w.requires_grad_(not frozen)
     strided = x.view(16, 4, 96).transpose(0, 1)  # [4, 16, 96], not contiguous
     assert not strided.is_contiguous()
-    for bias in (b, None):
-        assert torch.equal(fixed_tile_linear(strided, w, bias), fixed_tile_linear(strided.contiguous(), w, bias))
+    with torch.no_grad():
+        for bias in (b, None):
+            want = fixed_tile_linear(strided.contiguous(), w, bias)
+            assert torch.equal(fixed_tile_linear(strided, w, bias), want)
 
 
 def test_aligned_width_widens_only_for_the_rows_the_filler_would_add():

@@ -69,7 +69,7 @@ def fixed_tile_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> 
     ``MAX_ROWS`` each (zero rows fill the last); ``blocked_linear`` for fewer than ``NARROW`` columns."""
     k, n_out = x.shape[-1], weight.shape[0]
     m = x.numel() // k if k else 0
-    if m % TILE == 0 and MIN_ROWS <= m <= MAX_ROWS and n_out >= NARROW and (bias is None or x.is_contiguous()):
+    if m % TILE == 0 and MIN_ROWS <= m <= MAX_ROWS and n_out >= NARROW and x.is_contiguous():
         return F.linear(x, weight, bias)  # the common case: one product of the m rows as they are (footnote 1)
     if n_out < NARROW:
         return blocked_linear(x, weight, bias)
@@ -89,9 +89,9 @@ def fixed_tile_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> 
     return out[:m].view(*x.shape[:-1], n_out)
 
 
-# (1) F.linear folds the leading dimensions of x into one product of m rows: mm, or with a bias addmm — for a
-# contiguous x; a strided x with a bias takes mm and then adds the bias, another rounding, so it is flattened
-# (copied) first like every other product here, which then all take addmm.
+# (1) F.linear folds the leading dimensions of a contiguous x into one product of m rows (mm; addmm with a
+# bias). A strided x can take other paths — mm and then the bias added, another rounding; a batched product
+# when the weight does not require grad — so it is flattened (copied) first, like every other product here.
 
 
 def aligned_width(rows: int, width: int) -> int:
@@ -116,11 +116,11 @@ def rows_per_forward(width: int) -> int:
 def _fixed_forward(module: nn.Linear):
     if module.weight.device.type != "cpu":  # another BLAS: every product one shape (engine.device_rows)
         return lambda x: fixed_block_linear(x, module.weight, module.bias)
-    k, wide, plain = max(1, module.in_features), module.out_features >= NARROW, module.bias is None
+    k, wide = max(1, module.in_features), module.out_features >= NARROW
 
     def forward(x: Tensor) -> Tensor:
         m = x.numel() // k
-        if wide and m % TILE == 0 and MIN_ROWS <= m <= MAX_ROWS and (plain or x.is_contiguous()):
+        if wide and m % TILE == 0 and MIN_ROWS <= m <= MAX_ROWS and x.is_contiguous():
             return F.linear(x, module.weight, module.bias)  # fixed_tile_linear's common case, inlined
         return fixed_tile_linear(x, module.weight, module.bias)
 
