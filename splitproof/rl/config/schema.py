@@ -134,7 +134,9 @@ class ActorConfig:
 class LogProbConfig:
     """The micro-batching of a no-grad log-prob pass (the ref's, or the old log-probs')."""
 
-    log_prob_micro_batch_size_per_gpu: Optional[int] = None  # sequences per no-grad log-prob forward (memory only)
+    log_prob_micro_batch_size_per_gpu: Optional[int] = (
+        None  # sequences per no-grad log-prob micro-batch (memory only; a CPU runs forwards of <= 2,048 tokens)
+    )
     log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")  # token budget (memory only)
     log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")  # that budget
 
@@ -240,7 +242,7 @@ class CriticConfig:
     forward_max_token_len_per_gpu: int = II("critic.ppo_max_token_len_per_gpu")  # the values pass's token budget
     forward_micro_batch_size_per_gpu: Optional[int] = II(
         "critic.ppo_micro_batch_size_per_gpu"
-    )  # sequences per values forward (memory only)
+    )  # sequences per values micro-batch (memory only; a CPU runs forwards of <= 2,048 tokens)
     ppo_epochs: int = II("actor_rollout_ref.actor.ppo_epochs")  # passes over each rollout batch
     shuffle: bool = II("actor_rollout_ref.actor.shuffle")  # shuffle the minibatches (seeded by data_loader_seed)
     data_loader_seed: int = 42  # the critic's minibatch-shuffle seed
