@@ -135,7 +135,7 @@ class LogProbConfig:
     """The micro-batching of a no-grad log-prob pass (the ref's, or the old log-probs')."""
 
     log_prob_micro_batch_size_per_gpu: Optional[int] = (
-        None  # sequences per no-grad log-prob micro-batch (memory only; a CPU runs forwards of <= 2,048 tokens)
+        None  # sequences per no-grad log-prob micro-batch (memory only; on a CPU, forwards of ~2,048 tokens or 32 rows)
     )
     log_prob_use_dynamic_bsz: bool = II("actor_rollout_ref.actor.use_dynamic_bsz")  # token budget (memory only)
     log_prob_max_token_len_per_gpu: int = II("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")  # that budget
@@ -242,7 +242,7 @@ class CriticConfig:
     forward_max_token_len_per_gpu: int = II("critic.ppo_max_token_len_per_gpu")  # the values pass's token budget
     forward_micro_batch_size_per_gpu: Optional[int] = II(
         "critic.ppo_micro_batch_size_per_gpu"
-    )  # sequences per values micro-batch (memory only; a CPU runs forwards of <= 2,048 tokens)
+    )  # sequences per values micro-batch (memory only; on a CPU, forwards of ~2,048 tokens or 32 rows)
     ppo_epochs: int = II("actor_rollout_ref.actor.ppo_epochs")  # passes over each rollout batch
     shuffle: bool = II("actor_rollout_ref.actor.shuffle")  # shuffle the minibatches (seeded by data_loader_seed)
     data_loader_seed: int = 42  # the critic's minibatch-shuffle seed
