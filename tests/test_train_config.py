@@ -354,6 +354,7 @@ def test_schema_is_verl_tree_plus_documented_additions():
         "trainer.resume_allow_config_change",
         "trainer.seed",
         "trainer.cpu_threads",
+        "trainer.cpu_keep_freed_memory",
         "async_training.staleness_steps",
         # verl reads these (get_custom_reward_fn); its yaml has no entry
         "custom_reward_function.reward_kwargs",

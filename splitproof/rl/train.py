@@ -31,6 +31,7 @@ from .config.derive import critic_enabled
 from .config.paths import check_paths
 from .config.schema import TrainConfig
 from .data.prompts import overlong_notice
+from .host_memory import kept_freed_memory
 from .loop import fit
 from .run import Parts, RunInputs, build_parts, prepare_inputs
 from .stop import stop_points
@@ -158,7 +159,9 @@ def train(
     ``console`` is the console logger's stream. Raises ``SetupError`` (before any model is loaded),
     ``loop.StepFailed``, ``loop.Interrupted``.
     """
-    with cpu_threads(cfg.trainer.cpu_threads):
+    on_cpu = cfg.trainer.device == "cpu"
+    say = on_message or (lambda message: None)
+    with cpu_threads(cfg.trainer.cpu_threads), kept_freed_memory(cfg.trainer.cpu_keep_freed_memory and on_cpu, say):
         return _train(cfg, stop_requested=stop_requested, on_message=on_message, console=console, on_step=on_step)
 
 

@@ -56,6 +56,7 @@ LAYOUT_KEYS = (
     "trainer.val_before_train",
     "trainer.val_only",
     "trainer.cpu_threads",
+    "trainer.cpu_keep_freed_memory",
     "data.gen_batch_size",
     "algorithm.filter_groups.max_num_gen_batches",
     "trainer.rollout_data_dir",

@@ -283,6 +283,7 @@ class TrainerConfig:
     )
     validation_data_dir: Optional[str] = None  # a folder: each evaluation's samples as <step>.jsonl
     cpu_threads: Optional[int] = 1  # ours: torch's CPU threads per process (null: torch's, one per core); speed only
+    cpu_keep_freed_memory: bool = True  # ours: on a CPU run glibc's malloc keeps freed memory for reuse; speed only
 
 
 @dataclass
