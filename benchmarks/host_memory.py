@@ -1,13 +1,14 @@
 """`trainer.cpu_keep_freed_memory` (`rl/host_memory.py`): update steps on SmolLM2-135M's shapes with glibc's
 malloc keeping freed memory for the run, against glibc's defaults; each a fresh process, interleaved.
 
-A step: 4 micro-batches of 8 sequences × 68 tokens, the shapes of the SmolLM2 side-by-side with TRL. Each
-micro-batch runs through a randomly initialised SmolLM2-135M-shaped Llama (width 576, 30 layers, tied
-embeddings, vocabulary 49,152). The loss is the mean log-prob of random tokens at the last 33 positions:
-the LM head on those alone, the log-softmax, the gather, then the backward. One AdamW step follows the 4
-micro-batches. Every process runs ``--steps`` steps under the same context manager `splitproof train`
-uses. Reported per variant: CPU seconds and page faults per step from step 3 on (the heap grows to the
-run's peak in steps 1–2: AdamW's state is made in step 1), the first two steps apart, and the peak RSS.
+A step: one `update_policy` call (the engine's update: token-mean, clip 0.2, grad clip 1, one AdamW step)
+over 32 sequences in 4 micro-batches of 8, with prompts of 20–41 and responses of 1–32 tokens. These are the
+shapes of the SmolLM2 side-by-side run with TRL. The model is a randomly initialised SmolLM2-135M-shaped
+Llama (width 576, 30 layers, tied embeddings, vocabulary 49,152). Every process builds its model and batch
+and runs ``--steps`` steps under the context manager `splitproof train` uses. Reported per variant:
+- CPU seconds and page faults per step from step 3 on (the heap grows to the run's peak in steps 1–2;
+  AdamW's state is made in step 1), with the first two steps apart;
+- the peak RSS.
 The ratio kept / defaults is paired per repeat.
 
     python benchmarks/host_memory.py [--repeats 2] [--steps 5]
@@ -26,51 +27,44 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchlib as bl
+from row_invariant import SMOLLM2
 
 NAME = "host_memory"
-SMOLLM2 = dict(
-    hidden_size=576,
-    num_layers=30,
-    num_heads=9,
-    num_kv_heads=3,
-    intermediate_size=1536,
-    vocab_size=49152,
-    max_position_embeddings=2048,
-    tie_word_embeddings=True,
-)
 QUICK = dict(SMOLLM2, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
-WORK = dict(micro_batches=4, sequences=8, tokens=68, kept=33)
-WORK_QUICK = dict(micro_batches=2, sequences=2, tokens=12, kept=5)
+WORK = dict(micro_batches=4, sequences=8, prompt=41, response=32)
+WORK_QUICK = dict(micro_batches=2, sequences=2, prompt=8, response=4)
 VARIANTS = {"kept": True, "defaults": False}
 SETTLED = 2  # steps left out of the steady figures
 
 
 def child(keep: bool, steps: int, quick: bool) -> dict:
-    """``steps`` update steps in this process; per step its CPU seconds and page faults, and the peak RSS."""
+    """``steps`` updates in this process, the model and batch made inside the context as in a run; per step
+    its CPU seconds and page faults, and the peak RSS."""
     import torch
 
+    from splitproof.diagnose.synthetic import synthetic_rollout
+    from splitproof.engine.update import update_policy
+    from splitproof.engine.update_config import UpdateConfig
     from splitproof.hf_models import tiny_causal_lm
+    from splitproof.loss_config import LossConfig
     from splitproof.rl.host_memory import kept_freed_memory
 
     torch.set_num_threads(1)
     work = WORK_QUICK if quick else WORK
-    model = tiny_causal_lm("llama", seed=0, **(QUICK if quick else SMOLLM2)).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    generator = torch.Generator().manual_seed(0)
-    shape = (work["sequences"], work["tokens"])
-    vocab = model.config.vocab_size
+    sequences = work["sequences"] * work["micro_batches"]
+    config = UpdateConfig(
+        loss=LossConfig(loss_agg_mode="token-mean"),
+        ppo_mini_batch_size=sequences,
+        ppo_micro_batch_size_per_gpu=work["sequences"],
+    )
     cpu, faults = [], []
     with kept_freed_memory(keep, print) as kept:
+        model = tiny_causal_lm("llama", seed=0, **(QUICK if quick else SMOLLM2)).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        batch = synthetic_rollout(model, sequences, work["prompt"], work["response"], seed=1, with_ref=False)
         for _ in range(steps):
             c0, f0 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            for _ in range(work["micro_batches"]):
-                ids = torch.randint(vocab, shape, generator=generator)
-                logits = model(input_ids=ids, logits_to_keep=work["kept"]).logits
-                targets = torch.randint(vocab, (*shape[:1], work["kept"], 1), generator=generator)
-                loss = -torch.log_softmax(logits, dim=-1).gather(-1, targets).mean()
-                (loss / work["micro_batches"]).backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            update_policy(model, optimizer, batch, config)
             cpu.append(time.process_time() - c0)
             faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -116,8 +110,9 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
     setup = (
         f"Setup: a randomly initialised Llama of {params / 1e6:.1f} M parameters"
         f"{' (quick: tiny)' if env.quick else ' (SmolLM2-135M-Instruct shapes)'}, float32, one torch thread; a step "
-        f"is {work['micro_batches']} micro-batches of {work['sequences']} × {work['tokens']} tokens (the LM head, "
-        f"log-softmax and gather on the last {work['kept']} positions, backward) and one AdamW step; "
+        f"is one `update_policy` call (token-mean, clip 0.2, grad clip 1, AdamW) over {work['micro_batches']} "
+        f"micro-batches of {work['sequences']} sequences: prompts of {work['prompt'] // 2}–{work['prompt']} and "
+        f"responses of 1–{work['response']} tokens (`diagnose.synthetic.synthetic_rollout`); "
         f"{steps} steps per process, {env.repeats} repeat(s) of each variant, each a fresh process, interleaved. "
         f"Load average (1, 5, 15 min) before the run and after each process: {'; '.join(result['loads'])}."
     )
