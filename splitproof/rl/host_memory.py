@@ -47,13 +47,14 @@ def glibc():
 
 
 @contextmanager
-def kept_freed_memory(enabled: bool, say: Callable[[str], None]) -> Iterator[bool]:
+def kept_freed_memory(enabled: bool, say: Callable[[str], None] | None) -> Iterator[bool]:
     """glibc's malloc keeps freed memory for the run when ``enabled`` (yields whether it does); a setting of
-    the user's own in the environment wins, with a notice."""
+    the user's own in the environment wins, with a notice to ``say``."""
     libc = glibc() if enabled else None
     own = users_malloc_setting() if libc else None
     if own:
-        say(f"notice: {KEY}=true is not applied: your environment sets {own}, which glibc's malloc follows")
+        if say is not None:
+            say(f"notice: {KEY}=true is not applied: your environment sets {own}, which glibc's malloc follows")
         libc = None
     if libc is not None:
         for parameter, value in KEEP.items():

@@ -159,9 +159,8 @@ def train(
     ``console`` is the console logger's stream. Raises ``SetupError`` (before any model is loaded),
     ``loop.StepFailed``, ``loop.Interrupted``.
     """
-    on_cpu = cfg.trainer.device == "cpu"
-    say = on_message or (lambda message: None)
-    with cpu_threads(cfg.trainer.cpu_threads), kept_freed_memory(cfg.trainer.cpu_keep_freed_memory and on_cpu, say):
+    keep = cfg.trainer.cpu_keep_freed_memory and cfg.trainer.device == "cpu"
+    with cpu_threads(cfg.trainer.cpu_threads), kept_freed_memory(keep, on_message):
         return _train(cfg, stop_requested=stop_requested, on_message=on_message, console=console, on_step=on_step)
 
 
