@@ -5,6 +5,8 @@
   grouped-query attention;
 - episodes (tokens, log-probs, masks, turns) are the same bits whatever ``max_num_seqs``, the tool pool and
   the tools' random latency (so which episodes share a forward and when each rejoins);
+- the decoder stack (rl/rollout/decoder_stack.py) gives the bits of ``model(...)``, on Llama, Qwen2 and
+  Mistral blocks, and leaves Qwen3 to ``model(...)``;
 - the engine is used on Hugging Face models on the attention interface, the lockstep turns otherwise, and
   the model's attention implementation is restored after a rollout.
 """
@@ -23,9 +25,11 @@ from transformers import AutoModelForCausalLM
 
 from splitproof.builtin.tokenizer import char_tokenizer
 from splitproof.engine.row_invariant import row_invariant
+from splitproof.hf_models import tiny_causal_lm
+from splitproof.rl.rollout.decoder_stack import stack_of
 from splitproof.rl.rollout.episode import EpisodeRollout, MultiTurnSettings
 from splitproof.rl.rollout.hf import HFRollout, SamplingParams, requests_for
-from splitproof.rl.rollout.packed import SlotCache, packed_forward, packed_forwards, row_multiple, supports_packed
+from splitproof.rl.rollout.packed import SlotCache, packed_forward, packed_forwards, packed_model, supports_packed
 from splitproof.rl.rollout.tool_format import SimpleFormat
 from splitproof.rl.rollout.tools import ToolCall, function_tool
 
@@ -61,10 +65,11 @@ _generator = torch.Generator().manual_seed(0)
 SEQUENCES = [torch.randint(2, 99, (n,), generator=_generator).tolist() for n in (5, 17, 33, 9, 48, 2)]
 
 
-def _logits(model, schedule, slots: int) -> dict[tuple[int, int], torch.Tensor]:
+def _logits(model, schedule, slots: int, stack: bool = True) -> dict[tuple[int, int], torch.Tensor]:
     """The logits at every (sequence, position) after the forwards of ``schedule``: a list of forwards,
-    each a list of (sequence, start, end) chunks; sequence s sits in slot s."""
-    cache = SlotCache(slots, 64)
+    each a list of (sequence, start, end) chunks; sequence s sits in slot s. ``stack=False``: through
+    ``model(...)`` instead of the decoder stack."""
+    cache, runner = SlotCache(slots, 64), packed_model(model, stack=stack)
     out = {}
     with torch.no_grad(), row_invariant(model), packed_forwards(model):
         for forward in schedule:
@@ -74,17 +79,7 @@ def _logits(model, schedule, slots: int) -> dict[tuple[int, int], torch.Tensor]:
                 slot += [s] * (b - a)
                 position += range(a, b)
                 keys += [(s, p) for p in range(a, b)]
-            logits = packed_forward(
-                model,
-                cache,
-                ids,
-                slot,
-                position,
-                list(range(len(ids))),
-                pad_multiple=16,
-                rows=row_multiple(model),
-                device=torch.device("cpu"),
-            )
+            logits = packed_forward(runner, cache, ids, slot, position, list(range(len(ids))), pad_multiple=16)
             out.update(zip(keys, logits))
     return out
 
@@ -137,6 +132,48 @@ def test_a_tokens_logits_do_not_depend_on_which_sequences_share_its_forwards(mod
     assert got.keys() == alone[name].keys()
     differing = [k for k in got if not torch.equal(got[k], alone[name][k])]
     assert not differing, f"{len(differing)} of {len(got)} tokens differ, first {differing[:3]}"
+
+
+def _all_feeds_together() -> list:
+    """Forward i holds feed i of every sequence that has one (prompts, decode steps and longer feeds mixed)."""
+    return [[(s, *plan[i]) for s, plan in enumerate(PLAN) if i < len(plan)] for i in range(max(map(len, PLAN)))]
+
+
+@pytest.mark.invariance
+@pytest.mark.parametrize("name", ["float32", "float64", "gqa-float32"])
+def test_the_decoder_stack_gives_the_bits_of_the_models_own_forward(models, name):
+    assert stack_of(models[name]) is not None
+    schedule = _all_feeds_together()
+    got = _logits(models[name], schedule, len(SEQUENCES))
+    want = _logits(models[name], schedule, len(SEQUENCES), stack=False)
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in got)
+
+
+@pytest.mark.invariance
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3"])
+def test_the_decoder_stack_runs_the_plain_llama_family_blocks_only(arch):
+    """Qwen2 (biased q/k/v) and Mistral: the stack, same bits; Qwen3 (per-head q/k norms): ``model(...)``."""
+    if arch == "mistral":
+        from transformers import MistralConfig, MistralForCausalLM
+
+        torch.manual_seed(0)
+        config = MistralConfig(
+            vocab_size=99, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, sliding_window=None, attn_implementation="sdpa",
+        )  # fmt: skip
+        model = MistralForCausalLM(config).eval()
+    else:
+        model = tiny_causal_lm(arch, vocab_size=99).eval()
+    assert supports_packed(model)
+    assert (stack_of(model) is None) == (arch == "qwen3")
+    handle = model.model.layers[1].mlp.register_forward_hook(lambda *args: None)
+    assert stack_of(model) is None  # the stack would skip the hook
+    handle.remove()
+    schedule = _all_feeds_together()
+    got = _logits(model, schedule, len(SEQUENCES))
+    want = _logits(model, schedule, len(SEQUENCES), stack=False)
+    assert all(torch.equal(got[k], want[k]) for k in want)
 
 
 class EveryTurnCalls(SimpleFormat):
@@ -201,8 +238,8 @@ def test_the_lockstep_engine_agrees_and_the_attention_implementation_is_restored
 
 
 def test_a_lora_model_runs_out_of_lockstep_with_the_lockstep_tokens(models):
-    """A PEFT (LoRA) wrapper of the built-in model, adapter weights non-zero: the engine applies, and the two
-    engines agree as for the plain model (float64)."""
+    """A PEFT (LoRA) wrapper of the built-in model, adapter weights non-zero: the engine and its decoder stack
+    apply, and the two engines agree as for the plain model (float64)."""
     import copy
 
     from splitproof.lora import LoraSettings, apply_lora
@@ -213,7 +250,7 @@ def test_a_lora_model_runs_out_of_lockstep_with_the_lockstep_tokens(models):
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.05)
-    assert supports_packed(model)
+    assert supports_packed(model) and stack_of(model) is not None  # the adapters run inside the stack's calls
     rollout, continuous = _episodes(model, 4, 2, 0.0, 0)
     assert rollout.continuous
     _, lockstep = _episodes(model, 4, 2, 0.0, 0, continuous=False)

@@ -28,7 +28,7 @@ from splitproof.rl.stop import decode_point
 
 from ..pause import pause_point
 from .hf import HFRollout, Sample, SamplingParams, check_requests
-from .packed import SlotCache, packed_forward, packed_forwards, row_multiple
+from .packed import PackedModel, SlotCache, packed_forward, packed_forwards, packed_model
 from .sampling import sample_tokens, stream_keys, stream_uniforms
 from .tools import Pending, ToolRunner
 
@@ -152,7 +152,7 @@ def generate_episodes(
     slots = _Slots(episodes, min(rollout.max_num_seqs, len(episodes)), budget, f"step{step}:stream{stream}")
     capacity = max(len(e.prompt_ids) for e in episodes) + budget
     cache = SlotCache(len(slots.free), -(-capacity // rollout.pad_multiple) * rollout.pad_multiple)
-    rows = row_multiple(model)
+    packed = packed_model(model)
     was_training = model.training
     model.eval()
     try:
@@ -164,7 +164,7 @@ def generate_episodes(
                     slots.rejoin_answered(runner, on_tools)
                     continue
                 decode_point()  # a Ctrl-C abandons the step here (splitproof.rl.stop)
-                logits = _forward(model, cache, feeding, rollout.pad_multiple, rows, device) if feeding else None
+                logits = _forward(packed, cache, feeding, rollout.pad_multiple) if feeding else None
                 logits = slots.share(feeding, logits, followers, cache)
                 slots.rejoin_answered(runner, on_tools)  # tools that answered during the forward
                 batch = feeding + followers
@@ -182,7 +182,7 @@ def generate_episodes(
         model.train(was_training)
 
 
-def _forward(model, cache: SlotCache, batch: list[_Running], pad_multiple: int, rows: int, device) -> torch.Tensor:
+def _forward(packed: PackedModel, cache: SlotCache, batch: list[_Running], pad_multiple: int) -> torch.Tensor:
     """The logits ``[len(batch), V]`` at each running episode's last fed token."""
     ids, slot, position, last = [], [], [], []
     for r in batch:
@@ -190,4 +190,4 @@ def _forward(model, cache: SlotCache, batch: list[_Running], pad_multiple: int, 
         slot += [r.slot] * len(r.feed)
         position += range(r.fed, r.fed + len(r.feed))
         last.append(len(ids) - 1)
-    return packed_forward(model, cache, ids, slot, position, last, pad_multiple=pad_multiple, rows=rows, device=device)
+    return packed_forward(packed, cache, ids, slot, position, last, pad_multiple=pad_multiple)

@@ -21,7 +21,7 @@ per row; in both attention products a token's query sits in a row fixed by the m
 position, against keys at fixed columns from 0, and what the company changes is only how many masked
 columns follow, in whole blocks of ``pad_multiple`` (the rule of the padded layouts, ``rl/rollout/hf.py``);
 a forward's token count times each layer width is a multiple of :data:`ROW_BYTES` over the element size
-(:func:`row_multiple`; filler tokens in a scratch slot), since ATen's element-wise kernels run two vectors
+(:func:`row_multiple`; filler tokens, which skip the attention), since ATen's element-wise kernels run two vectors
 at a time and the elements past the last such pair through a scalar path that rounds differently
 (measured: float32 SiLU on AVX-512, 16 elements of a row of 176 at odd row counts).
 ``tests/test_packed.py``: float32 and float64, with and without grouped-query attention, with AVX-512 and
@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +47,11 @@ from torch import Tensor, nn
 
 from splitproof.engine.forward_output import logits_of, takes_logits_to_keep
 from splitproof.engine.logprobs import param_dtype
+from splitproof.engine.row_invariant import MIN_ROWS
+from splitproof.engine.row_invariant import TILE as LINEAR_TILE
 from splitproof.hf_models import base_model_of
+
+from .decoder_stack import Stack, stack_forward, stack_of
 
 NAME = "splitproof_packed"
 TILE = 16  # query rows per attention product: a token is row (position mod TILE) of its tile
@@ -58,7 +63,7 @@ class SlotCache:
     the first forward, from the model's own key shapes); a slot's columns are its sequence's positions."""
 
     def __init__(self, slots: int, capacity: int):
-        self.slots, self.capacity = slots, capacity  # one more slot, the last, is the fillers' scratch
+        self.slots, self.capacity = slots, capacity
         self.keys: dict[int, Tensor] = {}
         self.values: dict[int, Tensor] = {}
 
@@ -66,8 +71,8 @@ class SlotCache:
         """Key and value ``[N, kv_heads, head_dim]`` of token n at column ``position[n]`` of slot ``slot[n]``."""
         if layer not in self.keys:
             n, h, d = key.shape
-            self.keys[layer] = key.new_zeros(self.slots + 1, h, self.capacity, d)
-            self.values[layer] = value.new_zeros(self.slots + 1, h, self.capacity, d)
+            self.keys[layer] = key.new_zeros(self.slots, h, self.capacity, d)
+            self.values[layer] = value.new_zeros(self.slots, h, self.capacity, d)
         self.keys[layer][slot, :, position] = key
         self.values[layer][slot, :, position] = value
 
@@ -79,67 +84,95 @@ class SlotCache:
 
 
 class PackedStep:
-    """Where a packed forward's tokens go and how they attend. A token fed alone (its sequence's only new
-    token: a decode step) is a query of the *slot pass*: one product over every slot's columns, row g of
-    slot ``slot[n]`` for query head g of each key head, ``slot_mask`` [slots + 1, 1, 1, width] up to its
-    position. The other tokens are row ``position % TILE`` of a *tile*: tile t holds block
-    ``position // TILE`` of slot ``tile_slot[t]``, its keys gathered, ``tile_mask`` [tiles, 1, TILE, width]
-    letting row r see the columns up to ``block · TILE + r`` (rows without a token too: output dropped)."""
+    """Where a packed forward's tokens go and how they attend, from the Python lists of the real tokens
+    (fillers take neither pass). A token fed alone (its sequence's only new token: a decode step) is a query
+    of the *slot pass*: one product over every slot's columns, row g of slot ``alone_slot`` for query head g
+    of each key head, ``slot_mask`` [slots, 1, 1, width] up to its position. The other tokens are row
+    ``position % TILE`` of a *tile*: tile t holds block ``position // TILE`` of slot ``tile_slot[t]``, its keys
+    gathered, ``tile_mask`` [tiles, 1, groups · TILE, width] letting row (g, r) see the columns up to
+    ``block · TILE + r`` (rows without a token too: output dropped); ``cell`` is a token's row
+    ``t · TILE + r`` among the tiles' rows."""
 
-    def __init__(self, cache: SlotCache, slot: Tensor, position: Tensor, width: int):
-        self.cache, self.slot, self.position, self.width = cache, slot, position, width
-        device, columns = slot.device, torch.arange(width, device=slot.device)
-        # a sequence's new tokens are consecutive and in order
-        first = torch.ones_like(slot, dtype=torch.bool)
-        first[1:] = slot[1:] != slot[:-1]
-        last = torch.ones_like(first)
-        last[:-1] = first[1:]
-        alone = first & last
-        self.alone, self.alone_slot = alone.nonzero().squeeze(1), slot[alone]
-        self.slot_mask = torch.zeros(cache.slots + 1, width, dtype=torch.bool, device=device)
-        self.slot_mask[:, 0] = True
-        self.slot_mask[self.alone_slot] = columns <= position[alone, None]
-        self.slot_mask = self.slot_mask[:, None, None]
-        chunked = ~alone
-        self.chunked = chunked.nonzero().squeeze(1)
-        slot, position = slot[chunked], position[chunked]
-        block = position // TILE
-        new = torch.ones_like(slot, dtype=torch.bool)
-        new[1:] = (slot[1:] != slot[:-1]) | (block[1:] != block[:-1])
-        self.tile, self.tile_slot, self.row = new.cumsum(0) - 1, slot[new], position % TILE
-        last_column = block[new, None] * TILE + torch.arange(TILE, device=device)  # a row sees up to its position
-        self.tile_mask = (columns <= last_column[:, :, None])[:, None]
+    def __init__(
+        self, cache: SlotCache, slot: list[int], position: list[int], width: int, *, groups: int, dtype, device
+    ):
+        self.cache, self.width, self.real = cache, width, len(slot)
+        limit = [0] * cache.slots  # the last column a slot's decode query sees (column 0: any slot)
+        alone, alone_slot, chunked, cell, tile_slot, tile_block = [], [], [], [], [], []
+        n = 0
+        while n < len(slot):  # a sequence's new tokens are consecutive and in order
+            end = n + 1
+            while end < len(slot) and slot[end] == slot[n]:
+                end += 1
+            if end - n == 1:
+                alone.append(n), alone_slot.append(slot[n])
+                limit[slot[n]] = position[n]
+            for m in range(n, end if end - n > 1 else n):
+                block = position[m] // TILE
+                if m == n or block != tile_block[-1]:
+                    tile_slot.append(slot[n]), tile_block.append(block)
+                chunked.append(m), cell.append((len(tile_slot) - 1) * TILE + position[m] % TILE)
+            n = end
+        lists = (slot, position, alone, alone_slot, chunked, cell, tile_slot, tile_block, limit)
+        flat = torch.tensor([i for part in lists for i in part], dtype=torch.long, device=device)
+        (
+            self.slot,
+            self.position,
+            self.alone,
+            self.alone_slot,
+            self.chunked,
+            self.cell,
+            self.tile_slot,
+            block,
+            limit,
+        ) = flat.split([len(part) for part in lists])
+        columns = torch.arange(width, device=device)
+        self.slot_mask = _additive(columns <= limit[:, None], dtype)[:, None, None]
+        last_column = block[:, None] * TILE + torch.arange(TILE, device=device).repeat(groups)
+        self.tile_mask = _additive(columns <= last_column[:, :, None], dtype)[:, None]
+
+
+def _additive(visible: Tensor, dtype: torch.dtype) -> Tensor:
+    """0 where ``visible``, -inf elsewhere: the float mask scaled_dot_product_attention makes of a boolean one
+    at every call, made once per forward."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
 
 
 def packed_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
     """transformers' attention-interface signature: ``query`` ``[1, heads, N, d]``, ``key``/``value``
     ``[1, kv_heads, N, d]`` of the packed tokens; softmax(q Kᵀ · scaling + mask) V per token over its slot,
-    in the slot pass and the tiles of :class:`PackedStep`. The query heads of a key head are rows of one
-    product (no copy of the keys per query head)."""
+    in the slot pass and the tiles of :class:`PackedStep` (fillers: zeros). The query heads of a key head
+    are rows of one product (no copy of the keys per query head)."""
     step: PackedStep = kwargs["packed"]
-    layer, scale = module.layer_idx, kwargs.get("scaling")
-    step.cache.write(layer, key[0].transpose(0, 1), value[0].transpose(0, 1), step.slot, step.position)
+    layer, scale, real = module.layer_idx, kwargs.get("scaling"), step.real
+    step.cache.write(
+        layer, key[0, :, :real].transpose(0, 1), value[0, :, :real].transpose(0, 1), step.slot, step.position
+    )
     kv_heads, (heads, n, d) = key.shape[1], query.shape[1:]
     groups = heads // kv_heads
     q = query[0].view(kv_heads, groups, n, d).permute(2, 0, 1, 3)  # [N, kv_heads, groups, d]
-    out = query.new_empty(n, kv_heads, groups, d)
-    if step.alone.numel():
-        rows = query.new_zeros(step.cache.slots + 1, kv_heads, groups, d)
-        rows[step.alone_slot] = q[step.alone]
-        keys = step.cache.keys[layer][:, :, : step.width]  # every slot, in place
-        values = step.cache.values[layer][:, :, : step.width]
+    out = query.new_zeros(n, kv_heads, groups, d)
+    keys = step.cache.keys[layer][:, :, : step.width]  # every slot, in place
+    values = step.cache.values[layer][:, :, : step.width]
+    if len(step.alone):
+        rows = query.new_zeros(step.cache.slots, kv_heads, groups, d)
+        rows.index_copy_(0, step.alone_slot, q.index_select(0, step.alone))
         alone = F.scaled_dot_product_attention(rows, keys, values, attn_mask=step.slot_mask, scale=scale)
-        out[step.alone] = alone[step.alone_slot]
-    if step.chunked.numel():
-        tiles = query.new_zeros(len(step.tile_slot), kv_heads, groups, TILE, d)
-        tiles[step.tile, :, :, step.row] = q[step.chunked]
-        keys = step.cache.keys[layer][step.tile_slot, :, : step.width]  # [tiles, kv_heads, width, d]
-        values = step.cache.values[layer][step.tile_slot, :, : step.width]
-        mask = step.tile_mask.repeat(1, 1, groups, 1)
+        out.index_copy_(0, step.alone, alone.index_select(0, step.alone_slot))
+    if len(step.chunked):
+        tiles = len(step.tile_slot)
+        cells = query.new_zeros(tiles * TILE, kv_heads, groups, d)
+        cells.index_copy_(0, step.cell, q.index_select(0, step.chunked))
+        cells = cells.view(tiles, TILE, kv_heads, groups, d).permute(0, 2, 3, 1, 4)
         tiled = F.scaled_dot_product_attention(
-            tiles.view(-1, kv_heads, groups * TILE, d), keys, values, attn_mask=mask, scale=scale
+            cells.reshape(tiles, kv_heads, groups * TILE, d),
+            keys.index_select(0, step.tile_slot),
+            values.index_select(0, step.tile_slot),
+            attn_mask=step.tile_mask,
+            scale=scale,
         )
-        out[step.chunked] = tiled.view(-1, kv_heads, groups, TILE, d)[step.tile, :, :, step.row]
+        tiled = tiled.view(tiles, kv_heads, groups, TILE, d).permute(0, 3, 1, 2, 4).reshape(-1, kv_heads, groups, d)
+        out.index_copy_(0, step.chunked, tiled.index_select(0, step.cell))
     return out.view(1, n, heads, d), None  # [1, N, heads, d]
 
 
@@ -186,16 +219,41 @@ def row_multiple(model: nn.Module) -> int:
     """The token counts a forward is padded to a multiple of: every element-wise pass over ``rows × width``
     elements (width: a linear layer's input or output, the LM head's aside) then ends on a whole pair of
     vectors of :data:`ROW_BYTES` (1 for SmolLM2-135M in float32, whose widths are multiples of 32; 2 for the
-    built-in model, width 176)."""
+    built-in model, width 176), and every linear layer takes whole row tiles as they are (4 rows:
+    ``engine.row_invariant``, whose products would otherwise copy zero rows in)."""
     elements = ROW_BYTES // param_dtype(model).itemsize
     head = base_model_of(model).get_output_embeddings()  # runs on the sampled rows only
     linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m is not head]
     widths = {w for m in linears for w in (m.in_features, m.out_features)}
-    return math.lcm(1, *(elements // math.gcd(elements, w) for w in widths))
+    return math.lcm(LINEAR_TILE, *(elements // math.gcd(elements, w) for w in widths))
+
+
+@dataclass(frozen=True)
+class PackedModel:
+    """What packed forwards need of a model, read once per rollout: its token-count multiple
+    (:func:`row_multiple`), query heads per key head, parameter dtype, device, and its decoder stack when
+    ``rl/rollout/decoder_stack.py`` runs it (None: ``model(...)``)."""
+
+    model: nn.Module
+    rows: int
+    groups: int
+    dtype: torch.dtype
+    device: torch.device
+    stack: Stack | None
+
+
+def packed_model(model: nn.Module, *, stack: bool = True) -> PackedModel:
+    """``model``'s :class:`PackedModel`; ``stack=False`` runs every forward through ``model(...)``."""
+    config = base_model_of(model).config
+    heads = config.num_attention_heads
+    groups = heads // (getattr(config, "num_key_value_heads", None) or heads)
+    parameter = next(model.parameters())
+    found = stack_of(model) if stack else None
+    return PackedModel(model, row_multiple(model), groups, param_dtype(model), parameter.device, found)
 
 
 def packed_forward(
-    model: nn.Module,
+    runner: PackedModel,
     cache: SlotCache,
     ids: list[int],
     slot: list[int],
@@ -203,32 +261,28 @@ def packed_forward(
     last: list[int],
     *,
     pad_multiple: int,
-    rows: int,
-    device: torch.device,
 ) -> Tensor:
     """The logits ``[K, V]`` at the packed tokens ``last`` after a forward of ``ids`` (token n at
     ``position[n]`` of the sequence in ``slot[n]``), which writes their keys and values into ``cache``;
-    the token count is padded to a multiple of ``rows`` (:func:`row_multiple`)."""
+    the token count is padded to a multiple of ``runner.rows``, at least ``MIN_ROWS``."""
     width = -(-(max(position) + 1) // pad_multiple) * pad_multiple
-    fill = -len(ids) % rows  # fillers: position 0 of the scratch slot
-    rows = torch.tensor(
-        [
-            ids + [0] * fill,
-            slot + [cache.slots] * fill,
-            position + [0] * fill,
-            last + [0] * (len(ids) + fill - len(last)),
-        ],
+    fill = max(MIN_ROWS, -(-len(ids) // runner.rows) * runner.rows) - len(ids)  # fillers: in neither pass
+    tokens = torch.tensor(
+        [ids + [0] * fill, position + [0] * fill, last + [0] * (len(ids) + fill - len(last))],
         dtype=torch.long,
-        device=device,
+        device=runner.device,
     )
-    step = PackedStep(cache, rows[1], rows[2], width)
-    dummy_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=device)  # 4-D: taken as is, never read
-    out = model(
-        input_ids=rows[0].unsqueeze(0),
+    step = PackedStep(cache, slot, position, width, groups=runner.groups, dtype=runner.dtype, device=runner.device)
+    keep = tokens[2, : len(last)]
+    if runner.stack is not None:
+        return stack_forward(runner.stack, tokens[0], tokens[1], keep, packed_attention, packed=step)
+    dummy_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=runner.device)  # 4-D: taken as is, never read
+    out = runner.model(
+        input_ids=tokens[0].unsqueeze(0),
         attention_mask=dummy_mask,
-        position_ids=rows[2].unsqueeze(0),
+        position_ids=tokens[1].unsqueeze(0),
         use_cache=False,
-        logits_to_keep=rows[3, : len(last)],
+        logits_to_keep=keep,
         packed=step,
     )
     return logits_of(out)[0]

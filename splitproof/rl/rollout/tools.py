@@ -336,7 +336,8 @@ class ToolRunner:
                 late = self.timeout is not None and time.monotonic() - pending.started > self.timeout
                 pending.outcome = self._timed_out() if late else outcome
                 self._done.notify_all()
-                self._queued.notify()  # a call queued after this one may run now
+                if self._queue:  # a call queued after this one may run now (an idle worker woken for nothing costs)
+                    self._queued.notify()
 
     def _next_ready(self) -> Pending | None:
         """The first queued call whose ``after`` has finished, taken off the queue (None: none is ready)."""
