@@ -79,8 +79,10 @@ class _Slots:
         slot of the episode that fed the prompt (the same bits: a feed's numbers are a function of its
         tokens), its row is that episode's."""
         for k, r in enumerate(feeding):
+            if r.fed:  # only a prompt's first feed can be a leader's
+                continue
             entry = self.prompts.get(tuple(self.episodes[r.index].prompt_ids))
-            if r.fed == 0 and entry is not None and entry[0] is r:
+            if entry is not None and entry[0] is r:
                 entry[1] = logits[k]
         rows = []
         for r in followers:

@@ -105,13 +105,17 @@ class PackedStep:
             while end < len(slot) and slot[end] == slot[n]:
                 end += 1
             if end - n == 1:
-                alone.append(n), alone_slot.append(slot[n])
+                alone.append(n)
+                alone_slot.append(slot[n])
                 limit[slot[n]] = position[n]
-            for m in range(n, end if end - n > 1 else n):
-                block = position[m] // TILE
-                if m == n or block != tile_block[-1]:
-                    tile_slot.append(slot[n]), tile_block.append(block)
-                chunked.append(m), cell.append((len(tile_slot) - 1) * TILE + position[m] % TILE)
+            else:
+                for m in range(n, end):
+                    block = position[m] // TILE
+                    if m == n or block != tile_block[-1]:  # a new tile
+                        tile_slot.append(slot[n])
+                        tile_block.append(block)
+                    chunked.append(m)
+                    cell.append((len(tile_slot) - 1) * TILE + position[m] % TILE)
             n = end
         lists = (slot, position, alone, alone_slot, chunked, cell, tile_slot, tile_block, limit)
         flat = torch.tensor([i for part in lists for i in part], dtype=torch.long, device=device)
