@@ -86,6 +86,20 @@ def test_a_call_that_finishes_after_its_deadline_is_a_timeout(tools):
     runner.close()
 
 
+def test_settling_waits_for_quick_calls_and_not_for_a_slow_one(tools):
+    """The out-of-lockstep engine's pause after a forward (``settle``): quick calls all answer within it; a
+    slow call ends it after the quiet time, still running."""
+    runner = ToolRunner(tools, workers=2)
+    quick = [[runner.submit(_wait(0.0))] for _ in range(6)]
+    runner.settle(quick, 2.0)
+    assert all(h.outcome is not None for group in quick for h in group)
+    begin = time.monotonic()
+    slow = [[runner.submit(_wait(1.0))]]
+    runner.settle(slow, 0.05)
+    assert time.monotonic() - begin < 0.5 and slow[0][0].outcome is None
+    runner.close()
+
+
 @pytest.mark.parametrize("how, text", [("exit", "SystemExit(0)"), ("interrupt", "KeyboardInterrupt()")])
 def test_a_tool_that_exits_or_interrupts_is_a_tool_failure(tools, how, text):
     call = ToolCall("leave", json.dumps({"how": how}))

@@ -4,7 +4,10 @@ Up to ``max_num_seqs`` episodes hold a slot of a :class:`~splitproof.rl.rollout.
 Every forward is one packed forward (``rl/rollout/packed.py``) of what each running episode feeds: its
 prompt when it has just taken a slot, its last sampled token while it generates, and that token with the
 tool's tokens when its tools have answered. An episode whose turn ends submits its calls and sits out
-until they answer; the others go on, and a finished episode's slot goes to the next episode in order. The
+until they answer; the others go on, and a finished episode's slot goes to the next episode in order. After
+a forward whose turns started calls, the engine waits while those calls keep answering (until all have, or
+:data:`TOOL_QUIET_S` passes without an answer): quick tools then answer before the next forward, which
+their episodes join, and their threads do not run interleaved with it; slow tools cost that pause. The
 samples of a prompt feed it once: an episode whose prompt another one holding a slot has fed (or feeds in
 the same forward) copies that slot's prompt columns and last logits.
 
@@ -31,6 +34,8 @@ from .hf import HFRollout, Sample, SamplingParams, check_requests
 from .packed import PackedModel, SlotCache, packed_forward, packed_forwards, packed_model
 from .sampling import sample_tokens, stream_keys, stream_uniforms
 from .tools import Pending, ToolRunner
+
+TOOL_QUIET_S = 0.0005  # seconds without an answer after which the engine stops waiting for quick tools
 
 
 @dataclass
@@ -114,8 +119,10 @@ class _Slots:
             self.tool_turns += 1
             pause_point(f"{self.where}:tools{self.tool_turns}")  # a kill test stops here mid-episode
 
-    def take(self, batch: list[_Running], tokens: list[int], log_probs: list[float], eos: set, on_turn) -> None:
-        """Append each episode's sampled token; a turn that ends (EOS, or its budget) goes to ``on_turn``."""
+    def take(self, batch: list[_Running], tokens: list[int], log_probs: list[float], eos: set, on_turn) -> list:
+        """Append each episode's sampled token; a turn that ends (EOS, or its budget) goes to ``on_turn``. The
+        calls started, a list per turn."""
+        started = []
         for r, token, log_prob in zip(batch, tokens, log_probs):
             r.fed, r.feed = r.fed + len(r.feed), [token]
             r.turn.append(token)
@@ -127,6 +134,9 @@ class _Slots:
                 r.handles = on_turn(r.index, turn) or None
                 if r.handles is None:
                     self.end(r)
+                else:
+                    started.append(r.handles)
+        return started
 
 
 def generate_episodes(
@@ -179,7 +189,10 @@ def generate_episodes(
                     top_p=params.top_p,
                     greedy=params.greedy,
                 )
-                slots.take(batch, tokens.tolist(), log_probs.tolist(), eos, on_turn)
+                started = slots.take(batch, tokens.tolist(), log_probs.tolist(), eos, on_turn)
+                if started:
+                    runner.settle(started, TOOL_QUIET_S)  # quick tools answer before the next forward
+                    slots.rejoin_answered(runner, on_tools)
     finally:
         model.train(was_training)
 

@@ -391,6 +391,17 @@ class ToolRunner:
                 if not any(map(_answered, groups)):
                     self._done.wait(wait)
 
+    def settle(self, groups: list[list[Pending]], quiet: float) -> None:
+        """Block while the calls of ``groups`` keep answering: until all have an outcome, or until ``quiet``
+        seconds pass without an answer (quick calls then answer before the caller goes on; slow ones cost
+        it ``quiet``)."""
+        with self._lock:
+            while not all(map(_answered, groups)):
+                if self.timeout is not None:
+                    self._expire()
+                if not self._done.wait(quiet):
+                    return
+
     def result(self, pending: Pending) -> ToolResult:
         outcome = self.wait(pending)
         return ToolResult(truncate(outcome.text, self.max_length, self.truncate_side), outcome.status)
