@@ -88,15 +88,19 @@ def test_a_call_that_finishes_after_its_deadline_is_a_timeout(tools):
 
 def test_settling_waits_for_quick_calls_and_not_for_a_slow_one(tools):
     """The out-of-lockstep engine's pause after a forward (``settle``): quick calls all answer within it; a
-    slow call ends it after the quiet time, still running."""
+    slow call ends it after the quiet time, still running; calls that keep answering end it at its limit."""
     runner = ToolRunner(tools, workers=2)
     quick = [[runner.submit(_wait(0.0))] for _ in range(6)]
-    runner.settle(quick, 2.0)
+    runner.settle(quick, 2.0, 10.0)
     assert all(h.outcome is not None for group in quick for h in group)
     begin = time.monotonic()
     slow = [[runner.submit(_wait(1.0))]]
-    runner.settle(slow, 0.05)
+    runner.settle(slow, 0.05, 10.0)
     assert time.monotonic() - begin < 0.5 and slow[0][0].outcome is None
+    trickle = [[runner.submit(_wait(0.02))] for _ in range(40)]  # an answer every 10 ms on 2 workers: 0.4 s
+    begin = time.monotonic()
+    runner.settle(trickle, 0.2, 0.1)
+    assert time.monotonic() - begin < 0.3 and not all(h.outcome is not None for group in trickle for h in group)
     runner.close()
 
 

@@ -6,10 +6,10 @@ prompt when it has just taken a slot, its last sampled token while it generates,
 tool's tokens when its tools have answered. An episode whose turn ends submits its calls and sits out
 until they answer; the others go on, and a finished episode's slot goes to the next episode in order. After
 a forward whose turns started calls, the engine waits while those calls keep answering (until all have, or
-:data:`TOOL_QUIET_S` passes without an answer): quick tools then answer before the next forward, which
-their episodes join, and their threads do not run interleaved with it; slow tools cost that pause. The
-samples of a prompt feed it once: an episode whose prompt another one holding a slot has fed (or feeds in
-the same forward) copies that slot's prompt columns and last logits.
+:data:`TOOL_QUIET_S` passes without an answer, :data:`TOOL_PAUSE_S` at most): quick tools then answer
+before the next forward, which their episodes join, and their threads do not run interleaved with it; slow
+tools cost that pause. The samples of a prompt feed it once: an episode whose prompt another one holding a
+slot has fed (or feeds in the same forward) copies that slot's prompt columns and last logits.
 
 Why the schedule changes nothing: a token's logits are a function of its episode's tokens (the packed
 forward's rule), and token t of an episode draws the uniform of position t of its stream (seed, stream,
@@ -36,6 +36,7 @@ from .sampling import sample_tokens, stream_keys, stream_uniforms
 from .tools import Pending, ToolRunner
 
 TOOL_QUIET_S = 0.0005  # seconds without an answer after which the engine stops waiting for quick tools
+TOOL_PAUSE_S = 0.01  # the longest such wait in all (a long burst of quick calls)
 
 
 @dataclass
@@ -191,7 +192,7 @@ def generate_episodes(
                 )
                 started = slots.take(batch, tokens.tolist(), log_probs.tolist(), eos, on_turn)
                 if started:
-                    runner.settle(started, TOOL_QUIET_S)  # quick tools answer before the next forward
+                    runner.settle(started, TOOL_QUIET_S, TOOL_PAUSE_S)  # quick tools answer before the next forward
                     slots.rejoin_answered(runner, on_tools)
     finally:
         model.train(was_training)

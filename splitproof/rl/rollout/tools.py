@@ -391,15 +391,17 @@ class ToolRunner:
                 if not any(map(_answered, groups)):
                     self._done.wait(wait)
 
-    def settle(self, groups: list[list[Pending]], quiet: float) -> None:
-        """Block while the calls of ``groups`` keep answering: until all have an outcome, or until ``quiet``
-        seconds pass without an answer (quick calls then answer before the caller goes on; slow ones cost
-        it ``quiet``)."""
+    def settle(self, groups: list[list[Pending]], quiet: float, most: float) -> None:
+        """Block while the calls of ``groups`` keep answering: until all have an outcome, until ``quiet`` seconds
+        pass without an answer, or ``most`` seconds in all (quick calls then answer before the caller goes on;
+        slow ones cost it ``quiet``)."""
+        end = time.monotonic() + most
         with self._lock:
             while not all(map(_answered, groups)):
                 if self.timeout is not None:
                     self._expire()
-                if not self._done.wait(quiet):
+                left = end - time.monotonic()
+                if left <= 0 or not self._done.wait(min(quiet, left)):
                     return
 
     def result(self, pending: Pending) -> ToolResult:
