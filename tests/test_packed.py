@@ -69,7 +69,7 @@ def _logits(model, schedule, slots: int, stack: bool = True) -> dict[tuple[int, 
     """The logits at every (sequence, position) after the forwards of ``schedule``: a list of forwards,
     each a list of (sequence, start, end) chunks; sequence s sits in slot s. ``stack=False``: through
     ``model(...)`` instead of the decoder stack."""
-    cache, runner = SlotCache(slots, 64), packed_model(model, stack=stack)
+    cache, packed = SlotCache(slots, 64), packed_model(model, stack=stack)
     out = {}
     with torch.no_grad(), row_invariant(model), packed_forwards(model):
         for forward in schedule:
@@ -79,7 +79,7 @@ def _logits(model, schedule, slots: int, stack: bool = True) -> dict[tuple[int, 
                 slot += [s] * (b - a)
                 position += range(a, b)
                 keys += [(s, p) for p in range(a, b)]
-            logits = packed_forward(runner, cache, ids, slot, position, list(range(len(ids))), pad_multiple=16)
+            logits = packed_forward(packed, cache, ids, slot, position, list(range(len(ids))), pad_multiple=16)
             out.update(zip(keys, logits))
     return out
 

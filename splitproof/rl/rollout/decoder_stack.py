@@ -26,11 +26,12 @@ from torch import Tensor, nn
 from splitproof.hf_models import base_model_of
 
 LAYERS = {"LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"}
+NORMS = {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"}
 PARTS = {
     "self_attn": {"LlamaAttention", "MistralAttention", "Qwen2Attention"},
     "mlp": {"LlamaMLP", "MistralMLP", "Qwen2MLP"},
-    "input_layernorm": {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"},
-    "post_attention_layernorm": {"LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm"},
+    "input_layernorm": NORMS,
+    "post_attention_layernorm": NORMS,
 }
 
 
@@ -61,7 +62,7 @@ def stack_of(model: nn.Module) -> Stack | None:
     layers = getattr(decoder, "layers", None)
     parts = [getattr(decoder, name, None) for name in ("embed_tokens", "rotary_emb", "norm")]
     head = causal.get_output_embeddings() if hasattr(causal, "get_output_embeddings") else None
-    if not layers or any(p is None for p in parts) or head is None or not _is(parts[2], PARTS["input_layernorm"]):
+    if not layers or any(p is None for p in parts) or head is None or not _is(parts[2], NORMS):
         return None
     skipped = [causal, decoder, parts[2]]  # modules whose forward the stack replaces
     for layer in layers:

@@ -257,7 +257,7 @@ def packed_model(model: nn.Module, *, stack: bool = True) -> PackedModel:
 
 
 def packed_forward(
-    runner: PackedModel,
+    packed: PackedModel,
     cache: SlotCache,
     ids: list[int],
     slot: list[int],
@@ -268,20 +268,20 @@ def packed_forward(
 ) -> Tensor:
     """The logits ``[K, V]`` at the packed tokens ``last`` after a forward of ``ids`` (token n at
     ``position[n]`` of the sequence in ``slot[n]``), which writes their keys and values into ``cache``;
-    the token count is padded to a multiple of ``runner.rows``, at least ``MIN_ROWS``."""
+    the token count is padded to a multiple of ``packed.rows``, at least ``MIN_ROWS``."""
     width = -(-(max(position) + 1) // pad_multiple) * pad_multiple
-    fill = max(MIN_ROWS, -(-len(ids) // runner.rows) * runner.rows) - len(ids)  # fillers: in neither pass
+    fill = max(MIN_ROWS, -(-len(ids) // packed.rows) * packed.rows) - len(ids)  # fillers: in neither pass
     tokens = torch.tensor(
         [ids + [0] * fill, position + [0] * fill, last + [0] * (len(ids) + fill - len(last))],
         dtype=torch.long,
-        device=runner.device,
+        device=packed.device,
     )
-    step = PackedStep(cache, slot, position, width, groups=runner.groups, dtype=runner.dtype, device=runner.device)
+    step = PackedStep(cache, slot, position, width, groups=packed.groups, dtype=packed.dtype, device=packed.device)
     keep = tokens[2, : len(last)]
-    if runner.stack is not None:
-        return stack_forward(runner.stack, tokens[0], tokens[1], keep, packed_attention, packed=step)
-    dummy_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=runner.device)  # 4-D: taken as is, never read
-    out = runner.model(
+    if packed.stack is not None:
+        return stack_forward(packed.stack, tokens[0], tokens[1], keep, packed_attention, packed=step)
+    dummy_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=packed.device)  # 4-D: taken as is, never read
+    out = packed.model(
         input_ids=tokens[0].unsqueeze(0),
         attention_mask=dummy_mask,
         position_ids=tokens[1].unsqueeze(0),
