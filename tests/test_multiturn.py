@@ -17,7 +17,9 @@ from splitproof.cli import main
 from splitproof.engine.launch import run_data_parallel
 from splitproof.rl import run as run_module
 from splitproof.rl.rollout.sampling import shift_keys, stream_keys, stream_uniforms, token_uniforms
-from splitproof.rl.rollout.tools import ToolCall, ToolRunner, call_tool, load_function_tools, result_text, truncate
+from splitproof.rl.rollout.tool_format import plain_encoder
+from splitproof.rl.rollout.tool_runner import ToolRunner
+from splitproof.rl.rollout.tools import ToolCall, call_tool, load_function_tools, result_text, truncate
 
 from .multiturn_format import DigitFormat, digit_calls
 from .rl_helpers import (
@@ -211,6 +213,24 @@ def test_simple_and_hermes_formats():
     assert calls == [ToolCall("mul", '{"a": 2, "b": 3}')] and malformed == 1
     # the template's text after an assistant turn (``assistant: ...\n``), then the generation prompt
     assert tokenizer.decode(hermes.render(["408", "x"])) == "\ntool: 408\ntool: x\nassistant: "
+
+
+def test_the_plain_encoder_gives_the_tokenizers_ids(monkeypatch):
+    """``plain_encoder``: the Rust tokenizer's ids are ``tokenizer.encode``'s (specials, unknown characters);
+    a tokenizer whose backend truncates or that splits special tokens keeps ``tokenizer.encode``."""
+    texts = ["=408\n", "<eos>x<pad>", "tab\there é", ""]
+    tokenizer = char_tokenizer()
+    expected = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+    encode = plain_encoder(tokenizer)
+    with monkeypatch.context() as m:
+        m.setattr(tokenizer, "encode", None)  # the fast path never calls it
+        assert [encode(t) for t in texts] == expected
+    truncating = char_tokenizer()
+    truncating.backend_tokenizer.enable_truncation(2)
+    assert [plain_encoder(truncating)(t) for t in texts] == expected
+    splitting = char_tokenizer()
+    splitting.split_special_tokens = True
+    assert plain_encoder(splitting)("<eos>") == splitting.encode("<eos>", add_special_tokens=False) != [1]
 
 
 # ------------------------------------------------------------------------------------- bad setups

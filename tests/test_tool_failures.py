@@ -14,17 +14,13 @@ import time
 
 import pytest
 
-from splitproof.rl.rollout.tools import (
-    ToolCall,
-    ToolRunner,
-    call_tool,
-    load_function_tools,
-)
+from splitproof.rl.rollout.tool_runner import QUICK_CALLS, QUICK_S, ToolRunner
+from splitproof.rl.rollout.tools import ToolCall, call_tool, load_function_tools
 
 from .rl_helpers import HERE
 
-TOOL_FILE = '''
-import sys
+TOOL_FILE = '''import sys
+import threading
 import time
 
 
@@ -36,6 +32,25 @@ def wait(seconds: float) -> str:
     """
     time.sleep(seconds)
     return "done"
+
+
+def where(seconds: float) -> str:
+    """The thread the call ran on.
+
+    Args:
+        seconds: how long it takes
+    """
+    time.sleep(seconds)
+    return threading.current_thread().name
+
+
+async def where_async(seconds: float) -> str:
+    """The thread the call ran on (a coroutine function).
+
+    Args:
+        seconds: how long it takes
+    """
+    return threading.current_thread().name
 
 
 def leave(how: str) -> str:
@@ -102,6 +117,29 @@ def test_settling_waits_for_quick_calls_and_not_for_a_slow_one(tools):
     runner.settle(trickle, 0.2, 0.1)
     assert time.monotonic() - begin < 0.3 and not all(h.outcome is not None for group in trickle for h in group)
     runner.close()
+
+
+def _threads(runner: ToolRunner, name: str, seconds: list[float]) -> list[str]:
+    """The thread each call ran on: "main" (at submit) or "pool", the calls submitted and read one by one."""
+    calls = [ToolCall(name, json.dumps({"seconds": s})) for s in seconds]
+    return ["pool" if runner.result(runner.submit(c)).text == "splitproof-tool" else "main" for c in calls]
+
+
+def test_a_quick_tools_calls_run_in_place_until_one_is_slow(tools):
+    """Without a timeout, after QUICK_CALLS calls each within QUICK_S a tool's calls run at submit on the
+    caller's thread; a slow one sends it back to the pool until it has been quick QUICK_CALLS times again.
+    With a timeout (a call in place could not be abandoned), a coroutine function, or ``quick_inline`` off,
+    every call runs on the pool."""
+    runner = ToolRunner(tools, workers=2, quick_inline=True)
+    quick, slow = [0.0] * QUICK_CALLS, [10 * QUICK_S]
+    assert _threads(runner, "where", quick + [0.0, 0.0]) == ["pool"] * QUICK_CALLS + ["main"] * 2
+    assert _threads(runner, "where", slow + quick + [0.0]) == ["main"] + ["pool"] * QUICK_CALLS + ["main"]
+    assert _threads(runner, "where_async", quick * 3) == ["pool"] * 3 * QUICK_CALLS
+    runner.close()
+    for kwargs in ({"timeout": 5.0, "quick_inline": True}, {}):
+        runner = ToolRunner(tools, workers=2, **kwargs)
+        assert _threads(runner, "where", quick * 3) == ["pool"] * 3 * QUICK_CALLS
+        runner.close()
 
 
 @pytest.mark.parametrize("how, text", [("exit", "SystemExit(0)"), ("interrupt", "KeyboardInterrupt()")])

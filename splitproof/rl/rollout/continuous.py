@@ -33,7 +33,7 @@ from ..pause import pause_point
 from .hf import HFRollout, Sample, SamplingParams, check_requests
 from .packed import PackedModel, SlotCache, packed_forward, packed_forwards, packed_model
 from .sampling import sample_tokens, stream_keys, stream_uniforms
-from .tools import Pending, ToolRunner
+from .tool_runner import Pending, ToolRunner
 
 TOOL_QUIET_S = 0.0005  # seconds without an answer after which the engine stops waiting for quick tools
 TOOL_PAUSE_S = 0.01  # the longest such wait in all (a long burst of quick calls)

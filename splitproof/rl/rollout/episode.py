@@ -40,7 +40,8 @@ from .continuous import generate_episodes
 from .hf import HFRollout, Request, Sample, SamplingParams
 from .packed import supports_packed
 from .tool_format import FORMATS
-from .tools import Tool, ToolRunner
+from .tool_runner import ToolRunner
+from .tools import Tool
 
 
 @dataclass
@@ -130,6 +131,7 @@ class EpisodeRollout:
             timeout=s.tool_timeout,
             max_length=s.max_tool_response_length,
             truncate_side=s.tool_response_truncate_side,
+            quick_inline=True,
         )
         try:
             if self.continuous:

@@ -67,14 +67,16 @@ class SlotCache:
         self.keys: dict[int, Tensor] = {}
         self.values: dict[int, Tensor] = {}
 
-    def write(self, layer: int, key: Tensor, value: Tensor, slot: Tensor, position: Tensor) -> None:
-        """Key and value ``[N, kv_heads, head_dim]`` of token n at column ``position[n]`` of slot ``slot[n]``."""
+    def write(self, layer: int, key: Tensor, value: Tensor, rows: Tensor) -> None:
+        """Key and value ``[N, kv_heads, head_dim]`` (the real tokens) at the flat rows ``rows`` [N · kv_heads] of
+        the layer's ``[slots · kv_heads · capacity, head_dim]`` (:attr:`PackedStep.write_rows`)."""
         if layer not in self.keys:
             n, h, d = key.shape
             self.keys[layer] = key.new_zeros(self.slots, h, self.capacity, d)
             self.values[layer] = value.new_zeros(self.slots, h, self.capacity, d)
-        self.keys[layer][slot, :, position] = key
-        self.values[layer][slot, :, position] = value
+        d = key.shape[-1]
+        self.keys[layer].view(-1, d).index_copy_(0, rows, key.reshape(-1, d))
+        self.values[layer].view(-1, d).index_copy_(0, rows, value.reshape(-1, d))
 
     def copy(self, source: int, target: int, length: int) -> None:
         """Columns ``0 .. length - 1`` of slot ``source`` into slot ``target``, every layer."""
@@ -84,99 +86,113 @@ class SlotCache:
 
 
 class PackedStep:
-    """Where a packed forward's tokens go and how they attend, from the Python lists of the real tokens
-    (fillers take neither pass). A token fed alone (its sequence's only new token: a decode step) is a query
-    of the *slot pass*: one product over every slot's columns, row g of slot ``alone_slot`` for query head g
-    of each key head, ``slot_mask`` [slots, 1, 1, width] up to its position. The other tokens are row
-    ``position % TILE`` of a *tile*: tile t holds block ``position // TILE`` of slot ``tile_slot[t]``, its keys
-    gathered, ``tile_mask`` [tiles, 1, groups · TILE, width] letting row (g, r) see the columns up to
-    ``block · TILE + r`` (rows without a token too: output dropped); ``cell`` is a token's row
-    ``t · TILE + r`` among the tiles' rows."""
+    """One packed forward's inputs and where its tokens go, built from the Python lists of the real tokens
+    (fillers pad the count to a multiple of ``packed.rows``, at least ``MIN_ROWS``, and take neither pass):
+    ``ids``, ``position``, ``keep`` (the rows whose logits are sampled). A token fed alone (its sequence's
+    only new token: a decode step) is a query of the *slot pass*: one product over every slot's columns,
+    query row g of slot s for query head g of each key head, ``slot_mask`` [slots, 1, 1, width] up to its
+    position. The other tokens are row ``position % TILE`` of a *tile*: tile t holds block
+    ``position // TILE`` of slot ``tile_slot[t]``, its keys gathered, ``tile_mask`` [tiles, 1, groups · TILE,
+    width] letting row (g, r) see the columns up to ``block · TILE + r`` (rows without a token too: output
+    dropped). Every gather and scatter is one ``index_select`` or ``index_copy_`` over rows of ``head_dim``
+    numbers: ``write_rows`` (a real token's keys into the cache), ``slot_rows`` / ``tile_rows`` (the passes'
+    queries, from the token-major queries ``[N · heads]``), ``out_rows`` (each token's outputs from the
+    passes' outputs side by side, tiles first, each ordered (batch, query row, key head) as the attention
+    kernel writes them)."""
 
-    def __init__(
-        self, cache: SlotCache, slot: list[int], position: list[int], width: int, *, groups: int, dtype, device
-    ):
-        self.cache, self.width, self.real = cache, width, len(slot)
+    def __init__(self, packed: PackedModel, cache: SlotCache, ids: list, slot: list, position: list, last: list, width):
+        self.cache, self.width = cache, width
+        heads, kv, real = packed.heads, packed.heads // packed.groups, len(ids)
+        n = max(MIN_ROWS, -(-real // packed.rows) * packed.rows)
         limit = [0] * cache.slots  # the last column a slot's decode query sees (column 0: any slot)
-        alone, alone_slot, chunked, cell, tile_slot, tile_block = [], [], [], [], [], []
-        n = 0
-        while n < len(slot):  # a sequence's new tokens are consecutive and in order
-            end = n + 1
-            while end < len(slot) and slot[end] == slot[n]:
+        slot_token = [0] * cache.slots  # its query's first row (any: output dropped)
+        alone, base, chunked, tile_slot, first_column, cell = [], [0] * n, [0] * n, [], [], []
+        m = 0
+        while m < real:  # a sequence's new tokens are consecutive and in order
+            s, end = slot[m], m + 1
+            while end < real and slot[end] == s:
                 end += 1
-            if end - n == 1:
-                alone.append(n)
-                alone_slot.append(slot[n])
-                limit[slot[n]] = position[n]
+            if end - m == 1:
+                alone.append(m)
+                limit[s], slot_token[s] = position[m], m * heads
             else:
-                for m in range(n, end):
-                    block = position[m] // TILE
-                    if m == n or block != tile_block[-1]:  # a new tile
-                        tile_slot.append(slot[n])
-                        tile_block.append(block)
-                    chunked.append(m)
-                    cell.append((len(tile_slot) - 1) * TILE + position[m] % TILE)
-            n = end
-        lists = (slot, position, alone, alone_slot, chunked, cell, tile_slot, tile_block, limit)
-        flat = torch.tensor([i for part in lists for i in part], dtype=torch.long, device=device)
-        (
-            self.slot,
-            self.position,
-            self.alone,
-            self.alone_slot,
-            self.chunked,
-            self.cell,
-            self.tile_slot,
-            block,
+                for k in range(m, end):
+                    r = position[k] % TILE
+                    if k == m or r == 0:  # a new tile (a feed's positions are consecutive)
+                        t = len(tile_slot)
+                        tile_slot.append(s)
+                        first_column.append(position[k] - r)
+                        cell += [0] * TILE
+                    cell[t * TILE + r] = k * heads
+                    base[k], chunked[k] = t * TILE * heads + r * kv, 1  # its output row (t, g=0, r, h=0)
+            m = end
+        after_tiles = len(tile_slot) * TILE * heads
+        for k in alone:
+            base[k] = after_tiles + slot[k] * heads
+        self.passes = bool(alone), bool(tile_slot)
+        write = [s * kv * cache.capacity + p for s, p in zip(slot, position)]
+        fill = [0] * (n - real)
+        lists = (
+            ids + fill,
+            position + fill,
+            last,
+            write,
+            base,
+            chunked,
             limit,
-        ) = flat.split([len(part) for part in lists])
-        columns = torch.arange(width, device=device)
-        self.slot_mask = _additive(columns <= limit[:, None], dtype)[:, None, None]
-        last_column = block[:, None] * TILE + torch.arange(TILE, device=device).repeat(groups)
-        self.tile_mask = _additive(columns <= last_column[:, :, None], dtype)[:, None]
-
-
-def _additive(visible: Tensor, dtype: torch.dtype) -> Tensor:
-    """0 where ``visible``, -inf elsewhere: the float mask scaled_dot_product_attention makes of a boolean one
-    at every call, made once per forward."""
-    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
+            slot_token,
+            tile_slot,
+            first_column,
+            cell,
+        )
+        flat = torch.tensor([i for part in lists for i in part], dtype=torch.long, device=packed.device)
+        self.ids, self.position, self.keep, write, base, chunked, limit, slot_token, self.tile_slot, first, cell = (
+            flat.split([len(part) for part in lists])
+        )
+        self.write_rows = (write[:, None] + packed.key_heads * cache.capacity).view(-1)
+        self.out_rows = (base[:, None] + packed.head_rows.index_select(0, chunked)).view(-1)
+        columns = torch.arange(width, device=packed.device)
+        if alone:
+            self.slot_rows = (slot_token[:, None] + packed.query_heads).view(-1)  # [slots, kv, groups] order
+            self.slot_mask = torch.where(columns <= limit[:, None], packed.zero, packed.minus_inf)[:, None, None]
+        if tile_slot:
+            self.tile_rows = (cell.view(-1, 1, TILE) + packed.query_heads[:, None]).view(
+                -1
+            )  # [tiles, kv, groups, TILE]
+            last_column = first[:, None] + packed.tile_offsets
+            self.tile_mask = torch.where(columns <= last_column[:, :, None], packed.zero, packed.minus_inf)[:, None]
 
 
 def packed_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
     """transformers' attention-interface signature: ``query`` ``[1, heads, N, d]``, ``key``/``value``
     ``[1, kv_heads, N, d]`` of the packed tokens; softmax(q Kᵀ · scaling + mask) V per token over its slot,
-    in the slot pass and the tiles of :class:`PackedStep` (fillers: zeros). The query heads of a key head
-    are rows of one product (no copy of the keys per query head)."""
+    in the slot pass and the tiles of :class:`PackedStep`. The query heads of a key head are rows of one
+    product (no copy of the keys per query head)."""
     step: PackedStep = kwargs["packed"]
-    layer, scale, real = module.layer_idx, kwargs.get("scaling"), step.real
-    step.cache.write(
-        layer, key[0, :, :real].transpose(0, 1), value[0, :, :real].transpose(0, 1), step.slot, step.position
-    )
+    layer, scale = module.layer_idx, kwargs.get("scaling")
     kv_heads, (heads, n, d) = key.shape[1], query.shape[1:]
-    groups = heads // kv_heads
-    q = query[0].view(kv_heads, groups, n, d).permute(2, 0, 1, 3)  # [N, kv_heads, groups, d]
-    out = query.new_zeros(n, kv_heads, groups, d)
+    real = step.write_rows.shape[0] // kv_heads
+    step.cache.write(layer, key[0, :, :real].transpose(0, 1), value[0, :, :real].transpose(0, 1), step.write_rows)
+    q = query[0].transpose(0, 1).reshape(n * heads, d)  # token-major: row n · heads + head
     keys = step.cache.keys[layer][:, :, : step.width]  # every slot, in place
     values = step.cache.values[layer][:, :, : step.width]
-    if len(step.alone):
-        rows = query.new_zeros(step.cache.slots, kv_heads, groups, d)
-        rows.index_copy_(0, step.alone_slot, q.index_select(0, step.alone))
-        alone = F.scaled_dot_product_attention(rows, keys, values, attn_mask=step.slot_mask, scale=scale)
-        out.index_copy_(0, step.alone, alone.index_select(0, step.alone_slot))
-    if len(step.chunked):
-        tiles = len(step.tile_slot)
-        cells = query.new_zeros(tiles * TILE, kv_heads, groups, d)
-        cells.index_copy_(0, step.cell, q.index_select(0, step.chunked))
-        cells = cells.view(tiles, TILE, kv_heads, groups, d).permute(0, 2, 3, 1, 4)
+    outs = []
+    if step.passes[1]:
+        tiles = step.tile_slot.shape[0]
+        cells = q.index_select(0, step.tile_rows).view(tiles, kv_heads, heads // kv_heads * TILE, d)
         tiled = F.scaled_dot_product_attention(
-            cells.reshape(tiles, kv_heads, groups * TILE, d),
+            cells,
             keys.index_select(0, step.tile_slot),
             values.index_select(0, step.tile_slot),
             attn_mask=step.tile_mask,
             scale=scale,
         )
-        tiled = tiled.view(tiles, kv_heads, groups, TILE, d).permute(0, 3, 1, 2, 4).reshape(-1, kv_heads, groups, d)
-        out.index_copy_(0, step.chunked, tiled.index_select(0, step.cell))
+        outs.append(tiled.transpose(1, 2).reshape(-1, d))
+    if step.passes[0]:
+        rows = q.index_select(0, step.slot_rows).view(step.cache.slots, kv_heads, heads // kv_heads, d)
+        alone = F.scaled_dot_product_attention(rows, keys, values, attn_mask=step.slot_mask, scale=scale)
+        outs.append(alone.transpose(1, 2).reshape(-1, d))
+    out = (outs[0] if len(outs) == 1 else torch.cat(outs)).index_select(0, step.out_rows)
     return out.view(1, n, heads, d), None  # [1, N, heads, d]
 
 
@@ -235,25 +251,49 @@ def row_multiple(model: nn.Module) -> int:
 @dataclass(frozen=True)
 class PackedModel:
     """What packed forwards need of a model, read once per rollout: its token-count multiple
-    (:func:`row_multiple`), query heads per key head, parameter dtype, device, and its decoder stack when
-    ``rl/rollout/decoder_stack.py`` runs it (None: ``model(...)``)."""
+    (:func:`row_multiple`), query heads and query heads per key head, parameter dtype, device, its decoder
+    stack when ``rl/rollout/decoder_stack.py`` runs it (None: ``model(...)``), and the constants of every
+    :class:`PackedStep`: ``key_heads`` and ``query_heads`` (aranges), ``head_rows`` [2, heads] (query head
+    h · groups + g's output row g · kv_heads + h in the slot pass, g · TILE · kv_heads + h in a tile),
+    ``tile_offsets`` (row (g, r) of a tile: r), and the mask values 0 and -inf."""
 
     model: nn.Module
     rows: int
+    heads: int
     groups: int
     dtype: torch.dtype
     device: torch.device
     stack: Stack | None
+    key_heads: Tensor
+    query_heads: Tensor
+    head_rows: Tensor
+    tile_offsets: Tensor
+    zero: Tensor
+    minus_inf: Tensor
 
 
 def packed_model(model: nn.Module, *, stack: bool = True) -> PackedModel:
     """``model``'s :class:`PackedModel`; ``stack=False`` runs every forward through ``model(...)``."""
     config = base_model_of(model).config
     heads = config.num_attention_heads
-    groups = heads // (getattr(config, "num_key_value_heads", None) or heads)
-    parameter = next(model.parameters())
-    found = stack_of(model) if stack else None
-    return PackedModel(model, row_multiple(model), groups, param_dtype(model), parameter.device, found)
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    groups, device, dtype = heads // kv, next(model.parameters()).device, param_dtype(model)
+    h, g = torch.arange(kv, device=device)[:, None], torch.arange(groups, device=device)
+    return PackedModel(
+        model,
+        row_multiple(model),
+        heads,
+        groups,
+        dtype,
+        device,
+        stack_of(model) if stack else None,
+        key_heads=torch.arange(kv, device=device),
+        query_heads=torch.arange(heads, device=device),
+        head_rows=torch.stack([(g * kv + h).view(-1), (g * TILE * kv + h).view(-1)]),
+        tile_offsets=torch.arange(TILE, device=device).repeat(groups),
+        zero=torch.zeros((), dtype=dtype, device=device),
+        minus_inf=torch.full((), float("-inf"), dtype=dtype, device=device),
+    )
 
 
 def packed_forward(
@@ -270,23 +310,16 @@ def packed_forward(
     ``position[n]`` of the sequence in ``slot[n]``), which writes their keys and values into ``cache``;
     the token count is padded to a multiple of ``packed.rows``, at least ``MIN_ROWS``."""
     width = -(-(max(position) + 1) // pad_multiple) * pad_multiple
-    fill = max(MIN_ROWS, -(-len(ids) // packed.rows) * packed.rows) - len(ids)  # fillers: in neither pass
-    tokens = torch.tensor(
-        [ids + [0] * fill, position + [0] * fill, last + [0] * (len(ids) + fill - len(last))],
-        dtype=torch.long,
-        device=packed.device,
-    )
-    step = PackedStep(cache, slot, position, width, groups=packed.groups, dtype=packed.dtype, device=packed.device)
-    keep = tokens[2, : len(last)]
+    step = PackedStep(packed, cache, ids, slot, position, last, width)
     if packed.stack is not None:
-        return stack_forward(packed.stack, tokens[0], tokens[1], keep, packed_attention, packed=step)
+        return stack_forward(packed.stack, step.ids, step.position, step.keep, packed_attention, packed=step)
     dummy_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=packed.device)  # 4-D: taken as is, never read
     out = packed.model(
-        input_ids=tokens[0].unsqueeze(0),
+        input_ids=step.ids.unsqueeze(0),
         attention_mask=dummy_mask,
-        position_ids=tokens[1].unsqueeze(0),
+        position_ids=step.position.unsqueeze(0),
         use_cache=False,
-        logits_to_keep=keep,
+        logits_to_keep=step.keep,
         packed=step,
     )
     return logits_of(out)[0]

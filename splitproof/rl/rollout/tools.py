@@ -1,10 +1,9 @@
 """Tools a multi-turn episode can call, in the conventions users already have.
 
-- ``function_tool_path``: a Python file (or ``pkg://package.module``); each public function defined in it (name not
-starting with
-  ``_``), sync or ``async``, is a tool. Its JSON schema is derived from its type hints and Google-style
-  docstring by ``transformers.utils.get_json_schema`` (what TRL's ``tools=`` and verl use), so every
-  parameter needs a type hint and a line under ``Args:``.
+- ``function_tool_path``: a Python file (or ``pkg://package.module``); each public function defined in it
+  (name not starting with ``_``), sync or ``async``, is a tool. Its JSON schema is derived from its type
+  hints and Google-style docstring by ``transformers.utils.get_json_schema`` (what TRL's ``tools=`` and
+  verl use), so every parameter needs a type hint and a line under ``Args:``.
 - ``tool_config_path``: verl's tool YAML, ``tools: [{class_name, config, tool_schema}]``. ``class_name`` is
   a dotted path (``package.module.name``, or ``path/to/file.py:name``) to a plain function (its
   ``tool_schema``, when given, replaces the derived one) or to a class in verl's ``BaseTool`` shape:
@@ -16,7 +15,7 @@ A call's result becomes the tool-response text: a string as is, an object with a
 ``str()``. A call that raises (unknown tool, arguments that are not a JSON object, an error inside the
 tool, ``sys.exit`` in the tool) gives ``"Error when executing tool: <error>"`` (verl's text); one that
 exceeds ``tool_timeout`` gives ``"Error when executing tool: timed out after <s> s"`` and is abandoned on
-its daemon thread. Texts longer than
+its daemon thread (``rl/rollout/tool_runner.py`` runs the calls). Texts longer than
 ``max_tool_response_length`` characters are cut as verl cuts them (``tool_response_truncate_side``).
 """
 
@@ -29,8 +28,6 @@ import inspect
 import json
 import sys
 import threading
-import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,11 +41,14 @@ ERROR_PREFIX = "Error when executing tool: "
 
 @dataclass(frozen=True)
 class Tool:
-    """A callable tool: ``run(arguments)`` → the result; ``schema`` the OpenAI function schema."""
+    """A callable tool: ``run(arguments)`` → the result; ``schema`` the OpenAI function schema; ``sync``: a plain
+    function (not a coroutine function), which a quick call may run on the generating thread
+    (``rl/rollout/tool_runner.py``)."""
 
     name: str
     schema: dict
     run: Callable[[dict], Any]
+    sync: bool = False
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,8 @@ def function_schema(fn: Callable, where: str) -> dict:
 
 def function_tool(fn: Callable, where: str, schema: dict | None = None) -> Tool:
     schema = schema or function_schema(fn, where)
-    return Tool(name=schema["function"]["name"], schema=schema, run=lambda args: _run_maybe_async(fn, **args))
+    sync = not inspect.iscoroutinefunction(fn)
+    return Tool(schema["function"]["name"], schema, lambda args: _run_maybe_async(fn, **args), sync)
 
 
 def import_file(path: str, where: str):
@@ -268,148 +269,3 @@ def call_tool(tools: dict[str, Tool], call: ToolCall) -> ToolResult:
         if isinstance(e, KeyboardInterrupt) and threading.current_thread() is threading.main_thread():
             raise
         return ToolResult(f"{ERROR_PREFIX}{e!r}", "error")
-
-
-@dataclass(eq=False)
-class Pending:
-    """A submitted call: ``started`` when a worker took it (monotonic seconds), ``outcome`` once known."""
-
-    call: ToolCall
-    tools: dict[str, Tool] | None = None  # the episode's own tools (an environment's methods); None: the runner's
-    after: Pending | None = None  # a call of the same episode that must finish first (a stateful environment)
-    started: float | None = None
-    outcome: ToolResult | None = None
-
-
-def _answered(handles: list[Pending]) -> bool:
-    return all(p.outcome is not None for p in handles)
-
-
-class ToolRunner:
-    """Tool calls on ``workers`` daemon threads. ``submit`` queues a call; ``result`` waits for it and cuts
-    its text to ``max_length``. Each call gets ``timeout`` seconds from the moment a worker starts it;
-    a call past that is abandoned (its thread runs on in the background, never keeping the process alive,
-    and its result is dropped) and a fresh worker takes its place, so the calls queued behind it start.
-    Any wait enforces every running call's deadline, so a hung call ends on time whatever the pool size
-    and whichever result is awaited. Which call finishes first never matters: the episode reads results
-    in its own order."""
-
-    def __init__(
-        self,
-        tools: dict[str, Tool],
-        *,
-        workers: int,
-        timeout: float | None = None,
-        max_length: int = 256,
-        truncate_side: str = "middle",
-    ):
-        self.tools, self.timeout = tools, timeout
-        self.max_length, self.truncate_side = max_length, truncate_side
-        self._lock = threading.Lock()
-        self._queued = threading.Condition(self._lock)  # workers wait here for a call to run
-        self._done = threading.Condition(self._lock)  # waiters wait here for outcomes (and deadlines)
-        self._queue: deque[Pending] = deque()
-        self._running: set[Pending] = set()
-        self._closed = False
-        for _ in range(workers):
-            self._spawn()
-
-    def _spawn(self) -> None:
-        threading.Thread(target=self._work, name="splitproof-tool", daemon=True).start()
-
-    def _work(self) -> None:
-        while True:
-            with self._lock:
-                while (pending := self._next_ready()) is None and not self._closed:
-                    self._queued.wait()
-                if self._closed:
-                    return
-                pending.started = time.monotonic()
-                self._running.add(pending)
-                if self.timeout is not None:
-                    self._done.notify_all()  # a waiter now has a deadline to keep
-            outcome = call_tool(pending.tools if pending.tools is not None else self.tools, pending.call)
-            with self._lock:
-                if pending.outcome is not None:  # abandoned: a fresh worker has taken this one's place
-                    return
-                self._running.discard(pending)
-                late = self.timeout is not None and time.monotonic() - pending.started > self.timeout
-                pending.outcome = self._timed_out() if late else outcome
-                self._done.notify_all()
-                if self._queue:  # a call queued after this one may run now (an idle worker woken for nothing costs)
-                    self._queued.notify()
-
-    def _next_ready(self) -> Pending | None:
-        """The first queued call whose ``after`` has finished, taken off the queue (None: none is ready)."""
-        for pending in self._queue:
-            if pending.after is None or pending.after.outcome is not None:
-                self._queue.remove(pending)
-                return pending
-        return None
-
-    def _timed_out(self) -> ToolResult:
-        return ToolResult(f"{ERROR_PREFIX}timed out after {self.timeout:g} s", "timeout")
-
-    def _expire(self) -> float | None:
-        """Abandon the running calls past their deadline; the seconds until the next deadline (None: none)."""
-        now = time.monotonic()
-        for pending in [p for p in self._running if now - p.started >= self.timeout]:
-            self._running.discard(pending)
-            pending.outcome = self._timed_out()
-            self._spawn()
-        return min((p.started + self.timeout - now for p in self._running), default=None)
-
-    def submit(self, call: ToolCall, tools: dict[str, Tool] | None = None, after: Pending | None = None) -> Pending:
-        """Queue ``call`` (run with ``tools`` when given; after ``after`` has finished when given)."""
-        pending = Pending(call, tools, after)
-        with self._lock:
-            self._queue.append(pending)
-            self._queued.notify()
-        return pending
-
-    def wait(self, pending: Pending) -> ToolResult:
-        """Block until ``pending`` has an outcome (keeping every running call's deadline); its full text."""
-        with self._lock:
-            while pending.outcome is None:
-                wait = self._expire() if self.timeout is not None else None
-                if pending.outcome is None:
-                    self._done.wait(wait)
-            return pending.outcome
-
-    def ready(self, handles: list[Pending]) -> bool:
-        """Whether every call of ``handles`` has an outcome (keeping every running call's deadline)."""
-        with self._lock:
-            if self.timeout is not None:
-                self._expire()
-            return _answered(handles)
-
-    def wait_any(self, groups: list[list[Pending]]) -> None:
-        """Block until every call of one of ``groups`` has an outcome (keeping every running call's deadline)."""
-        with self._lock:
-            while not any(map(_answered, groups)):
-                wait = self._expire() if self.timeout is not None else None
-                if not any(map(_answered, groups)):
-                    self._done.wait(wait)
-
-    def settle(self, groups: list[list[Pending]], quiet: float, most: float) -> None:
-        """Block while the calls of ``groups`` keep answering: until all have an outcome, until ``quiet`` seconds
-        pass without an answer, or ``most`` seconds in all (quick calls then answer before the caller goes on;
-        slow ones cost it ``quiet``)."""
-        end = time.monotonic() + most
-        with self._lock:
-            while not all(map(_answered, groups)):
-                if self.timeout is not None:
-                    self._expire()
-                left = end - time.monotonic()
-                if left <= 0 or not self._done.wait(min(quiet, left)):
-                    return
-
-    def result(self, pending: Pending) -> ToolResult:
-        outcome = self.wait(pending)
-        return ToolResult(truncate(outcome.text, self.max_length, self.truncate_side), outcome.status)
-
-    def close(self) -> None:
-        """Stop the workers (calls still queued never run; running ones finish in the background)."""
-        with self._lock:
-            self._closed = True
-            self._queued.notify_all()
