@@ -73,13 +73,9 @@ def _logits(model, schedule, slots: int, stack: bool = True) -> dict[tuple[int, 
     out = {}
     with torch.no_grad(), row_invariant(model), packed_forwards(model):
         for forward in schedule:
-            ids, slot, position, keys = [], [], [], []
-            for s, a, b in forward:
-                ids += SEQUENCES[s][a:b]
-                slot += [s] * (b - a)
-                position += range(a, b)
-                keys += [(s, p) for p in range(a, b)]
-            logits = packed_forward(packed, cache, ids, slot, position, list(range(len(ids))), pad_multiple=16)
+            feeds = [(s, a, SEQUENCES[s][a:b]) for s, a, b in forward]
+            keys = [(s, p) for s, a, b in forward for p in range(a, b)]
+            logits = packed_forward(packed, cache, feeds, list(range(len(keys))), pad_multiple=16)
             out.update(zip(keys, logits))
     return out
 

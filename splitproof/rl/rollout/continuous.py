@@ -31,7 +31,7 @@ from splitproof.rl.stop import decode_point
 
 from ..pause import pause_point
 from .hf import HFRollout, Sample, SamplingParams, check_requests
-from .packed import PackedModel, SlotCache, packed_forward, packed_forwards, packed_model
+from .packed import PackedModel, SlotCache, long_tensor, packed_forward, packed_forwards, packed_model
 from .sampling import sample_tokens, stream_keys, stream_uniforms
 from .tool_runner import Pending, ToolRunner
 
@@ -181,10 +181,10 @@ def generate_episodes(
                 logits = slots.share(feeding, logits, followers, cache)
                 slots.rejoin_answered(runner, on_tools)  # tools that answered during the forward
                 batch = feeding + followers
-                at = [len(episodes[r.index].response_ids) + len(r.turn) for r in batch]
+                at = [r.index * budget + len(episodes[r.index].response_ids) + len(r.turn) for r in batch]
                 tokens, log_probs = sample_tokens(
                     logits,
-                    uniforms[[r.index for r in batch], at],
+                    uniforms.reshape(-1).index_select(0, long_tensor(at, device)),
                     temperature=params.temperature,
                     top_k=params.top_k,
                     top_p=params.top_p,
@@ -200,10 +200,9 @@ def generate_episodes(
 
 def _forward(packed: PackedModel, cache: SlotCache, batch: list[_Running], pad_multiple: int) -> torch.Tensor:
     """The logits ``[len(batch), V]`` at each running episode's last fed token."""
-    ids, slot, position, last = [], [], [], []
+    feeds, last, n = [], [], 0
     for r in batch:
-        ids += r.feed
-        slot += [r.slot] * len(r.feed)
-        position += range(r.fed, r.fed + len(r.feed))
-        last.append(len(ids) - 1)
-    return packed_forward(packed, cache, ids, slot, position, last, pad_multiple=pad_multiple)
+        feeds.append((r.slot, r.fed, r.feed))
+        n += len(r.feed)
+        last.append(n - 1)
+    return packed_forward(packed, cache, feeds, last, pad_multiple=pad_multiple)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -56,6 +57,15 @@ from .decoder_stack import Stack, stack_forward, stack_of
 NAME = "splitproof_packed"
 TILE = 16  # query rows per attention product: a token is row (position mod TILE) of its tile
 ROW_BYTES = 128  # a forward's token count is a multiple of ROW_BYTES / element size: two 64-byte vectors
+
+
+def long_tensor(values: list[int], device: torch.device) -> Tensor:
+    """``torch.tensor(values, dtype=torch.long)`` on ``device``, through an ``array`` (a third of the time)."""
+    return (
+        torch.frombuffer(array("q", values), dtype=torch.long).to(device)
+        if values
+        else torch.zeros(0, dtype=torch.long)
+    )
 
 
 class SlotCache:
@@ -86,51 +96,55 @@ class SlotCache:
 
 
 class PackedStep:
-    """One packed forward's inputs and where its tokens go, built from the Python lists of the real tokens
-    (fillers pad the count to a multiple of ``packed.rows``, at least ``MIN_ROWS``, and take neither pass):
-    ``ids``, ``position``, ``keep`` (the rows whose logits are sampled). A token fed alone (its sequence's
-    only new token: a decode step) is a query of the *slot pass*: one product over every slot's columns,
-    query row g of slot s for query head g of each key head, ``slot_mask`` [slots, 1, 1, width] up to its
-    position. The other tokens are row ``position % TILE`` of a *tile*: tile t holds block
-    ``position // TILE`` of slot ``tile_slot[t]``, its keys gathered, ``tile_mask`` [tiles, 1, groups · TILE,
-    width] letting row (g, r) see the columns up to ``block · TILE + r`` (rows without a token too: output
-    dropped). Every gather and scatter is one ``index_select`` or ``index_copy_`` over rows of ``head_dim``
-    numbers: ``write_rows`` (a real token's keys into the cache), ``slot_rows`` / ``tile_rows`` (the passes'
-    queries, from the token-major queries ``[N · heads]``), ``out_rows`` (each token's outputs from the
-    passes' outputs side by side, tiles first, each ordered (batch, query row, key head) as the attention
+    """One packed forward's inputs and where its tokens go, built from its feeds (:func:`packed_forward`;
+    fillers pad the token count to a multiple of ``packed.rows``, at least ``MIN_ROWS``, and take neither
+    pass): ``ids``, ``position``, ``keep`` (the rows whose logits are sampled), ``width`` (the key columns).
+    A token fed alone (its sequence's only new token: a decode step) is a query of the *slot pass*: one
+    product over every slot's columns, query row g of slot s for query head g of each key head,
+    ``slot_mask`` [slots, 1, 1, width] up to its position. The other tokens are row ``position % TILE`` of a
+    *tile*: tile t holds block ``position // TILE`` of slot ``tile_slot[t]``, its keys gathered, ``tile_mask``
+    [tiles, 1, groups · TILE, width] letting row (g, r) see the columns up to ``block · TILE + r`` (rows
+    without a token too: output dropped). Every gather and scatter is one ``index_select`` or ``index_copy_``
+    over rows of ``head_dim`` numbers: ``write_rows`` (a real token's keys into the cache), ``slot_rows`` /
+    ``tile_rows`` (the passes' queries, from the token-major queries ``[N · heads]``), ``out_rows`` (each
+    token's outputs from the passes' outputs side by side, tiles first, each ordered (batch, query row, key
+    head) as the attention
     kernel writes them)."""
 
-    def __init__(self, packed: PackedModel, cache: SlotCache, ids: list, slot: list, position: list, last: list, width):
-        self.cache, self.width = cache, width
-        heads, kv, real = packed.heads, packed.heads // packed.groups, len(ids)
+    def __init__(self, packed: PackedModel, cache: SlotCache, feeds: list[tuple], last: list[int], pad_multiple: int):
+        self.cache = cache
+        heads, kv, slots, capacity = packed.heads, packed.heads // packed.groups, cache.slots, cache.capacity
+        real = sum(len(tokens) for _, _, tokens in feeds)
         n = max(MIN_ROWS, -(-real // packed.rows) * packed.rows)
-        limit = [0] * cache.slots  # the last column a slot's decode query sees (column 0: any slot)
-        slot_token = [0] * cache.slots  # its query's first row (any: output dropped)
+        ids, position, write = [], [], []
+        limit = [0] * slots  # the last column a slot's decode query sees (column 0: any slot)
+        slot_token = [0] * slots  # its query's first row (any: output dropped)
         alone, base, chunked, tile_slot, first_column, cell = [], [0] * n, [0] * n, [], [], []
-        m = 0
-        while m < real:  # a sequence's new tokens are consecutive and in order
-            s, end = slot[m], m + 1
-            while end < real and slot[end] == s:
-                end += 1
-            if end - m == 1:
-                alone.append(m)
-                limit[s], slot_token[s] = position[m], m * heads
-            else:
-                for k in range(m, end):
-                    r = position[k] % TILE
-                    if k == m or r == 0:  # a new tile (a feed's positions are consecutive)
-                        t = len(tile_slot)
-                        tile_slot.append(s)
-                        first_column.append(position[k] - r)
-                        cell += [0] * TILE
-                    cell[t * TILE + r] = k * heads
-                    base[k], chunked[k] = t * TILE * heads + r * kv, 1  # its output row (t, g=0, r, h=0)
-            m = end
-        after_tiles = len(tile_slot) * TILE * heads
-        for k in alone:
-            base[k] = after_tiles + slot[k] * heads
+        m = 0  # the feed's first token
+        for s, start, tokens in feeds:
+            end = start + len(tokens)
+            ids += tokens
+            position += range(start, end)
+            write += range(s * kv * capacity + start, s * kv * capacity + end)
+            if len(tokens) == 1:
+                alone.append((m, s))
+                limit[s], slot_token[s] = start, m * heads
+            p = start
+            while p < end and len(tokens) > 1:  # a tile per block of TILE positions
+                r, t = p % TILE, len(tile_slot)
+                k, count = m + p - start, min(end, p - r + TILE) - p  # the block's first token, and tokens
+                tile_slot.append(s)
+                first_column.append(p - r)
+                cell += [0] * r + list(range(k * heads, (k + count) * heads, heads)) + [0] * (TILE - r - count)
+                row = t * TILE * heads + r * kv  # token k's output row (t, g=0, r, h=0)
+                base[k : k + count] = range(row, row + count * kv, kv)
+                chunked[k : k + count] = [1] * count
+                p += count
+            m += len(tokens)
+        for k, s in alone:
+            base[k] = len(tile_slot) * TILE * heads + s * heads  # the slot pass's outputs after the tiles'
         self.passes = bool(alone), bool(tile_slot)
-        write = [s * kv * cache.capacity + p for s, p in zip(slot, position)]
+        self.width = width = -(-(max(position) + 1) // pad_multiple) * pad_multiple
         fill = [0] * (n - real)
         lists = (
             ids + fill,
@@ -145,7 +159,7 @@ class PackedStep:
             first_column,
             cell,
         )
-        flat = torch.tensor([i for part in lists for i in part], dtype=torch.long, device=packed.device)
+        flat = long_tensor([i for part in lists for i in part], packed.device)
         self.ids, self.position, self.keep, write, base, chunked, limit, slot_token, self.tile_slot, first, cell = (
             flat.split([len(part) for part in lists])
         )
@@ -156,9 +170,8 @@ class PackedStep:
             self.slot_rows = (slot_token[:, None] + packed.query_heads).view(-1)  # [slots, kv, groups] order
             self.slot_mask = torch.where(columns <= limit[:, None], packed.zero, packed.minus_inf)[:, None, None]
         if tile_slot:
-            self.tile_rows = (cell.view(-1, 1, TILE) + packed.query_heads[:, None]).view(
-                -1
-            )  # [tiles, kv, groups, TILE]
+            rows = cell.view(-1, 1, TILE) + packed.query_heads[:, None]
+            self.tile_rows = rows.view(-1)  # [tiles, kv, groups, TILE] order
             last_column = first[:, None] + packed.tile_offsets
             self.tile_mask = torch.where(columns <= last_column[:, :, None], packed.zero, packed.minus_inf)[:, None]
 
@@ -299,20 +312,20 @@ def packed_model(model: nn.Module, *, stack: bool = True) -> PackedModel:
 def packed_forward(
     packed: PackedModel,
     cache: SlotCache,
-    ids: list[int],
-    slot: list[int],
-    position: list[int],
+    feeds: list[tuple[int, int, list[int]]],
     last: list[int],
     *,
     pad_multiple: int,
 ) -> Tensor:
-    """The logits ``[K, V]`` at the packed tokens ``last`` after a forward of ``ids`` (token n at
-    ``position[n]`` of the sequence in ``slot[n]``), which writes their keys and values into ``cache``;
-    the token count is padded to a multiple of ``packed.rows``, at least ``MIN_ROWS``."""
-    width = -(-(max(position) + 1) // pad_multiple) * pad_multiple
-    step = PackedStep(packed, cache, ids, slot, position, last, width)
+    """The logits ``[K, V]`` at the packed tokens ``last`` after a forward of ``feeds``: ``(slot, position,
+    tokens)``, the new tokens of the sequence in ``slot`` from ``position`` on (each slot at most once), side
+    by side in that order; it writes their keys and values into ``cache``. The token count is padded to a
+    multiple of ``packed.rows``, at least ``MIN_ROWS``; the keys to a multiple of ``pad_multiple`` columns."""
+    step = PackedStep(packed, cache, feeds, last, pad_multiple)
     if packed.stack is not None:
-        return stack_forward(packed.stack, step.ids, step.position, step.keep, packed_attention, packed=step)
+        return stack_forward(
+            packed.stack, step.ids, step.position, step.keep, packed_attention, positions=step.width, packed=step
+        )
     dummy_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=packed.device)  # 4-D: taken as is, never read
     out = packed.model(
         input_ids=step.ids.unsqueeze(0),

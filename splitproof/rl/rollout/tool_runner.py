@@ -41,7 +41,7 @@ def _answered(handles: list[Pending]) -> bool:
 
 
 class ToolRunner:
-    """Tool calls on ``workers`` daemon threads. ``submit`` queues a call; ``result`` waits for it and cuts
+    """Tool calls on up to ``workers`` daemon threads. ``submit`` queues a call; ``result`` waits for it and cuts
     its text to ``max_length``. Each call gets ``timeout`` seconds from the moment a worker starts it;
     a call past that is abandoned (its thread runs on in the background, never keeping the process alive,
     and its result is dropped) and a fresh worker takes its place, so the calls queued behind it start.
@@ -70,16 +70,26 @@ class ToolRunner:
         self._queue: deque[Pending] = deque()
         self._running: set[Pending] = set()
         self._closed = False
-        for _ in range(workers):
-            self._spawn()
+        self._size, self._started, self._idle = workers, 0, 0  # workers: at most, started, waiting for a call
 
     def _spawn(self) -> None:
         threading.Thread(target=self._work, name="splitproof-tool", daemon=True).start()
+
+    def _wake(self) -> None:
+        """A call was queued: wake a waiting worker, else start one while the pool has room (workers start
+        when calls need them: none for a rollout whose calls all run in place)."""
+        if self._idle:
+            self._idle -= 1
+            self._queued.notify()
+        elif self._started < self._size:
+            self._started += 1
+            self._spawn()
 
     def _work(self) -> None:
         while True:
             with self._lock:
                 while (pending := self._next_ready()) is None and not self._closed:
+                    self._idle += 1
                     self._queued.wait()
                 if self._closed:
                     return
@@ -98,7 +108,7 @@ class ToolRunner:
                 pending.outcome = self._timed_out() if late else outcome
                 self._done.notify_all()
                 if self._queue:  # a call queued after this one may run now (an idle worker woken for nothing costs)
-                    self._queued.notify()
+                    self._wake()
 
     def _next_ready(self) -> Pending | None:
         """The first queued call whose ``after`` has finished, taken off the queue (None: none is ready)."""
@@ -142,7 +152,7 @@ class ToolRunner:
             return pending
         with self._lock:
             self._queue.append(pending)
-            self._queued.notify()
+            self._wake()
         return pending
 
     def wait(self, pending: Pending) -> ToolResult:
