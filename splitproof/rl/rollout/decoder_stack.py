@@ -57,13 +57,13 @@ class RotaryTable:
         self.rotary, self.cos, self.sin = rotary, None, None
 
     def rows(self, hidden: Tensor, position: Tensor, positions: int) -> tuple[Tensor, Tensor]:
-        """cos and signed sin ``[1, 1, N, head_dim]`` at ``position`` (all below ``positions``)."""
+        """cos and signed sin ``[N, 1, head_dim]`` at ``position`` (all below ``positions``)."""
         if self.cos is None or self.cos.shape[0] < positions or self.cos.dtype != hidden.dtype:
             n = -(-positions // TABLE_POSITIONS) * TABLE_POSITIONS
             every = torch.arange(n, device=hidden.device)[None]
-            cos, sin = self.rotary(hidden, position_ids=every)
+            cos, sin = self.rotary(hidden[None], position_ids=every)
             self.cos, self.sin = cos[0], _signed(sin)[0]
-        return self.cos.index_select(0, position)[None, None], self.sin.index_select(0, position)[None, None]
+        return self.cos.index_select(0, position)[:, None], self.sin.index_select(0, position)[:, None]
 
 
 def _signed(sin: Tensor) -> Tensor:
@@ -134,28 +134,25 @@ def _rotate(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     return (x * cos) + (x.roll(x.shape[-1] // 2, dims=-1) * signed_sin)
 
 
-def stack_forward(
-    stack: Stack, ids: Tensor, position: Tensor, keep: Tensor, attention, *, positions: int, **attention_kwargs
-) -> Tensor:
-    """The logits ``[K, V]`` at the tokens ``keep`` of the packed row ``ids`` ``[N]`` at ``position`` ``[N]``
-    (all below ``positions``); ``attention(module, q, k, v, None, scaling=..., **attention_kwargs)`` is the
-    attention-interface function."""
+def stack_forward(stack: Stack, ids: Tensor, position: Tensor, keep: Tensor, attend, positions: int) -> Tensor:
+    """The logits ``[K, V]`` at the tokens ``keep`` of the packed tokens ``ids`` ``[N]`` at ``position`` ``[N]``
+    (all below ``positions``), hidden states ``[N, hidden]``; ``attend(layer, q, k, v, scale)`` is the attention
+    over ``q`` ``[N, heads, d]`` and ``k``, ``v`` ``[N, kv_heads, d]``, ``[N, heads, d]`` back."""
     n = ids.shape[0]
-    hidden = stack.embed.forward(ids)[None]
+    hidden = stack.embed.forward(ids)
     if stack.table is not None:
         cos, sin = stack.table.rows(hidden, position, positions)
     else:
-        cos, sin = stack.rotary(hidden, position_ids=position[None])
-        cos, sin = cos[:, None], _signed(sin)[:, None]
-    for layer in stack.layers:
+        cos, sin = stack.rotary(hidden[None], position_ids=position[None])
+        cos, sin = cos[0][:, None], _signed(sin)[0][:, None]
+    for index, layer in enumerate(stack.layers):
         attn, mlp = layer.self_attn, layer.mlp
         x = _rms_norm(layer.input_layernorm, hidden)
-        shape = (1, n, -1, attn.head_dim)
-        q = _rotate(attn.q_proj.forward(x).view(shape).transpose(1, 2), cos, sin)
-        k = _rotate(attn.k_proj.forward(x).view(shape).transpose(1, 2), cos, sin)
-        v = attn.v_proj.forward(x).view(shape).transpose(1, 2)
-        out, _ = attention(attn, q, k, v, None, scaling=attn.scaling, **attention_kwargs)
-        hidden = hidden + attn.o_proj.forward(out.reshape(1, n, -1))
+        shape = (n, -1, attn.head_dim)
+        q = _rotate(attn.q_proj.forward(x).view(shape), cos, sin)
+        k = _rotate(attn.k_proj.forward(x).view(shape), cos, sin)
+        out = attend(index, q, k, attn.v_proj.forward(x).view(shape), attn.scaling)
+        hidden = hidden + attn.o_proj.forward(out.view(n, -1))
         x = _rms_norm(layer.post_attention_layernorm, hidden)
         hidden = hidden + mlp.down_proj.forward(mlp.act_fn.forward(mlp.gate_proj.forward(x)) * mlp.up_proj.forward(x))
-    return stack.head.forward(_rms_norm(stack.norm, hidden[0, keep]))
+    return stack.head.forward(_rms_norm(stack.norm, hidden.index_select(0, keep)))

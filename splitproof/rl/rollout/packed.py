@@ -41,6 +41,7 @@ import math
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -141,8 +142,10 @@ class PackedStep:
                 chunked[k : k + count] = [1] * count
                 p += count
             m += len(tokens)
+        lo, hi = (min(s for _, s in alone), max(s for _, s in alone) + 1) if alone else (0, 0)
+        self.slot_range = lo, hi  # the slot pass runs over these slots (a view of the cache)
         for k, s in alone:
-            base[k] = len(tile_slot) * TILE * heads + s * heads  # the slot pass's outputs after the tiles'
+            base[k] = len(tile_slot) * TILE * heads + (s - lo) * heads  # the slot pass's outputs after the tiles'
         self.passes = bool(alone), bool(tile_slot)
         self.width = width = -(-(max(position) + 1) // pad_multiple) * pad_multiple
         fill = [0] * (n - real)
@@ -153,8 +156,8 @@ class PackedStep:
             write,
             base,
             chunked,
-            limit,
-            slot_token,
+            limit[lo:hi],
+            slot_token[lo:hi],
             tile_slot,
             first_column,
             cell,
@@ -176,17 +179,15 @@ class PackedStep:
             self.tile_mask = torch.where(columns <= last_column[:, :, None], packed.zero, packed.minus_inf)[:, None]
 
 
-def packed_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
-    """transformers' attention-interface signature: ``query`` ``[1, heads, N, d]``, ``key``/``value``
-    ``[1, kv_heads, N, d]`` of the packed tokens; softmax(q Kᵀ · scaling + mask) V per token over its slot,
-    in the slot pass and the tiles of :class:`PackedStep`. The query heads of a key head are rows of one
-    product (no copy of the keys per query head)."""
-    step: PackedStep = kwargs["packed"]
-    layer, scale = module.layer_idx, kwargs.get("scaling")
-    kv_heads, (heads, n, d) = key.shape[1], query.shape[1:]
+def attend(step: PackedStep, layer: int, query: Tensor, key: Tensor, value: Tensor, scale: float | None) -> Tensor:
+    """softmax(q Kᵀ · scale + mask) V per token over its slot, in the slot pass and the tiles of
+    :class:`PackedStep`, for ``query`` ``[N, heads, d]``, ``key``/``value`` ``[N, kv_heads, d]`` of the packed
+    tokens (whose keys and values it writes into the cache first); ``[N, heads, d]`` (fillers: any numbers).
+    The query heads of a key head are rows of one product (no copy of the keys per query head)."""
+    (n, heads, d), kv_heads = query.shape, key.shape[1]
     real = step.write_rows.shape[0] // kv_heads
-    step.cache.write(layer, key[0, :, :real].transpose(0, 1), value[0, :, :real].transpose(0, 1), step.write_rows)
-    q = query[0].transpose(0, 1).reshape(n * heads, d)  # token-major: row n · heads + head
+    step.cache.write(layer, key[:real], value[:real], step.write_rows)
+    q = query.reshape(n * heads, d)  # token-major: row n · heads + head
     keys = step.cache.keys[layer][:, :, : step.width]  # every slot, in place
     values = step.cache.values[layer][:, :, : step.width]
     outs = []
@@ -202,11 +203,18 @@ def packed_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tenso
         )
         outs.append(tiled.transpose(1, 2).reshape(-1, d))
     if step.passes[0]:
-        rows = q.index_select(0, step.slot_rows).view(step.cache.slots, kv_heads, heads // kv_heads, d)
-        alone = F.scaled_dot_product_attention(rows, keys, values, attn_mask=step.slot_mask, scale=scale)
+        lo, hi = step.slot_range
+        rows = q.index_select(0, step.slot_rows).view(hi - lo, kv_heads, heads // kv_heads, d)
+        alone = F.scaled_dot_product_attention(rows, keys[lo:hi], values[lo:hi], attn_mask=step.slot_mask, scale=scale)
         outs.append(alone.transpose(1, 2).reshape(-1, d))
-    out = (outs[0] if len(outs) == 1 else torch.cat(outs)).index_select(0, step.out_rows)
-    return out.view(1, n, heads, d), None  # [1, N, heads, d]
+    return (outs[0] if len(outs) == 1 else torch.cat(outs)).index_select(0, step.out_rows).view(n, heads, d)
+
+
+def packed_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask, **kwargs):
+    """:func:`attend` behind transformers' attention-interface signature (``query`` ``[1, heads, N, d]``,
+    ``key``/``value`` ``[1, kv_heads, N, d]``; ``[1, N, heads, d]`` back), for ``model(...)``."""
+    t = (query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1))
+    return attend(kwargs["packed"], module.layer_idx, *t, kwargs.get("scaling"))[None], None
 
 
 def _register() -> bool:
@@ -323,9 +331,7 @@ def packed_forward(
     multiple of ``packed.rows``, at least ``MIN_ROWS``; the keys to a multiple of ``pad_multiple`` columns."""
     step = PackedStep(packed, cache, feeds, last, pad_multiple)
     if packed.stack is not None:
-        return stack_forward(
-            packed.stack, step.ids, step.position, step.keep, packed_attention, positions=step.width, packed=step
-        )
+        return stack_forward(packed.stack, step.ids, step.position, step.keep, partial(attend, step), step.width)
     dummy_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=packed.device)  # 4-D: taken as is, never read
     out = packed.model(
         input_ids=step.ids.unsqueeze(0),
