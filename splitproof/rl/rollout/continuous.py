@@ -83,22 +83,24 @@ class _Slots:
     def share(self, feeding: list[_Running], logits, followers: list[_Running], cache: SlotCache) -> torch.Tensor:
         """The logits rows of ``feeding`` then ``followers``: a follower's prompt columns are copied from the
         slot of the episode that fed the prompt (the same bits: a feed's numbers are a function of its
-        tokens), its row is that episode's."""
+        tokens; the columns up to the longest prompt among them, the rest masked until written), its row is
+        that episode's."""
         for k, r in enumerate(feeding):
             if r.fed:  # only a prompt's first feed can be a leader's
                 continue
             entry = self.prompts.get(tuple(self.episodes[r.index].prompt_ids))
             if entry is not None and entry[0] is r:
                 entry[1] = logits[k]
-        rows = []
+        if not followers:
+            return logits
+        rows, sources = [], []
         for r in followers:
             prompt = self.episodes[r.index].prompt_ids
             leader, row = self.prompts[tuple(prompt)]
-            cache.copy(leader.slot, r.slot, len(prompt))
+            sources.append(leader.slot)
             r.fed = len(prompt)
             rows.append(row)
-        if not rows:
-            return logits
+        cache.copy(sources, [r.slot for r in followers], max(r.fed for r in followers))
         return torch.stack(rows) if logits is None else torch.cat([logits, torch.stack(rows)])
 
     def end(self, r: _Running) -> None:

@@ -89,11 +89,14 @@ class SlotCache:
         self.keys[layer].view(-1, d).index_copy_(0, rows, key.reshape(-1, d))
         self.values[layer].view(-1, d).index_copy_(0, rows, value.reshape(-1, d))
 
-    def copy(self, source: int, target: int, length: int) -> None:
-        """Columns ``0 .. length - 1`` of slot ``source`` into slot ``target``, every layer."""
-        for layer in self.keys:
-            self.keys[layer][target, :, :length] = self.keys[layer][source, :, :length]
-            self.values[layer][target, :, :length] = self.values[layer][source, :, :length]
+    def copy(self, sources: list[int], targets: list[int], length: int) -> None:
+        """Columns ``0 .. length - 1`` of slot ``sources[i]`` into slot ``targets[i]``, every layer (a target's
+        columns past its own sequence's length are masked until it writes them)."""
+        device = next(iter(self.keys.values())).device
+        source, target = long_tensor(sources, device), long_tensor(targets, device)
+        for cache in (*self.keys.values(), *self.values.values()):
+            columns = cache[:, :, :length]
+            columns.index_copy_(0, target, columns.index_select(0, source))
 
 
 class PackedStep:
