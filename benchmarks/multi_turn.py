@@ -253,8 +253,8 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
         f"{blocked['instant']:.3f} s with instant ones; the rest of the tool time ran in parallel on the pool "
         "while the other episodes generated (an episode's calls start when its turn ends; it feeds their "
         "responses in the first forward after they all answered). Instant tools' calls run on the generating "
-        "thread once the tool has answered quickly 4 times in a row (the first 4 calls of a rollout run on the "
-        "pool). "
+        "thread once the tool has answered quickly 4 times in a row (the first 4 calls of the run go to the pool; "
+        "the rollout engine keeps the count from one rollout to the next). "
         f"Wall / CPU time of the instant-tool rollouts: {instant['wall_s'] / instant['cpu_s']:.1f} (above 1: "
         "the process waited for a core; the wall columns then measure the machine's load more than the code)."
     )

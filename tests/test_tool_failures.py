@@ -131,8 +131,8 @@ def test_a_quick_tools_calls_run_in_place_until_one_is_slow(tools, monkeypatch):
     """Without a timeout, after QUICK_CALLS calls each within QUICK_S a tool's calls run at submit on the
     caller's thread; a slow one sends it back to the pool until it has been quick QUICK_CALLS times again.
     With a timeout (a call in place could not be abandoned), a coroutine function, or ``quick_inline`` off,
-    every call runs on the pool. (QUICK_S raised to 0.2 s: a loaded machine can stall a quick call for
-    milliseconds.)"""
+    every call runs on the pool. A runner given ``quick_calls`` starts from the streaks an earlier one left.
+    (QUICK_S raised to 0.2 s: a loaded machine can stall a quick call for milliseconds.)"""
     monkeypatch.setattr(tool_runner, "QUICK_S", 0.2)
     runner = ToolRunner(tools, workers=2, quick_inline=True)
     quick, slow = [0.0] * QUICK_CALLS, [0.3]
@@ -140,6 +140,11 @@ def test_a_quick_tools_calls_run_in_place_until_one_is_slow(tools, monkeypatch):
     assert _threads(runner, "where", slow + quick + [0.0]) == ["main"] + ["pool"] * QUICK_CALLS + ["main"]
     assert _threads(runner, "where_async", quick * 3) == ["pool"] * 3 * QUICK_CALLS
     runner.close()
+    streaks: dict[str, int] = {}  # carried from runner to runner, as the episode engine does across rollouts
+    for expected in (["pool"] * QUICK_CALLS + ["main"], ["main"] * (QUICK_CALLS + 1)):
+        runner = ToolRunner(tools, workers=2, quick_inline=True, quick_calls=streaks)
+        assert _threads(runner, "where", quick + [0.0]) == expected
+        runner.close()
     for kwargs in ({"timeout": 5.0, "quick_inline": True}, {}):
         runner = ToolRunner(tools, workers=2, **kwargs)
         assert _threads(runner, "where", quick * 3) == ["pool"] * 3 * QUICK_CALLS

@@ -92,6 +92,7 @@ class EpisodeRollout:
         self.format = FORMATS[settings.format](tokenizer, tools)
         # out of lockstep (rl/rollout/continuous.py) on an hf engine whose model takes packed forwards
         self.continuous = isinstance(rollout, HFRollout) and supports_packed(rollout.model)
+        self.quick_calls: dict[str, int] = {}  # each tool's quick calls in a row, across rollouts (tool_runner.py)
 
     @property
     def takes_records(self) -> bool:
@@ -132,6 +133,7 @@ class EpisodeRollout:
             max_length=s.max_tool_response_length,
             truncate_side=s.tool_response_truncate_side,
             quick_inline=True,
+            quick_calls=self.quick_calls,
         )
         try:
             if self.continuous:

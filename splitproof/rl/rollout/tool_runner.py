@@ -5,11 +5,14 @@ that has answered quickly (its last :data:`QUICK_CALLS` calls each within :data:
 around the call) runs on the caller's thread instead, at ``submit``, when the runner may do so
 (``quick_inline``: no ``tool_timeout``, since a call on the caller's thread cannot be abandoned), the tool is
 a plain function (``Tool.sync``) of the runner's own tools, and the call waits for no other (``after``). A
-thread handover costs more than such a call: waking a worker and handing the interpreter's lock back and
-forth took about 80 µs of CPU per call of the built-in calculator, against about 10 µs for the call itself
-(``docs/benchmarks.md``). A quick tool's call that then takes longer sends the tool back to the pool
-until it has answered quickly :data:`QUICK_CALLS` times again; the generating thread waited for that one
-call. Where a call runs never changes what an episode reads: results are read in the episode's order.
+thread handover costs more than such a call: on the multi-turn benchmark's rollout (255 calls of the
+built-in calculator, ``docs/benchmarks.md``) the pool's threads took 10 ms of CPU time and, contending for
+the interpreter's lock, slowed the forwards by about 6 ms; with the calls in place the rollout took 128 ms
+of CPU time against 151 ms (measured on a 2-core Intel Xeon, before later changes to the forward). A quick
+tool's call that then takes longer sends the tool back to the pool until it has answered quickly
+:data:`QUICK_CALLS` times again; the generating thread waited for that one call. The episode engine keeps
+each tool's streak from one rollout to the next (``quick_calls``). Where a call runs never changes what an
+episode reads: results are read in the episode's order.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ class ToolRunner:
     Any wait enforces every running call's deadline, so a hung call ends on time whatever the pool size
     and whichever result is awaited. Which call finishes first never matters: the episode reads results
     in its own order. ``quick_inline`` (without a ``timeout`` only): quick tools' calls run at ``submit``,
-    on the caller's thread (module docstring)."""
+    on the caller's thread (module docstring); ``quick_calls`` carries each tool's quick calls in a row from
+    an earlier runner (updated in place)."""
 
     def __init__(
         self,
@@ -59,10 +63,11 @@ class ToolRunner:
         max_length: int = 256,
         truncate_side: str = "middle",
         quick_inline: bool = False,
+        quick_calls: dict[str, int] | None = None,
     ):
         self.tools, self.timeout = tools, timeout
         self.quick_inline = quick_inline and timeout is None
-        self._quick: dict[str, int] = {}  # a tool of the runner's own -> its quick calls in a row
+        self._quick = {} if quick_calls is None else quick_calls  # a tool of the runner's own -> quick calls in a row
         self.max_length, self.truncate_side = max_length, truncate_side
         self._lock = threading.Lock()
         self._queued = threading.Condition(self._lock)  # workers wait here for a call to run
