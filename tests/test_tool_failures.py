@@ -153,11 +153,14 @@ def test_a_quick_tools_calls_run_in_place_until_one_is_slow(tools, monkeypatch):
 
 @pytest.mark.parametrize("how, text", [("exit", "SystemExit(0)"), ("interrupt", "KeyboardInterrupt()")])
 def test_a_tool_that_exits_or_interrupts_is_a_tool_failure(tools, how, text):
+    """On the pool and in place (a quick tool's calls on the caller's thread) alike."""
     call = ToolCall("leave", json.dumps({"how": how}))
-    runner = ToolRunner(tools, workers=2)
-    result = runner.result(runner.submit(call))
-    runner.close()
-    assert (result.status, result.text) == ("error", f"Error when executing tool: {text}")
+    results = []
+    for kwargs in ({}, {"quick_inline": True, "quick_calls": {"leave": QUICK_CALLS}}):  # on the pool, in place
+        runner = ToolRunner(tools, workers=2, **kwargs)
+        results.append(runner.result(runner.submit(call)))
+        runner.close()
+    assert [(r.status, r.text) for r in results] == [("error", f"Error when executing tool: {text}")] * 2
     if how == "exit":
         assert call_tool(tools, call).status == "error"
     else:  # on the main thread a KeyboardInterrupt is the user's Ctrl-C

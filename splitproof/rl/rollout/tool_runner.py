@@ -12,7 +12,10 @@ of CPU time against 151 ms (measured on a 2-core Intel Xeon, before later change
 tool's call that then takes longer sends the tool back to the pool until it has answered quickly
 :data:`QUICK_CALLS` times again; the generating thread waited for that one call. The episode engine keeps
 each tool's streak from one rollout to the next (``quick_calls``). Where a call runs never changes what an
-episode reads: results are read in the episode's order.
+episode reads: results are read in the episode's order. A ``KeyboardInterrupt`` raised during a call in
+place is the tool's failure, as on a worker, so a tool cannot end the run; a user's Ctrl-C that lands
+inside such a call (microseconds) is lost with it, and ``splitproof train``'s first Ctrl-C is a request
+that the next stop point acts on anyway (``splitproof.rl.stop``).
 """
 
 from __future__ import annotations
@@ -151,7 +154,10 @@ class ToolRunner:
         pending = Pending(call, tools, after)
         if self._in_place(call, tools, after):
             pending.started = time.monotonic()
-            pending.outcome = call_tool(self.tools, call)
+            try:
+                pending.outcome = call_tool(self.tools, call)
+            except KeyboardInterrupt as e:  # the tool's own, as on a worker (a Ctrl-C landing here: see below)
+                pending.outcome = ToolResult(f"{ERROR_PREFIX}{e!r}", "error")
             with self._lock:
                 self._timed(call.name, time.monotonic() - pending.started)
             return pending
