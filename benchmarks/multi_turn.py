@@ -231,7 +231,7 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
             for r in rows[:2] + [result["lockstep"]] + rows[2:]
         ],
     )
-    model = "the built-in model" if result["model"] is None else f"`{os.path.basename(result['model'])}` (chat prompts)"
+    model = "the built-in model" if result["model"] is None else f"`{model_name(env.args)}` (chat prompts)"
     intro = (
         f"Setup: {model}, {result['prompts']} `builtin://product` prompts × {result['n']} samples "
         f"= {result['requests']} requests, `max_num_seqs` {result['max_num_seqs']}, sampling at T 1, "
@@ -262,7 +262,7 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
         section_name(env.args),
         "Multi-turn rollouts: tokens per second against single-turn"
         if env.args.model is None
-        else f"Multi-turn rollouts on a chat model ({os.path.basename(env.args.model.rstrip('/'))})",
+        else f"Multi-turn rollouts on a chat model ({model_name(env.args)})",
         command,
         env,
         load_before,
@@ -270,10 +270,15 @@ def render(env: bl.Env, result: dict, load_before: str, command: str) -> str:
     )
 
 
+def model_name(args) -> str:
+    return args.name or os.path.basename(args.model.rstrip("/"))
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = bl.parser(__doc__.splitlines()[0], repeats=5, quick_repeats=1)
     p.add_argument("--latency", type=float, default=None, help="milliseconds each slow tool call sleeps (default 20)")
     p.add_argument("--model", default=None, help="a Hugging Face chat model's directory instead of the built-in model")
+    p.add_argument("--name", default=None, help="the chat model's name in the report (default: its directory's name)")
     args = p.parse_args(argv)
     return bl.run_script(NAME, args, argv, run, render, section=section_name(args))
 
