@@ -102,7 +102,8 @@ class SlotCache:
 class PackedStep:
     """One packed forward's inputs and where its tokens go, built from its feeds (:func:`packed_forward`;
     fillers pad the token count to a multiple of ``packed.rows``, at least ``MIN_ROWS``, and take neither
-    pass): ``ids``, ``position``, ``keep`` (the rows whose logits are sampled), ``width`` (the key columns).
+    pass): ``ids``, ``position``, ``keep`` (the rows whose logits are sampled; ``rows``: those, then copies of
+    the first up to a whole number of the LM head's row tiles), ``width`` (the key columns).
     A token fed alone (its sequence's only new token: a decode step) is a query of the *slot pass*: one
     product over every slot's columns, query row g of slot s for query head g of each key head,
     ``slot_mask`` [slots, 1, 1, width] up to its position. The other tokens are row ``position % TILE`` of a
@@ -155,7 +156,7 @@ class PackedStep:
         lists = (
             ids + fill,
             position + fill,
-            last,
+            last + [0] * (max(MIN_ROWS, -(-len(last) // LINEAR_TILE) * LINEAR_TILE) - len(last)),
             write,
             base,
             chunked,
@@ -166,9 +167,10 @@ class PackedStep:
             cell,
         )
         flat = long_tensor([i for part in lists for i in part], packed.device)
-        self.ids, self.position, self.keep, write, base, chunked, limit, slot_token, self.tile_slot, first, cell = (
+        self.ids, self.position, self.rows, write, base, chunked, limit, slot_token, self.tile_slot, first, cell = (
             flat.split([len(part) for part in lists])
         )
+        self.keep = self.rows[: len(last)]
         self.write_rows = (write[:, None] + packed.key_heads * cache.capacity).view(-1)
         self.out_rows = (base[:, None] + packed.head_rows.index_select(0, chunked)).view(-1)
         columns = torch.arange(width, device=packed.device)
@@ -334,7 +336,8 @@ def packed_forward(
     multiple of ``packed.rows``, at least ``MIN_ROWS``; the keys to a multiple of ``pad_multiple`` columns."""
     step = PackedStep(packed, cache, feeds, last, pad_multiple)
     if packed.stack is not None:
-        return stack_forward(packed.stack, step.ids, step.position, step.keep, partial(attend, step), step.width)
+        logits = stack_forward(packed.stack, step.ids, step.position, step.rows, partial(attend, step), step.width)
+        return logits[: len(last)]  # the LM head took whole row tiles, its rows as they are
     dummy_mask = torch.ones(1, 1, 1, 1, dtype=torch.bool, device=packed.device)  # 4-D: taken as is, never read
     out = packed.model(
         input_ids=step.ids.unsqueeze(0),

@@ -177,6 +177,8 @@ class ToolRunner:
 
     def ready(self, handles: list[Pending]) -> bool:
         """Whether every call of ``handles`` has an outcome (keeping every running call's deadline)."""
+        if self.timeout is None:  # no deadline to keep: reading the outcomes needs no lock
+            return _answered(handles)
         with self._lock:
             if self.timeout is not None:
                 self._expire()
