@@ -8,8 +8,9 @@ slot of a :class:`SlotCache` (per layer ``[slots, kv_heads, capacity, head_dim]`
 columns ``0 .. width - 1`` of that slot, those past ``p`` masked, ``width`` the forward's longest sequence
 rounded up to a multiple of ``pad_multiple``. Two products compute the attention (:class:`PackedStep`):
 
-- a token fed alone (a decode step) is a row of the *slot pass*, one product over every slot in place:
-  slot s's query rows are its token's query heads of each key head;
+- a token fed alone (a decode step) is a row of the *slot pass*, one product over the slots from the first
+  to the last such token, in place: slot s's query rows are its token's query heads of each key head (the
+  kernel computes each slot and key head on its own, so which slots share the product moves no bit);
 - the tokens of a longer feed (a prompt, a tool's reply) are rows of *tiles* of ``TILE`` query rows: the
   token at position p is row ``p mod TILE`` of the tile of block ``p // TILE`` of its slot, whose keys are
   gathered.
@@ -65,7 +66,7 @@ def long_tensor(values: list[int], device: torch.device) -> Tensor:
     return (
         torch.frombuffer(array("q", values), dtype=torch.long).to(device)
         if values
-        else torch.zeros(0, dtype=torch.long)
+        else torch.zeros(0, dtype=torch.long, device=device)
     )
 
 
@@ -113,8 +114,7 @@ class PackedStep:
     over rows of ``head_dim`` numbers: ``write_rows`` (a real token's keys into the cache), ``slot_rows`` /
     ``tile_rows`` (the passes' queries, from the token-major queries ``[N · heads]``), ``out_rows`` (each
     token's outputs from the passes' outputs side by side, tiles first, each ordered (batch, query row, key
-    head) as the attention
-    kernel writes them)."""
+    head) as the attention kernel writes them)."""
 
     def __init__(self, packed: PackedModel, cache: SlotCache, feeds: list[tuple], last: list[int], pad_multiple: int):
         self.cache = cache

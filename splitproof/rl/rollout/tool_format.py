@@ -70,7 +70,7 @@ def plain_encoder(tokenizer) -> Callable[[str], list[int]]:
     """``tokenizer.encode(text, add_special_tokens=False)`` as a function of ``text``: the Rust tokenizer's own
     ``encode`` for a fast tokenizer whose encoding transformers does not change (no subclass override, no
     truncation or padding set on it, special tokens split as the tokenizer asks), which gives the same ids
-    in a tenth of the time (a tool reply is encoded per call); else ``tokenizer.encode``."""
+    in about a quarter of the time (a tool reply is encoded per call); else ``tokenizer.encode``."""
     from transformers import PreTrainedTokenizerFast
 
     backend, cls = getattr(tokenizer, "_tokenizer", None), type(tokenizer)
@@ -79,7 +79,8 @@ def plain_encoder(tokenizer) -> Callable[[str], list[int]]:
         for name in ("encode", "_encode_plus", "_batch_encode_plus", "tokenize")
     )
     if plain and backend.truncation is None and backend.padding is None:
-        if backend.encode_special_tokens == bool(getattr(tokenizer, "split_special_tokens", False)):
+        split = bool(getattr(tokenizer, "split_special_tokens", False))
+        if getattr(backend, "encode_special_tokens", False) == split:
             return lambda text: backend.encode(text, add_special_tokens=False).ids
     return lambda text: tokenizer.encode(text, add_special_tokens=False)
 

@@ -1,6 +1,7 @@
 """The tool calls of multi-turn episodes: a pool of worker threads, deadlines, and quick calls run in place.
 
-Calls run on ``workers`` daemon threads, so slow tools run while the model generates. A call of a tool
+Calls run on up to ``workers`` daemon threads, started as calls need them, so slow tools run while the
+model generates. A call of a tool
 that has answered quickly (its last :data:`QUICK_CALLS` calls each within :data:`QUICK_S` seconds, timed
 around the call) runs on the caller's thread instead, at ``submit``, when the runner may do so
 (``quick_inline``: no ``tool_timeout``, since a call on the caller's thread cannot be abandoned), the tool is
